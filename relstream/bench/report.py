@@ -1,0 +1,101 @@
+"""Benchmark outputs: results.json, latency_vs_rate.png, breakdown.png, README.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from relstream.bench.runner import RunSummary
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    system = f"{platform.system()} {platform.release()}"
+    return f"{cpu}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
+
+
+def ratios_at(summaries: Sequence[RunSummary], rate: float, target: str) -> dict[str, float]:
+    """Mean latency of each policy divided by the target's, at one rate."""
+    means = {s.policy: s.mean for s in summaries if s.rate == rate}
+    if target not in means:
+        return {}
+    return {policy: mean / means[target] for policy, mean in means.items() if policy != target}
+
+
+def plot_latency_vs_rate(summaries: Sequence[RunSummary], path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for policy in dict.fromkeys(s.policy for s in summaries):
+        points = sorted((s.rate, s.mean) for s in summaries if s.policy == policy)
+        ax.plot([r for r, _ in points], [m for _, m in points], marker="o", label=policy)
+    ax.set_xlabel("relQuery arrival rate (relQueries/s)")
+    ax.set_ylabel("mean relQuery latency (s)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_breakdown(summaries: Sequence[RunSummary], rate: float, path: Path, title: str) -> None:
+    at_rate = [s for s in summaries if s.rate == rate]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    names = [s.policy for s in at_rate]
+    bottom = [0.0] * len(at_rate)
+    for part in ("waiting", "core", "tail"):
+        values = [getattr(s, part) for s in at_rate]
+        ax.bar(names, values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("mean relQuery latency (s)")
+    ax.set_title(f"{title}: breakdown at {rate:g} relQueries/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown_summary(summaries: Sequence[RunSummary], rate: float) -> list[str]:
+    lines = [
+        "| policy | mean (s) | p50 | p99 | max | waiting | core | tail "
+        "| decision median (µs) | decision p99 (µs) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in (s for s in summaries if s.rate == rate):
+        lines.append(
+            f"| {s.policy} | {s.mean:.2f} | {s.p50:.2f} | {s.p99:.2f} | {s.max:.2f} | "
+            f"{s.waiting:.2f} | {s.core:.2f} | {s.tail:.2f} | {s.decision_us_median:.0f} | "
+            f"{s.decision_us_p99:.0f} |"
+        )
+    return lines
+
+
+def markdown_rates(summaries: Sequence[RunSummary]) -> list[str]:
+    rates = sorted({s.rate for s in summaries})
+    policies = list(dict.fromkeys(s.policy for s in summaries))
+    means = {(s.policy, s.rate): s.mean for s in summaries}
+    lines = ["| policy | " + " | ".join(f"{r:g}/s" for r in rates) + " |"]
+    lines.append("|---" * (len(rates) + 1) + "|")
+    for policy in policies:
+        cells = " | ".join(f"{means[(policy, r)]:.2f}" for r in rates)
+        lines.append(f"| {policy} | {cells} |")
+    return lines
+
+
+def write_results(out_dir: Path, document: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(document, indent=2) + "\n")

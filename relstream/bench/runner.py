@@ -1,0 +1,96 @@
+"""Replaying the trace through the simulated engine under each policy and rate."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from relstream.bench.workload import TokenizedTrace
+from relstream.engine.profiles import CostProfile
+from relstream.engine.sim import SimRun, SimulatedEngine
+from relstream.scheduler import CostModel, OnlineCostModel, make_policy
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    policy: str
+    rate: float
+    relqueries: int
+    mean: float
+    p50: float
+    p99: float
+    max: float
+    waiting: float
+    core: float
+    tail: float
+    makespan: float
+    steps: dict[str, int]
+    decision_us_median: float
+    decision_us_p99: float
+    cost_coefficients: dict[str, float]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
+    totals = [o.latency.total for o in run.outcomes]
+    decisions_us = [seconds * 1e6 for seconds in run.decision_seconds]
+    return RunSummary(
+        policy=policy,
+        rate=rate,
+        relqueries=len(run.outcomes),
+        mean=statistics.fmean(totals),
+        p50=percentile(totals, 0.50),
+        p99=percentile(totals, 0.99),
+        max=max(totals),
+        waiting=statistics.fmean(o.latency.waiting for o in run.outcomes),
+        core=statistics.fmean(o.latency.core for o in run.outcomes),
+        tail=statistics.fmean(o.latency.tail for o in run.outcomes),
+        makespan=run.makespan,
+        steps=run.step_counts,
+        decision_us_median=percentile(decisions_us, 0.50),
+        decision_us_p99=percentile(decisions_us, 0.99),
+        cost_coefficients=run.cost_coefficients,
+    )
+
+
+def make_cost_model(kind: str, profile: CostProfile) -> CostModel:
+    """`fixed` uses the profile's fitted line as the paper's offline fit would; `online`
+    starts from it and refits on every executed step."""
+    prior = profile.prior()
+    if kind == "fixed":
+        return prior
+    if kind == "online":
+        return OnlineCostModel(prior)
+    raise ValueError(f"cost model must be 'fixed' or 'online', not {kind!r}")
+
+
+def run_grid(
+    trace: TokenizedTrace,
+    profile: CostProfile,
+    policies: Sequence[str],
+    rates: Sequence[float],
+    cost_model: str = "online",
+    on_done: Callable[[RunSummary], None] | None = None,
+) -> list[RunSummary]:
+    summaries = []
+    for rate in rates:
+        relqueries = trace.at_rate(rate, profile.limits.block_size)
+        for name in policies:
+            policy = make_policy(name, make_cost_model(cost_model, profile))
+            run = SimulatedEngine(profile, policy).run(relqueries)
+            summary = summarize(name, rate, run)
+            summaries.append(summary)
+            if on_done:
+                on_done(summary)
+    return summaries

@@ -1,0 +1,252 @@
+"""Discrete-event simulated engine: executes a policy's StepPlans on a virtual clock.
+
+It is an EngineView like the vLLM adapter, so every policy decision it runs is the
+production code path; only execution is modelled: step durations come from a named
+CostProfile, memory from a block-level prefix cache on the requests' real token ids.
+
+Requests end at their sampled output length (drawn by the workload, never more than
+max tokens); the scheduler only ever knows max tokens, as in a real engine. Admission
+reserves KV for prompt + max tokens, so the simulator never has to preempt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from relstream.engine.kvcache import PrefixCachedKV
+from relstream.engine.profiles import CostProfile
+from relstream.model import LatencyBreakdown
+from relstream.scheduler.policies import Policy
+from relstream.scheduler.view import (
+    EngineView,
+    RequestTracker,
+    SeqInfo,
+    StepFeedback,
+    StepKind,
+    StepPlan,
+)
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    prompt_tokens: int
+    block_hashes: tuple[int, ...]
+    output_length: int  # where this request's end-of-sequence falls
+
+
+@dataclass
+class SimRelQuery:
+    relquery_id: str
+    arrival_time: float
+    max_tokens: int
+    requests: list[SimRequest]
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Timeline:
+    arrival: float
+    first_prefill_start: float | None = None
+    last_prefill_end: float | None = None
+    finish: float | None = None
+
+
+@dataclass
+class RelQueryOutcome:
+    relquery_id: str
+    requests: int
+    labels: dict[str, str]
+    latency: LatencyBreakdown
+
+
+@dataclass
+class SimRun:
+    outcomes: list[RelQueryOutcome]
+    decision_seconds: list[float]
+    step_counts: dict[str, int]
+    makespan: float
+    cost_coefficients: dict[str, float]
+
+
+class SimulationStalled(RuntimeError):
+    pass
+
+
+class SimulatedEngine(EngineView):
+    def __init__(self, profile: CostProfile, policy: Policy) -> None:
+        self.profile = profile
+        self.policy = policy
+        self.limits = profile.limits
+        self.tracker = RequestTracker()
+        self.kv = PrefixCachedKV(
+            profile.limits.kv_capacity_tokens // profile.limits.block_size,
+            profile.limits.block_size,
+        )
+        self.clock = 0.0
+        self._requests: dict[str, SimRequest] = {}
+        self._timelines: dict[str, _Timeline] = {}
+        self._steps = {kind.value: 0 for kind in StepKind}
+
+    # EngineView
+    def now(self) -> float:
+        return self.clock
+
+    def cached_prompt_tokens(self, seq: SeqInfo) -> int:
+        request = self._requests[seq.request_id]
+        return self.kv.hit_blocks(request.block_hashes, seq.prompt_tokens) * self.limits.block_size
+
+    def free_kv_tokens(self) -> int:
+        return self.kv.free_blocks() * self.limits.block_size
+
+    def admission_kv_tokens(self, seq: SeqInfo, cached_tokens: int) -> int:
+        request = self._requests[seq.request_id]
+        blocks = self.kv.blocks_needed(
+            request.block_hashes, seq.prompt_tokens, seq.prompt_tokens + seq.max_tokens
+        )
+        return blocks * self.limits.block_size
+
+    # execution
+    def run(
+        self,
+        relqueries: Sequence[SimRelQuery],
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> SimRun:
+        """Serve `relqueries`; `on_step(finished, total)` reports progress."""
+        pending = sorted(relqueries, key=lambda rq: rq.arrival_time)
+        by_id = {rq.relquery_id: rq for rq in pending}
+        outcomes: list[RelQueryOutcome] = []
+        decisions: list[float] = []
+        next_arrival = 0
+        while next_arrival < len(pending) or self.tracker.relqueries:
+            while next_arrival < len(pending) and pending[next_arrival].arrival_time <= self.clock:
+                self.admit(pending[next_arrival])
+                next_arrival += 1
+            started = time.perf_counter()
+            plan = self.policy.plan(self)
+            decisions.append(time.perf_counter() - started)
+            if plan.kind is StepKind.IDLE:
+                if next_arrival == len(pending):
+                    raise SimulationStalled(
+                        f"policy {self.policy.name} idles with "
+                        f"{len(self.tracker.waiting)} requests waiting"
+                    )
+                self.clock = max(self.clock, pending[next_arrival].arrival_time)
+                continue
+            for finished_id in self.execute(plan):
+                timeline = self._timelines.pop(finished_id)
+                outcomes.append(self._outcome(by_id[finished_id], timeline))
+                if on_step:
+                    on_step(len(outcomes), len(pending))
+        return SimRun(
+            outcomes=outcomes,
+            decision_seconds=decisions,
+            step_counts=dict(self._steps),
+            makespan=self.clock,
+            cost_coefficients=self.policy.cost.coefficients(),
+        )
+
+    def admit(self, relquery: SimRelQuery) -> None:
+        self._timelines[relquery.relquery_id] = _Timeline(relquery.arrival_time)
+        for request in relquery.requests:
+            needed = -(-(request.prompt_tokens + relquery.max_tokens) // self.limits.block_size)
+            if needed > self.kv.capacity_blocks:
+                raise ValueError(
+                    f"request {request.request_id} needs {needed} KV blocks; the "
+                    f"{self.profile.name} cache holds {self.kv.capacity_blocks}"
+                )
+            self._requests[request.request_id] = request
+            seq = SeqInfo(
+                request.request_id,
+                relquery.relquery_id,
+                request.prompt_tokens,
+                relquery.max_tokens,
+                relquery.arrival_time,
+            )
+            self.tracker.add_request(seq, len(relquery.requests))
+
+    def execute(self, plan: StepPlan) -> list[str]:
+        """Run one step; returns the relQueries it completed."""
+        start = self.clock
+        prefills = self._begin_prefills(plan, start)
+        decodes = [self.tracker.running[rid] for rid in plan.decode]
+        uncached = sum(compute for _, compute in prefills)
+        context = sum(seq.prompt_tokens + seq.output_tokens for seq in decodes)
+        duration = self.profile.step_time(uncached, len(decodes), context)
+        self.clock = start + duration
+        if not prefills and not decodes:
+            raise SimulationStalled(f"policy {self.policy.name} planned a step that cannot run")
+        kind = StepPlan(prefill=plan.prefill if prefills else (), decode=plan.decode).kind
+        self._steps[kind.value] += 1
+        self.policy.observe(StepFeedback(kind, uncached, len(decodes), duration))
+        done: list[str] = []
+        for seq, compute in prefills:
+            self.tracker.record_progress(seq, computed=compute)
+            if seq.prefill_done:
+                self._complete_prefill(seq, done)
+        for seq in decodes:
+            self.tracker.record_progress(seq, generated=1)
+            self._maybe_finish(seq, done)
+        return done
+
+    def _begin_prefills(self, plan: StepPlan, start: float) -> list[tuple[SeqInfo, int]]:
+        """Admit the plan's new requests into the KV cache; returns (request, tokens to
+        compute) for every prefill chunk that can run."""
+        waiting = self.tracker.waiting
+        fresh = [
+            (
+                rid,
+                self._requests[rid].block_hashes,
+                seq.prompt_tokens,
+                seq.prompt_tokens + seq.max_tokens,
+            )
+            for rid, seq in ((c.request_id, waiting.get(c.request_id)) for c in plan.prefill)
+            if seq is not None
+        ]
+        cached = self.kv.allocate_batch(fresh)
+        prefills: list[tuple[SeqInfo, int]] = []
+        for chunk in plan.prefill:
+            if chunk.request_id in cached:
+                hit = cached[chunk.request_id]
+                if hit is None:
+                    continue  # the policy's KV estimate was optimistic; it waits a step
+                seq = self.tracker.start(chunk.request_id)
+                self.tracker.record_progress(seq, computed=hit)
+                timeline = self._timelines[seq.relquery_id]
+                if timeline.first_prefill_start is None:
+                    timeline.first_prefill_start = start
+            else:
+                seq = self.tracker.running[chunk.request_id]
+            prefills.append((seq, min(chunk.num_tokens, seq.prompt_tokens - seq.computed_tokens)))
+        return prefills
+
+    def _complete_prefill(self, seq: SeqInfo, done: list[str]) -> None:
+        """A finished prompt publishes its blocks and samples the first output token."""
+        self.kv.publish_prompt(seq.request_id, self._requests[seq.request_id].block_hashes)
+        self._timelines[seq.relquery_id].last_prefill_end = self.clock
+        self.tracker.record_progress(seq, generated=1)
+        self._maybe_finish(seq, done)
+
+    def _maybe_finish(self, seq: SeqInfo, done: list[str]) -> None:
+        if seq.output_tokens < self._requests[seq.request_id].output_length:
+            return
+        self.kv.release(seq.request_id)
+        del self._requests[seq.request_id]
+        if self.tracker.finish(seq.request_id) is not None:
+            self._timelines[seq.relquery_id].finish = self.clock
+            done.append(seq.relquery_id)
+
+    def _outcome(self, relquery: SimRelQuery, timeline: _Timeline) -> RelQueryOutcome:
+        assert timeline.first_prefill_start is not None and timeline.last_prefill_end is not None
+        assert timeline.finish is not None
+        latency = LatencyBreakdown.from_timestamps(
+            timeline.arrival,
+            timeline.first_prefill_start,
+            timeline.last_prefill_end,
+            timeline.finish,
+        )
+        return RelQueryOutcome(
+            relquery.relquery_id, len(relquery.requests), relquery.labels, latency
+        )

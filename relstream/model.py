@@ -1,0 +1,177 @@
+"""Domain model: templates, rows, relQueries, the requests they expand to, and latency.
+
+A relQuery (paper §2.1) is one prompt template applied to every row of a table; its
+latency is measured from its arrival to the end of its last request and splits into
+waiting, core running and tail running time.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+class TemplateError(ValueError):
+    """A template that cannot be used at all (bad placeholder, unknown column)."""
+
+
+class RowError(ValueError):
+    """One row that cannot be rendered; the rest of the relQuery goes on."""
+
+
+def _check_placeholder(field_name: str | None, conversion: str | None, spec: str | None) -> str:
+    if field_name is None:
+        raise TemplateError("internal: literal segment has no placeholder")
+    shown = "{" + field_name + "}"
+    if field_name == "" or field_name.isdigit():
+        raise TemplateError(
+            f"placeholder {shown or '{}'} is positional; name a column, e.g. {{review}}"
+        )
+    if "." in field_name or "[" in field_name:
+        raise TemplateError(
+            f"placeholder {shown} uses attribute or index access; only plain {{column}} "
+            "names are allowed"
+        )
+    if conversion or spec:
+        raise TemplateError(
+            f"placeholder {{{field_name}...}} has a conversion or format spec; only plain "
+            "{column} names are allowed"
+        )
+    return field_name
+
+
+@dataclass(frozen=True)
+class Template:
+    """A prompt with `{column}` placeholders; `{{` and `}}` are literal braces.
+
+    Rendering never calls `str.format`, so no placeholder can reach an attribute or item
+    of a value: the text is split once into literals and column names.
+    """
+
+    text: str
+    segments: tuple[tuple[str, str | None], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        segments: list[tuple[str, str | None]] = []
+        try:
+            parsed = list(string.Formatter().parse(self.text))
+        except ValueError as exc:
+            raise TemplateError(f"template is malformed: {exc}") from exc
+        for literal, field_name, spec, conversion in parsed:
+            column = None
+            if field_name is not None:
+                column = _check_placeholder(field_name, conversion, spec)
+            segments.append((literal, column))
+        object.__setattr__(self, "segments", tuple(segments))
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Distinct column names in order of first use."""
+        return tuple(dict.fromkeys(col for _, col in self.segments if col is not None))
+
+    def check_columns(self, available: Sequence[str]) -> None:
+        """Raise TemplateError naming every placeholder that is not a column."""
+        missing = [col for col in self.columns if col not in set(available)]
+        if missing:
+            names = ", ".join("{" + col + "}" for col in missing)
+            raise TemplateError(
+                f"template names unknown column(s) {names}; available: {', '.join(available)}"
+            )
+
+    def render(self, values: Mapping[str, object]) -> str:
+        parts: list[str] = []
+        for literal, column in self.segments:
+            parts.append(literal)
+            if column is None:
+                continue
+            if column not in values or values[column] is None:
+                raise RowError(f"row has no value for column {{{column}}}")
+            parts.append(str(values[column]))
+        return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    values: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """One LLM request instantiated from one row of a relQuery."""
+
+    relquery_id: str
+    row_index: int
+    row_key: str
+    prompt: str
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.relquery_id}#{self.row_index}"
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    row_index: int
+    row_key: str
+    reason: str
+
+
+@dataclass
+class RelQuery:
+    id: str
+    template: Template
+    rows: list[Row]
+    max_output_tokens: int
+    system_prompt: str | None = None
+    arrival_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_output_tokens < 1:
+            raise ValueError(f"relQuery {self.id}: max_output_tokens must be >= 1")
+
+    def instantiate(self) -> tuple[list[RowRequest], list[RowFailure]]:
+        """Render every row; a row that fails is reported, not fatal."""
+        requests: list[RowRequest] = []
+        failures: list[RowFailure] = []
+        for index, row in enumerate(self.rows):
+            try:
+                prompt = self.template.render(row.values)
+            except RowError as exc:
+                failures.append(RowFailure(index, row.key, f"row {row.key!r}: {exc}"))
+                continue
+            requests.append(RowRequest(self.id, index, row.key, prompt))
+        return requests, failures
+
+
+@dataclass(frozen=True)
+class LatencyBreakdown:
+    """Paper §2.1: waiting = start(p_1) − arrival, core = end(p_m) − start(p_1),
+    tail = end(d_n) − end(p_m)."""
+
+    waiting: float
+    core: float
+    tail: float
+
+    @property
+    def total(self) -> float:
+        return self.waiting + self.core + self.tail
+
+    @classmethod
+    def from_timestamps(
+        cls, arrival: float, first_prefill_start: float, last_prefill_end: float, finish: float
+    ) -> LatencyBreakdown:
+        if not arrival <= first_prefill_start <= last_prefill_end <= finish:
+            raise ValueError(
+                "latency timestamps out of order: "
+                f"{arrival=} {first_prefill_start=} {last_prefill_end=} {finish=}"
+            )
+        return cls(
+            waiting=first_prefill_start - arrival,
+            core=last_prefill_end - first_prefill_start,
+            tail=finish - last_prefill_end,
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {"waiting": self.waiting, "core": self.core, "tail": self.tail, "total": self.total}

@@ -1,0 +1,111 @@
+"""Batch duration predictors (paper eq. batch_duration_function):
+
+    L_prefill(p) = alpha_p * utok(p) + beta_p      (uncached prompt tokens)
+    L_decode(d)  = alpha_d * req(d)  + beta_d      (requests in the decode batch)
+
+`CostModel` keeps fixed coefficients (the paper fits them offline); `OnlineCostModel`
+refits them from every executed step with recursive least squares, so no profiling run
+is needed and a drifting machine is tracked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relstream.scheduler.view import StepFeedback, StepKind
+
+
+@dataclass
+class Linear:
+    slope: float
+    intercept: float
+
+    def __call__(self, x: float) -> float:
+        return self.slope * x + self.intercept
+
+
+@dataclass
+class CostModel:
+    prefill: Linear
+    decode: Linear
+
+    @property
+    def alpha_d(self) -> float:
+        return self.decode.slope
+
+    @property
+    def beta_d(self) -> float:
+        return self.decode.intercept
+
+    def prefill_time(self, uncached_tokens: float) -> float:
+        return self.prefill(uncached_tokens)
+
+    def decode_time(self, requests: float) -> float:
+        return self.decode(requests)
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Fixed coefficients ignore feedback."""
+
+    def coefficients(self) -> dict[str, float]:
+        return {
+            "alpha_p": self.prefill.slope,
+            "beta_p": self.prefill.intercept,
+            "alpha_d": self.decode.slope,
+            "beta_d": self.decode.intercept,
+        }
+
+
+@dataclass
+class RecursiveLeastSquares:
+    """RLS for y = slope*x + intercept with exponential forgetting.
+
+    Starts from a prior line with a covariance that lets a few dozen steps override it.
+    """
+
+    line: Linear
+    forgetting: float = 0.995
+    prior_variance: float = 1e3
+    covariance: list[list[float]] = field(init=False)
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        self.covariance = [[self.prior_variance, 0.0], [0.0, self.prior_variance]]
+
+    def update(self, x: float, y: float) -> None:
+        p = self.covariance
+        # gain k = P·φ / (λ + φᵀ·P·φ) with regressor φ = (x, 1)
+        p_phi = (p[0][0] * x + p[0][1], p[1][0] * x + p[1][1])
+        denom = self.forgetting + x * p_phi[0] + p_phi[1]
+        gain = (p_phi[0] / denom, p_phi[1] / denom)
+        error = y - self.line(x)
+        self.line.slope += gain[0] * error
+        self.line.intercept += gain[1] * error
+        # P ← (P − k·φᵀ·P) / λ; φᵀ·P equals p_phi because P is symmetric
+        lam = self.forgetting
+        self.covariance = [
+            [(p[i][j] - gain[i] * p_phi[j]) / lam for j in range(2)] for i in range(2)
+        ]
+        self.samples += 1
+
+
+class OnlineCostModel(CostModel):
+    """CostModel whose coefficients follow the executed steps."""
+
+    def __init__(self, prior: CostModel, forgetting: float = 0.995) -> None:
+        super().__init__(
+            Linear(prior.prefill.slope, prior.prefill.intercept),
+            Linear(prior.decode.slope, prior.decode.intercept),
+        )
+        self._prefill_fit = RecursiveLeastSquares(self.prefill, forgetting)
+        self._decode_fit = RecursiveLeastSquares(self.decode, forgetting)
+
+    def observe(self, feedback: StepFeedback) -> None:
+        # Mixed steps do not separate the two phases' costs, so only pure steps teach.
+        if feedback.kind is StepKind.PREFILL:
+            self._prefill_fit.update(feedback.uncached_tokens, feedback.duration)
+        elif feedback.kind is StepKind.DECODE:
+            self._decode_fit.update(feedback.decode_requests, feedback.duration)
+        # A line fitted on a narrow range can extrapolate below zero; durations cannot.
+        for line in (self.prefill, self.decode):
+            line.slope = max(line.slope, 0.0)
+            line.intercept = max(line.intercept, 0.0)

@@ -1,0 +1,201 @@
+"""Scheduling policies: RelServe, its ablations, and the paper's baselines.
+
+Every policy answers one StepPlan per engine iteration from an EngineView, so the
+simulator and the vLLM adapter run exactly the same decisions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+from relstream.scheduler.aba import Arrangement, Decision, PrefillCandidate, arrange
+from relstream.scheduler.batching import decode_candidate, prefill_candidate
+from relstream.scheduler.cost import CostModel
+from relstream.scheduler.dpu import DPUConfig, DynamicPriorityUpdater
+from relstream.scheduler.view import (
+    IDLE,
+    EngineView,
+    PrefillChunk,
+    SeqInfo,
+    StepFeedback,
+    StepPlan,
+)
+
+
+class Policy(ABC):
+    name: str
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+
+    @abstractmethod
+    def plan(self, view: EngineView) -> StepPlan: ...
+
+    def observe(self, feedback: StepFeedback) -> None:
+        self.cost.observe(feedback)
+
+
+def _prefill_or_decode(view: EngineView, chunks: list[PrefillChunk]) -> StepPlan:
+    """vLLM V0's arrangement: prefill whenever something fits, else decode everything."""
+    if chunks:
+        return StepPlan(prefill=tuple(chunks))
+    decode = decode_candidate(view)
+    return StepPlan(decode=decode) if decode else IDLE
+
+
+class FCFS(Policy):
+    """vLLM's default: requests in arrival order, prefill prioritised, never mixed."""
+
+    name = "fcfs"
+
+    def plan(self, view: EngineView) -> StepPlan:
+        chunks = prefill_candidate(view, view.tracker.waiting.values())
+        return _prefill_or_decode(view, chunks)
+
+
+class StaticPriority(Policy):
+    """vLLM-SP: Prio(R) = Σ_{r∈R} tok(r) + OL(r), fixed when R is first seen (paper eq.
+    request_priority with identity L1, L2); prefill prioritised as in vLLM."""
+
+    name = "sp"
+
+    def __init__(self, cost: CostModel) -> None:
+        super().__init__(cost)
+        self._order: list[tuple[float, float, str]] = []
+        self._known: set[str] = set()
+
+    def plan(self, view: EngineView) -> StepPlan:
+        self._admit_new(view)
+        chunks = prefill_candidate(view, self._waiting_in_priority_order(view))
+        return _prefill_or_decode(view, chunks)
+
+    def _admit_new(self, view: EngineView) -> None:
+        for relquery_id in view.tracker.drain_changed():
+            if relquery_id in self._known:
+                continue
+            info = view.tracker.relqueries[relquery_id]
+            priority = info.prompt_tokens_seen + info.total_requests * info.max_tokens
+            bisect.insort(self._order, (priority, info.arrival_time, relquery_id))
+            self._known.add(relquery_id)
+
+    def _waiting_in_priority_order(self, view: EngineView) -> Iterator[SeqInfo]:
+        relqueries = view.tracker.relqueries
+        while self._order and self._order[0][2] not in relqueries:
+            self._known.discard(self._order.pop(0)[2])
+        for _, _, relquery_id in self._order:
+            info = relqueries.get(relquery_id)
+            if info is not None:
+                yield from info.waiting.values()
+
+
+class Sarathi(Policy):
+    """Sarathi-Serve: FCFS with chunked prefills mixed into every decode step under a
+    token budget (each decode costs one token of the budget)."""
+
+    name = "sarathi"
+
+    def __init__(self, cost: CostModel, token_budget: int = 512) -> None:
+        super().__init__(cost)
+        self.token_budget = token_budget
+
+    def plan(self, view: EngineView) -> StepPlan:
+        decode = decode_candidate(view)
+        budget = self.token_budget - len(decode)
+        chunks: list[PrefillChunk] = []
+        for seq in view.tracker.running.values():  # finish started prefills first
+            if budget <= 0:
+                break
+            if not seq.prefill_done:
+                take = min(budget, seq.prompt_tokens - seq.computed_tokens)
+                chunks.append(PrefillChunk(seq.request_id, take))
+                budget -= take
+        if budget > 0:
+            chunks += prefill_candidate(
+                view, view.tracker.waiting.values(), token_budget=budget, chunk_last=True
+            )
+        return StepPlan(prefill=tuple(chunks), decode=decode)
+
+
+class RelServe(Policy):
+    """DPU + ABA (paper §4). `arrangement` selects the ablations relserve-pp/-dp."""
+
+    name = "relserve"
+
+    def __init__(
+        self,
+        cost: CostModel,
+        arrangement: Arrangement = Arrangement.ADAPTIVE,
+        dpu_config: DPUConfig | None = None,
+    ) -> None:
+        super().__init__(cost)
+        self.arrangement = arrangement
+        self.dpu = DynamicPriorityUpdater(cost, dpu_config)
+        self.last_decision: Decision | None = None
+
+    def plan(self, view: EngineView) -> StepPlan:
+        self.dpu.update(view)
+        self.last_decision = None
+        head = self.dpu.head(view)
+        chunks = prefill_candidate(view, head.waiting.values()) if head else []
+        decode = decode_candidate(view)
+        if not chunks:
+            return StepPlan(decode=decode) if decode else IDLE
+        if not decode:
+            return StepPlan(prefill=tuple(chunks))
+        assert head is not None
+        active = view.tracker.active_relqueries.values()
+        m_plus = min(self.dpu.key(info) for info in active)
+        candidate = PrefillCandidate(
+            uncached_tokens=sum(chunk.num_tokens for chunk in chunks),
+            requests=len(chunks),
+            output_length=head.max_tokens,
+        )
+        running_lengths = [
+            max(seq.remaining_output for seq in info.running.values()) for info in active
+        ]
+        waiting_relqueries = len(view.tracker.relqueries) - self._fully_running(view)
+        self.last_decision = arrange(
+            m_plus,
+            self.dpu.key(head),
+            candidate,
+            running_lengths,
+            waiting_relqueries,
+            self.cost,
+            self.arrangement,
+        )
+        if self.last_decision.prefill:
+            return StepPlan(prefill=tuple(chunks))
+        return StepPlan(decode=decode)
+
+    @staticmethod
+    def _fully_running(view: EngineView) -> int:
+        return sum(1 for info in view.tracker.active_relqueries.values() if not info.waiting)
+
+
+class RelServePP(RelServe):
+    name = "relserve-pp"
+
+    def __init__(self, cost: CostModel, dpu_config: DPUConfig | None = None) -> None:
+        super().__init__(cost, Arrangement.PREFILL_FIRST, dpu_config)
+
+
+class RelServeDP(RelServe):
+    name = "relserve-dp"
+
+    def __init__(self, cost: CostModel, dpu_config: DPUConfig | None = None) -> None:
+        super().__init__(cost, Arrangement.DECODE_FIRST, dpu_config)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (FCFS, StaticPriority, Sarathi, RelServe, RelServePP, RelServeDP)
+}
+
+
+def make_policy(name: str, cost: CostModel) -> Policy:
+    try:
+        return POLICIES[name](cost)
+    except KeyError:
+        known = ", ".join(POLICIES)
+        raise ValueError(f"unknown policy {name!r}; choose one of: {known}") from None
