@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import shlex
-import sys
 from pathlib import Path
 
 import click
@@ -110,11 +110,22 @@ def bench(
         trace=TraceConfig(
             num_relqueries=relqueries, arrival=arrival, burstiness=burstiness, seed=seed
         ),
-        datasets_dir=None if bundled or not datasets.exists() else datasets,
+        datasets_dir=None if _use_bundled(bundled, datasets) else datasets,
         out_dir=out_dir,
         cost_model=cost_model,
         decision_benchmark=decision_benchmark,
-        command=shlex.join(["relstream", *sys.argv[1:]]),
+        command=_canonical_command(
+            backend=backend,
+            profile=profile,
+            policies=",".join(policies),
+            rates=",".join(f"{r:g}" for r in rates),
+            relqueries=relqueries,
+            arrival=arrival,
+            burstiness=burstiness,
+            seed=seed,
+            cost_model=cost_model,
+            datasets="bundled" if _use_bundled(bundled, datasets) else os.path.relpath(datasets),
+        ),
     )
     if options.datasets_dir is None and not bundled:
         console.print(f"[yellow]{datasets} not found: using the bundled sample table[/]")
@@ -141,6 +152,21 @@ def bench(
         document = run_sim_benchmark(options, on_trace, on_run)
     _print_top_rate(document)
     console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
+
+
+def _use_bundled(bundled: bool, datasets: Path) -> bool:
+    return bundled or not datasets.exists()
+
+
+def _canonical_command(**options: object) -> str:
+    """Every option spelled out, so the recorded command reproduces the run anywhere."""
+    words = ["relstream", "bench"]
+    for name, value in options.items():
+        if name == "datasets" and value == "bundled":
+            words.append("--bundled")
+        else:
+            words += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join(words)
 
 
 def _print_top_rate(document: dict) -> None:

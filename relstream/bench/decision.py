@@ -18,6 +18,8 @@ from relstream.scheduler.view import StepKind
 
 @dataclass(frozen=True)
 class DecisionBenchmark:
+    """Timings of relserve's plan(); the crowd sizes are medians over the timed steps."""
+
     waiting_relqueries: int
     waiting_requests: int
     running_requests: int
@@ -38,8 +40,12 @@ def _crowd(relqueries: int, rows: int, seed: int, block_size: int) -> list[SimRe
         requests = []
         for row in range(rows):
             ids = template + [rng.randrange(49_000) for _ in range(rng.randint(80, 200))]
+            # staggered lengths keep the running set refilling instead of draining at once
+            output_length = rng.randint(20, 100)
             requests.append(
-                SimRequest(f"c{index}#{row}", len(ids), block_hashes(ids, block_size), 100)
+                SimRequest(
+                    f"c{index}#{row}", len(ids), block_hashes(ids, block_size), output_length
+                )
             )
         crowd.append(SimRelQuery(f"c{index}", 0.0, 100, requests))
     return crowd
@@ -65,15 +71,19 @@ def run_decision_benchmark(
         engine.execute(plan)
         plan = engine.policy.plan(engine)
     timings = []
+    crowd: list[tuple[int, int, int]] = []  # (running, waiting, waiting relQueries) seen
     for _ in range(200):
         engine.execute(plan)
+        tracker = engine.tracker
+        waiting_relqueries = sum(1 for info in tracker.relqueries.values() if info.waiting)
+        crowd.append((len(tracker.running), len(tracker.waiting), waiting_relqueries))
         started = time.perf_counter()
         plan = engine.policy.plan(engine)
         timings.append(time.perf_counter() - started)
     return DecisionBenchmark(
-        waiting_relqueries=sum(1 for info in engine.tracker.relqueries.values() if info.waiting),
-        waiting_requests=len(engine.tracker.waiting),
-        running_requests=len(engine.tracker.running),
+        waiting_relqueries=int(statistics.median(c[2] for c in crowd)),
+        waiting_requests=int(statistics.median(c[1] for c in crowd)),
+        running_requests=int(statistics.median(c[0] for c in crowd)),
         timed_decisions=len(timings),
         median_us=statistics.median(timings) * 1e6,
         p99_us=percentile(timings, 0.99) * 1e6,

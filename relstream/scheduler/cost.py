@@ -96,16 +96,21 @@ class OnlineCostModel(CostModel):
             Linear(prior.prefill.slope, prior.prefill.intercept),
             Linear(prior.decode.slope, prior.decode.intercept),
         )
-        self._prefill_fit = RecursiveLeastSquares(self.prefill, forgetting)
-        self._decode_fit = RecursiveLeastSquares(self.decode, forgetting)
+        self._prefill_fit = RecursiveLeastSquares(Linear(**vars(self.prefill)), forgetting)
+        self._decode_fit = RecursiveLeastSquares(Linear(**vars(self.decode)), forgetting)
 
     def observe(self, feedback: StepFeedback) -> None:
         # Mixed steps do not separate the two phases' costs, so only pure steps teach.
         if feedback.kind is StepKind.PREFILL:
             self._prefill_fit.update(feedback.uncached_tokens, feedback.duration)
+            _copy_non_negative(self._prefill_fit.line, self.prefill)
         elif feedback.kind is StepKind.DECODE:
             self._decode_fit.update(feedback.decode_requests, feedback.duration)
-        # A line fitted on a narrow range can extrapolate below zero; durations cannot.
-        for line in (self.prefill, self.decode):
-            line.slope = max(line.slope, 0.0)
-            line.intercept = max(line.intercept, 0.0)
+            _copy_non_negative(self._decode_fit.line, self.decode)
+
+
+def _copy_non_negative(fitted: Linear, used: Linear) -> None:
+    """A line fitted on a narrow range can extrapolate below zero; durations cannot.
+    The fit itself stays unconstrained so later steps can still correct it."""
+    used.slope = max(fitted.slope, 0.0)
+    used.intercept = max(fitted.intercept, 0.0)

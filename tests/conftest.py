@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import pytest
+
+from relstream.scheduler import CostModel, EngineLimits, Linear
+
+
+@pytest.fixture
+def cost() -> CostModel:
+    # L_prefill = 0.01·utok + 0.5, L_decode = 0.1·req + 1.0: round numbers for hand sums.
+    return CostModel(prefill=Linear(0.01, 0.5), decode=Linear(0.1, 1.0))
+
+
+@pytest.fixture
+def roomy_limits() -> EngineLimits:
+    return EngineLimits(
+        max_num_seqs=256, max_num_batched_tokens=1000, kv_capacity_tokens=10**6, block_size=16
+    )

@@ -1,0 +1,52 @@
+import json
+
+from click.testing import CliRunner
+
+from relstream.bench.decision import run_decision_benchmark
+from relstream.cli import main
+
+
+def test_bench_writes_every_output(tmp_path):
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--bundled",
+            "--relqueries",
+            "6",
+            "--rates",
+            "0.5,2",
+            "--policies",
+            "fcfs,relserve",
+            "--no-decision-benchmark",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "results.json").read_text())
+    assert {(r["policy"], r["rate"]) for r in document["runs"]} == {
+        (p, r) for p in ("fcfs", "relserve") for r in (0.5, 2.0)
+    }
+    assert all(r["relqueries"] == 6 for r in document["runs"])
+    assert (out / "latency_vs_rate.png").stat().st_size > 1000
+    assert (out / "breakdown.png").stat().st_size > 1000
+    command = "relstream bench --backend sim --profile a100-opt13b --policies fcfs,relserve"
+    assert command in (out / "README.md").read_text()
+    assert document["command"].startswith(command)
+
+
+def test_bench_rejects_unknown_policies_and_bad_rates():
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", "--policies", "fcfs,lifo"])
+    assert result.exit_code != 0 and "unknown lifo" in result.output
+    result = runner.invoke(main, ["bench", "--rates", "1,-2"])
+    assert result.exit_code != 0 and "positive" in result.output
+
+
+def test_decision_benchmark_builds_the_crowd_it_reports():
+    result = run_decision_benchmark(relqueries=100, rows=10)
+    assert 240 <= result.running_requests <= 256
+    assert 0 < result.waiting_requests <= 1000 - 240
+    assert result.timed_decisions == 200 and result.median_us > 0

@@ -1,0 +1,35 @@
+import random
+
+import pytest
+
+from relstream.scheduler import CostModel, Linear, OnlineCostModel, StepFeedback, StepKind
+
+
+def test_fixed_model_ignores_feedback(cost):
+    cost.observe(StepFeedback(StepKind.PREFILL, 1000, 0, 99.0))
+    assert cost.coefficients() == {"alpha_p": 0.01, "beta_p": 0.5, "alpha_d": 0.1, "beta_d": 1.0}
+
+
+def test_online_fit_learns_true_lines_from_a_wrong_prior():
+    rng = random.Random(3)
+    model = OnlineCostModel(CostModel(Linear(0.01, 0.5), Linear(0.01, 0.5)))
+    for _ in range(300):
+        tokens = rng.randint(50, 2000)
+        model.observe(StepFeedback(StepKind.PREFILL, tokens, 0, 0.0013 * tokens + 0.020))
+        requests = rng.randint(1, 64)
+        model.observe(StepFeedback(StepKind.DECODE, 0, requests, 0.0018 * requests + 0.047))
+    assert model.prefill.slope == pytest.approx(0.0013, rel=0.02)
+    assert model.prefill.intercept == pytest.approx(0.020, rel=0.05)
+    assert model.decode.slope == pytest.approx(0.0018, rel=0.02)
+    assert model.decode.intercept == pytest.approx(0.047, rel=0.05)
+
+
+def test_online_fit_skips_mixed_steps():
+    model = OnlineCostModel(CostModel(Linear(0.001, 0.02), Linear(0.002, 0.05)))
+    model.observe(StepFeedback(StepKind.MIXED, 500, 10, 9.0))
+    assert model.coefficients() == {
+        "alpha_p": 0.001,
+        "beta_p": 0.02,
+        "alpha_d": 0.002,
+        "beta_d": 0.05,
+    }
