@@ -29,7 +29,7 @@ demo: setup
 
 bench-sim: setup
 	$(BIN)/relstream bench --backend sim --profile a100-opt13b \
-		--policies fcfs,sp,sarathi,relserve,relserve-pp,relserve-dp \
+		--policies fcfs,sp,sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
 		--rates 0.25,0.5,0.75,1.0,1.25,1.5,2.0
 
 clean:

@@ -64,7 +64,7 @@ def main() -> None:
 )
 @click.option(
     "--rates",
-    default="0.25,0.5,0.75,1.0,1.25,1.5",
+    default="0.25,0.5,0.75,1.0,1.25,1.5,2.0",
     show_default=True,
     callback=_rates,
     help="Comma-separated relQuery arrival rates (relQueries/s).",

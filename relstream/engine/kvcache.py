@@ -82,13 +82,32 @@ class PrefixCachedKV:
                 cached[request_id] = None
                 continue
             for _ in range(new_blocks):
-                if self._free_plain:
-                    self._free_plain -= 1
-                else:
-                    self._evictable.popitem(last=False)
+                self._take_free_block()
             holding.plain = new_blocks
             cached[request_id] = len(holding.hashed) * self.block_size
         return cached
+
+    def ensure_capacity(self, request_id: str, tokens: int) -> bool:
+        """Grow a request's blocks to hold `tokens`; False when the cache is full."""
+        holding = self._holdings[request_id]
+        missing = -(-tokens // self.block_size) - len(holding.hashed) - holding.plain
+        if missing > self.free_blocks():
+            return False
+        for _ in range(max(missing, 0)):
+            self._take_free_block()
+        holding.plain += max(missing, 0)
+        return True
+
+    def _take_free_block(self) -> None:
+        if self._free_plain:
+            self._free_plain -= 1
+        else:
+            self._evictable.popitem(last=False)
+
+    def releasable_blocks(self, request_id: str) -> int:
+        """Blocks that `release` would make free: private ones and unshared cached ones."""
+        holding = self._holdings[request_id]
+        return holding.plain + sum(1 for h in holding.hashed if self._in_use[h] == 1)
 
     def publish_prompt(self, request_id: str, hashes: Sequence[int]) -> None:
         """After a prompt is computed, its full blocks become reusable by later requests."""

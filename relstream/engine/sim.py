@@ -5,8 +5,10 @@ production code path; only execution is modelled: step durations come from a nam
 CostProfile, memory from a block-level prefix cache on the requests' real token ids.
 
 Requests end at their sampled output length (drawn by the workload, never more than
-max tokens); the scheduler only ever knows max tokens, as in a real engine. Admission
-reserves KV for prompt + max tokens, so the simulator never has to preempt.
+max tokens); the scheduler only ever knows max tokens, as in a real engine. KV is taken
+as vLLM takes it: prompt blocks at admission, one more block whenever a decode crosses a
+block boundary; when none is free, the most recently admitted running request is
+preempted by recompute (vLLM's default), and the policy sees it waiting again.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class SimRun:
     outcomes: list[RelQueryOutcome]
     decision_seconds: list[float]
     step_counts: dict[str, int]
+    preemptions: int
     makespan: float
     cost_coefficients: dict[str, float]
 
@@ -89,6 +92,7 @@ class SimulatedEngine(EngineView):
         self._requests: dict[str, SimRequest] = {}
         self._timelines: dict[str, _Timeline] = {}
         self._steps = {kind.value: 0 for kind in StepKind}
+        self.preemptions = 0
 
     # EngineView
     def now(self) -> float:
@@ -104,9 +108,12 @@ class SimulatedEngine(EngineView):
     def admission_kv_tokens(self, seq: SeqInfo, cached_tokens: int) -> int:
         request = self._requests[seq.request_id]
         blocks = self.kv.blocks_needed(
-            request.block_hashes, seq.prompt_tokens, seq.prompt_tokens + seq.max_tokens
+            request.block_hashes, seq.prompt_tokens, seq.uncomputed_tokens
         )
         return blocks * self.limits.block_size
+
+    def releasable_kv_tokens(self, seq: SeqInfo) -> int:
+        return self.kv.releasable_blocks(seq.request_id) * self.limits.block_size
 
     # execution
     def run(
@@ -144,6 +151,7 @@ class SimulatedEngine(EngineView):
             outcomes=outcomes,
             decision_seconds=decisions,
             step_counts=dict(self._steps),
+            preemptions=self.preemptions,
             makespan=self.clock,
             cost_coefficients=self.policy.cost.coefficients(),
         )
@@ -170,13 +178,17 @@ class SimulatedEngine(EngineView):
     def execute(self, plan: StepPlan) -> list[str]:
         """Run one step; returns the relQueries it completed."""
         start = self.clock
+        for request_id in plan.preempt:
+            self._preempt(request_id)
         prefills = self._begin_prefills(plan, start)
-        decodes = [self.tracker.running[rid] for rid in plan.decode]
+        decodes = self._grow_for_decode(plan, {seq.request_id for seq, _ in prefills})
         uncached = sum(compute for _, compute in prefills)
-        context = sum(seq.prompt_tokens + seq.output_tokens for seq in decodes)
+        context = sum(seq.computed_tokens for seq in decodes)
         duration = self.profile.step_time(uncached, len(decodes), context)
         self.clock = start + duration
         if not prefills and not decodes:
+            if plan.preempt:
+                return []  # evictions alone take no model time
             raise SimulationStalled(f"policy {self.policy.name} planned a step that cannot run")
         kind = StepPlan(prefill=plan.prefill if prefills else (), decode=plan.decode).kind
         self._steps[kind.value] += 1
@@ -184,12 +196,36 @@ class SimulatedEngine(EngineView):
         done: list[str] = []
         for seq, compute in prefills:
             self.tracker.record_progress(seq, computed=compute)
-            if seq.prefill_done:
+            if seq.uncomputed_tokens == 0:
                 self._complete_prefill(seq, done)
         for seq in decodes:
-            self.tracker.record_progress(seq, generated=1)
+            self.tracker.record_progress(seq, computed=1, generated=1)
             self._maybe_finish(seq, done)
         return done
+
+    def _preempt(self, request_id: str) -> None:
+        self.kv.release(request_id)
+        self.tracker.requeue(request_id)
+        self.preemptions += 1
+
+    def _grow_for_decode(self, plan: StepPlan, prefilling: set[str]) -> list[SeqInfo]:
+        """Give every planned decode a slot for its next token, preempting the newest
+        running requests (possibly the decode itself) when the cache is full."""
+        running = self.tracker.running
+        ready: list[SeqInfo] = []
+        for request_id in plan.decode:
+            seq = running.get(request_id)
+            while seq is not None and not self.kv.ensure_capacity(
+                request_id, seq.computed_tokens + 1
+            ):
+                protected = prefilling | {s.request_id for s in ready}
+                victim = next(rid for rid in reversed(running) if rid not in protected)
+                self._preempt(victim)
+                if victim == request_id:
+                    seq = None
+            if seq is not None:
+                ready.append(seq)
+        return ready
 
     def _begin_prefills(self, plan: StepPlan, start: float) -> list[tuple[SeqInfo, int]]:
         """Admit the plan's new requests into the KV cache; returns (request, tokens to
@@ -200,7 +236,7 @@ class SimulatedEngine(EngineView):
                 rid,
                 self._requests[rid].block_hashes,
                 seq.prompt_tokens,
-                seq.prompt_tokens + seq.max_tokens,
+                seq.uncomputed_tokens,
             )
             for rid, seq in ((c.request_id, waiting.get(c.request_id)) for c in plan.prefill)
             if seq is not None
@@ -219,7 +255,7 @@ class SimulatedEngine(EngineView):
                     timeline.first_prefill_start = start
             else:
                 seq = self.tracker.running[chunk.request_id]
-            prefills.append((seq, min(chunk.num_tokens, seq.prompt_tokens - seq.computed_tokens)))
+            prefills.append((seq, min(chunk.num_tokens, seq.uncomputed_tokens)))
         return prefills
 
     def _complete_prefill(self, seq: SeqInfo, done: list[str]) -> None:

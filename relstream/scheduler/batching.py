@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from relstream.scheduler.view import EngineView, PrefillChunk, SeqInfo
+
+# vLLM keeps 1% of the KV blocks free when admitting, so decodes can grow a little
+# before anything has to be preempted.
+KV_WATERMARK = 0.01
+
+
+@dataclass
+class Room:
+    """Capacity a prefill batch may use: KV tokens and running-set slots."""
+
+    kv_tokens: int
+    seqs: int
+
+    @classmethod
+    def free_in(cls, view: EngineView) -> Room:
+        watermark = int(view.limits.kv_capacity_tokens * KV_WATERMARK)
+        return cls(
+            view.free_kv_tokens() - watermark,
+            view.limits.max_num_seqs - len(view.tracker.running),
+        )
 
 
 def decode_candidate(view: EngineView) -> tuple[str, ...]:
@@ -17,6 +38,7 @@ def prefill_candidate(
     candidates: Iterable[SeqInfo],
     token_budget: int | None = None,
     chunk_last: bool = False,
+    room: Room | None = None,
 ) -> list[PrefillChunk]:
     """Take requests in order while they fit; stop at the first that does not.
 
@@ -27,16 +49,15 @@ def prefill_candidate(
     With `chunk_last` (chunked prefill) the request that overflows the budget is cut to
     what is left of it instead.
     """
-    limits = view.limits
-    budget = limits.max_num_batched_tokens if token_budget is None else token_budget
-    free_seqs = limits.max_num_seqs - len(view.tracker.running)
-    free_kv = view.free_kv_tokens()
+    budget = view.limits.max_num_batched_tokens if token_budget is None else token_budget
+    room = room or Room.free_in(view)
+    free_kv = room.kv_tokens
     chunks: list[PrefillChunk] = []
     for seq in candidates:
-        if len(chunks) >= free_seqs:
+        if len(chunks) >= room.seqs:
             break
         cached = view.cached_prompt_tokens(seq)
-        uncached = seq.prompt_tokens - cached
+        uncached = seq.uncomputed_tokens - cached
         needed_kv = view.admission_kv_tokens(seq, cached)
         if needed_kv > free_kv:
             break
@@ -50,3 +71,28 @@ def prefill_candidate(
         if budget <= 0:
             break
     return chunks
+
+
+def preemption_victims(
+    view: EngineView, head: SeqInfo, rank: Callable[[SeqInfo], tuple]
+) -> tuple[list[str], Room]:
+    """vLLM's priority policy (V0 `_schedule_priority_preemption`): while the best waiting
+    request cannot be admitted, evict running requests ranked below it by recompute,
+    worst first and, among equals, the latest admitted first.
+
+    Returns the victims and the room the prefill batch will have once they are gone.
+    """
+    room = Room.free_in(view)
+    needed = view.admission_kv_tokens(head, view.cached_prompt_tokens(head))
+    head_rank = rank(head)
+    victims: list[str] = []
+    newest_first = reversed(list(view.tracker.running.values()))
+    for seq in sorted(newest_first, key=rank, reverse=True):
+        if needed <= room.kv_tokens and room.seqs >= 1:
+            break
+        if rank(seq) <= head_rank:
+            break
+        victims.append(seq.request_id)
+        room.kv_tokens += view.releasable_kv_tokens(seq)
+        room.seqs += 1
+    return victims, room

@@ -11,7 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 from relstream.scheduler.aba import Arrangement, Decision, PrefillCandidate, arrange
-from relstream.scheduler.batching import decode_candidate, prefill_candidate
+from relstream.scheduler.batching import (
+    decode_candidate,
+    preemption_victims,
+    prefill_candidate,
+)
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.dpu import DPUConfig, DynamicPriorityUpdater
 from relstream.scheduler.view import (
@@ -37,10 +41,12 @@ class Policy(ABC):
         self.cost.observe(feedback)
 
 
-def _prefill_or_decode(view: EngineView, chunks: list[PrefillChunk]) -> StepPlan:
+def _prefill_or_decode(
+    view: EngineView, chunks: list[PrefillChunk], preempt: tuple[str, ...] = ()
+) -> StepPlan:
     """vLLM V0's arrangement: prefill whenever something fits, else decode everything."""
     if chunks:
-        return StepPlan(prefill=tuple(chunks))
+        return StepPlan(prefill=tuple(chunks), preempt=preempt)
     decode = decode_candidate(view)
     return StepPlan(decode=decode) if decode else IDLE
 
@@ -57,37 +63,55 @@ class FCFS(Policy):
 
 class StaticPriority(Policy):
     """vLLM-SP: Prio(R) = Σ_{r∈R} tok(r) + OL(r), fixed when R is first seen (paper eq.
-    request_priority with identity L1, L2); prefill prioritised as in vLLM."""
+    request_priority with identity L1, L2); prefill first as in vLLM. Like RelServe, whose
+    code base the paper's vLLM-SP shares, it never evicts a running request to admit one."""
 
     name = "sp"
+    evicts = False
 
     def __init__(self, cost: CostModel) -> None:
         super().__init__(cost)
         self._order: list[tuple[float, float, str]] = []
-        self._known: set[str] = set()
+        self._priority: dict[str, float] = {}
 
     def plan(self, view: EngineView) -> StepPlan:
         self._admit_new(view)
         chunks = prefill_candidate(view, self._waiting_in_priority_order(view))
-        return _prefill_or_decode(view, chunks)
+        head = next(self._waiting_in_priority_order(view), None)
+        if chunks or head is None or not self.evicts:
+            return _prefill_or_decode(view, chunks)
+        victims, room = preemption_victims(view, head, self._rank)
+        chunks = prefill_candidate(view, self._waiting_in_priority_order(view), room=room)
+        return _prefill_or_decode(view, chunks, tuple(victims) if chunks else ())
+
+    def _rank(self, seq: SeqInfo) -> tuple[float, float]:
+        return (self._priority[seq.relquery_id], seq.arrival_time)
 
     def _admit_new(self, view: EngineView) -> None:
         for relquery_id in view.tracker.drain_changed():
-            if relquery_id in self._known:
+            if relquery_id in self._priority:
                 continue
             info = view.tracker.relqueries[relquery_id]
             priority = info.prompt_tokens_seen + info.total_requests * info.max_tokens
             bisect.insort(self._order, (priority, info.arrival_time, relquery_id))
-            self._known.add(relquery_id)
+            self._priority[relquery_id] = priority
 
     def _waiting_in_priority_order(self, view: EngineView) -> Iterator[SeqInfo]:
         relqueries = view.tracker.relqueries
         while self._order and self._order[0][2] not in relqueries:
-            self._known.discard(self._order.pop(0)[2])
+            del self._priority[self._order.pop(0)[2]]
         for _, _, relquery_id in self._order:
             info = relqueries.get(relquery_id)
             if info is not None:
                 yield from info.waiting.values()
+
+
+class StaticPriorityEvicting(StaticPriority):
+    """Static priority on vLLM V0's priority policy, which also evicts (by recompute)
+    running requests ranked below a waiting one that cannot be admitted."""
+
+    name = "sp-evict"
+    evicts = True
 
 
 class Sarathi(Policy):
@@ -108,7 +132,7 @@ class Sarathi(Policy):
             if budget <= 0:
                 break
             if not seq.prefill_done:
-                take = min(budget, seq.prompt_tokens - seq.computed_tokens)
+                take = min(budget, seq.uncomputed_tokens)
                 chunks.append(PrefillChunk(seq.request_id, take))
                 budget -= take
         if budget > 0:
@@ -119,7 +143,10 @@ class Sarathi(Policy):
 
 
 class RelServe(Policy):
-    """DPU + ABA (paper §4). `arrangement` selects the ablations relserve-pp/-dp."""
+    """DPU + ABA (paper §4). `arrangement` selects the ablations relserve-pp/-dp.
+
+    Its "preemption" (m+ > m-) pauses the running decodes for a prefill; it never evicts
+    KV: the prefill candidate is limited to what fits (paper §4.3)."""
 
     name = "relserve"
 
@@ -189,7 +216,16 @@ class RelServeDP(RelServe):
 
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (FCFS, StaticPriority, Sarathi, RelServe, RelServePP, RelServeDP)
+    cls.name: cls
+    for cls in (
+        FCFS,
+        StaticPriority,
+        StaticPriorityEvicting,
+        Sarathi,
+        RelServe,
+        RelServePP,
+        RelServeDP,
+    )
 }
 
 

@@ -27,7 +27,13 @@ class SeqInfo:
 
     @property
     def prefill_done(self) -> bool:
-        return self.computed_tokens >= self.prompt_tokens
+        """Decoding: every token but the last sampled one has its KV (vLLM's invariant)."""
+        return self.output_tokens >= 1 and self.uncomputed_tokens <= 1
+
+    @property
+    def uncomputed_tokens(self) -> int:
+        """Tokens without KV; after a preemption that is the prompt plus all output so far."""
+        return self.prompt_tokens + self.output_tokens - self.computed_tokens
 
     @property
     def remaining_output(self) -> int:
@@ -93,7 +99,8 @@ class RequestTracker:
         return seq
 
     def requeue(self, request_id: str) -> SeqInfo:
-        """A running request was preempted: its KV is gone, it waits again at the front."""
+        """A running request was preempted by recompute: its KV is gone, it waits again at
+        the front and will prefill its prompt and output so far."""
         seq = self.running.pop(request_id)
         seq.computed_tokens = 0
         info = self.relqueries[seq.relquery_id]
@@ -151,10 +158,17 @@ class EngineView(ABC):
     def free_kv_tokens(self) -> int: ...
 
     def admission_kv_tokens(self, seq: SeqInfo, cached_tokens: int) -> int:
-        """KV tokens a request needs to be admitted: its prompt and output, less the cache."""
+        """KV tokens a request needs to start: blocks for its uncomputed tokens, less the
+        cached ones. Like vLLM, output blocks are taken as decoding goes."""
         block = self.limits.block_size
-        total_blocks = -(-(seq.prompt_tokens + seq.max_tokens) // block)
+        total_blocks = -(-seq.uncomputed_tokens // block)
         return (total_blocks - cached_tokens // block) * block
+
+    def releasable_kv_tokens(self, seq: SeqInfo) -> int:
+        """KV tokens that evicting a running request gives back (an upper bound here:
+        engines that know which blocks are shared override it)."""
+        block = self.limits.block_size
+        return -(-(seq.computed_tokens + 1) // block) * block
 
 
 class StepKind(Enum):
@@ -174,6 +188,7 @@ class PrefillChunk:
 class StepPlan:
     prefill: tuple[PrefillChunk, ...] = ()
     decode: tuple[str, ...] = ()
+    preempt: tuple[str, ...] = ()  # running requests to evict (recompute) before the step
 
     @property
     def kind(self) -> StepKind:
