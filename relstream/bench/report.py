@@ -62,6 +62,7 @@ def plot_breakdown(summaries: Sequence[RunSummary], rate: float, path: Path, tit
         ax.bar(names, values, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("mean relQuery latency (s)")
+    ax.tick_params(axis="x", labelrotation=25)
     ax.set_title(f"{title}: breakdown at {rate:g} relQueries/s")
     ax.legend()
     fig.tight_layout()
@@ -99,3 +100,16 @@ def markdown_rates(summaries: Sequence[RunSummary]) -> list[str]:
 def write_results(out_dir: Path, document: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(document, indent=2) + "\n")
+
+
+def markdown_by_query_type(summaries: Sequence[RunSummary], rate: float) -> list[str]:
+    at_rate = [s for s in summaries if s.rate == rate]
+    types = sorted({t for s in at_rate for t in s.mean_by_query_type})
+    lines = [
+        "| policy | " + " | ".join(types) + " | preemptions |",
+        "|---" * (len(types) + 2) + "|",
+    ]
+    for s in at_rate:
+        cells = " | ".join(f"{s.mean_by_query_type.get(t, float('nan')):.2f}" for t in types)
+        lines.append(f"| {s.policy} | {cells} | {s.preemptions} |")
+    return lines

@@ -29,6 +29,8 @@ class RunSummary:
     decision_us_median: float
     decision_us_p99: float
     cost_coefficients: dict[str, float]
+    preemptions: int
+    mean_by_query_type: dict[str, float]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -45,6 +47,9 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
     totals = [o.latency.total for o in run.outcomes]
     decisions_us = [seconds * 1e6 for seconds in run.decision_seconds]
+    by_type: dict[str, list[float]] = {}
+    for outcome in run.outcomes:
+        by_type.setdefault(outcome.labels.get("query_type", "?"), []).append(outcome.latency.total)
     return RunSummary(
         policy=policy,
         rate=rate,
@@ -61,6 +66,8 @@ def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
         decision_us_median=percentile(decisions_us, 0.50),
         decision_us_p99=percentile(decisions_us, 0.99),
         cost_coefficients=run.cost_coefficients,
+        preemptions=run.preemptions,
+        mean_by_query_type={k: statistics.fmean(v) for k, v in sorted(by_type.items())},
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from relstream.bench.decision import DecisionBenchmark, run_decision_benchmark
 from relstream.bench.report import (
     machine_description,
+    markdown_by_query_type,
     markdown_rates,
     markdown_summary,
     plot_breakdown,
@@ -119,6 +120,10 @@ def _readme(
             for policy, ratio in document["ratios_vs_relserve_at_top_rate"].items()
         )
         + ".",
+        "",
+        f"Mean latency (s) by query type at {top:g} relQueries/s, and KV preemptions:",
+        "",
+        *markdown_by_query_type(summaries, top),
         "",
         "## Mean relQuery latency (s) per arrival rate",
         "",

@@ -48,7 +48,8 @@ class DynamicPriorityUpdater:
         # every step. Everything else is fully waiting both now and before: reuse.
         recompute = tracker.drain_changed() | set(tracker.active_relqueries)
         recompute |= self._newly_starved(view.now(), tracker.relqueries)
-        for relquery_id in recompute:
+        # sorted: set order differs between processes and would reseed the miss-ratio sampler
+        for relquery_id in sorted(recompute):
             info = tracker.relqueries[relquery_id]
             if relquery_id not in self._stamp:
                 deadline = (
