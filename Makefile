@@ -31,6 +31,9 @@ bench-sim: setup
 	$(BIN)/relstream bench --backend sim --profile a100-opt13b \
 		--policies fcfs,sp,sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
 		--rates 0.25,0.5,0.75,1.0,1.25,1.5,2.0
+	$(BIN)/relstream bench --backend sim --profile cpu-smollm2 \
+		--policies fcfs,sp,sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
+		--rates 0.025,0.05,0.075,0.1,0.15,0.2
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
