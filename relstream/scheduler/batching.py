@@ -33,6 +33,16 @@ def decode_candidate(view: EngineView) -> tuple[str, ...]:
     return tuple(rid for rid, seq in view.tracker.running.items() if seq.prefill_done)
 
 
+def unfinished_prefills(view: EngineView) -> list[PrefillChunk]:
+    """Running requests whose prompt was cut by the engine's token budget (chunked
+    prefill); they finish before anything new starts, as in vLLM."""
+    return [
+        PrefillChunk(seq.request_id, seq.uncomputed_tokens)
+        for seq in view.tracker.running.values()
+        if not seq.prefill_done
+    ]
+
+
 def prefill_candidate(
     view: EngineView,
     candidates: Iterable[SeqInfo],

@@ -15,6 +15,7 @@ from relstream.scheduler.batching import (
     decode_candidate,
     preemption_victims,
     prefill_candidate,
+    unfinished_prefills,
 )
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.dpu import DPUConfig, DynamicPriorityUpdater
@@ -34,8 +35,15 @@ class Policy(ABC):
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
 
+    def plan(self, view: EngineView) -> StepPlan:
+        unfinished = unfinished_prefills(view)
+        if unfinished:
+            return StepPlan(prefill=tuple(unfinished))
+        return self.plan_step(view)
+
     @abstractmethod
-    def plan(self, view: EngineView) -> StepPlan: ...
+    def plan_step(self, view: EngineView) -> StepPlan:
+        """The next step, when no chunked prompt is left half-computed."""
 
     def observe(self, feedback: StepFeedback) -> None:
         self.cost.observe(feedback)
@@ -56,7 +64,7 @@ class FCFS(Policy):
 
     name = "fcfs"
 
-    def plan(self, view: EngineView) -> StepPlan:
+    def plan_step(self, view: EngineView) -> StepPlan:
         chunks = prefill_candidate(view, view.tracker.waiting.values())
         return _prefill_or_decode(view, chunks)
 
@@ -74,7 +82,7 @@ class StaticPriority(Policy):
         self._order: list[tuple[float, float, str]] = []
         self._priority: dict[str, float] = {}
 
-    def plan(self, view: EngineView) -> StepPlan:
+    def plan_step(self, view: EngineView) -> StepPlan:
         self._admit_new(view)
         chunks = prefill_candidate(view, self._waiting_in_priority_order(view))
         head = next(self._waiting_in_priority_order(view), None)
@@ -125,6 +133,9 @@ class Sarathi(Policy):
         self.token_budget = token_budget
 
     def plan(self, view: EngineView) -> StepPlan:
+        return self.plan_step(view)  # it mixes unfinished prefills into the step itself
+
+    def plan_step(self, view: EngineView) -> StepPlan:
         decode = decode_candidate(view)
         budget = self.token_budget - len(decode)
         chunks: list[PrefillChunk] = []
@@ -161,7 +172,7 @@ class RelServe(Policy):
         self.dpu = DynamicPriorityUpdater(cost, dpu_config)
         self.last_decision: Decision | None = None
 
-    def plan(self, view: EngineView) -> StepPlan:
+    def plan_step(self, view: EngineView) -> StepPlan:
         self.dpu.update(view)
         self.last_decision = None
         head = self.dpu.head(view)

@@ -1,0 +1,216 @@
+"""The relstream policy inside vLLM V1: a `Scheduler` subclass (engine arg `scheduler_cls`).
+
+vLLM's own `schedule()` still does all the work (KV allocation, prefix caching, chunking,
+preemption); this class only decides *which* requests it may touch each step. A plan is
+enforced by swapping in a running list and a waiting queue holding exactly the planned
+requests, calling `super().schedule()`, and putting everything else back:
+
+  decode-only   running = the planned decodes, waiting = empty
+  prefill-only  running = unfinished prefills in the plan, waiting = the planned requests
+  mixed         both (sarathi)
+
+Policy `fcfs` is stock vLLM: the plan step is skipped entirely. Configuration arrives in
+`additional_config["relstream"]`: {"policy": name, "step_log": path or None,
+"cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"}}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from vllm.v1.core.sched.request_queue import create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+
+from relstream.scheduler import (
+    CostModel,
+    EngineLimits,
+    EngineView,
+    Linear,
+    OnlineCostModel,
+    RequestTracker,
+    SeqInfo,
+    StepFeedback,
+    StepKind,
+    StepPlan,
+    make_policy,
+)
+
+# Until the online fit has seen steps, priorities come from DESIGN.md's CPU measurements.
+DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}
+EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
+
+
+def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
+    """What a request must carry in `SamplingParams.extra_args` to be grouped."""
+    return {EXTRA_ARGS_KEY: {"relquery_id": relquery_id, "relquery_size": size}}
+
+
+class RelstreamScheduler(Scheduler, EngineView):
+    def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
+        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        settings = dict((vllm_config.additional_config or {}).get("relstream", {}))
+        self.policy_name = settings.get("policy", "relserve")
+        prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
+        cost = OnlineCostModel(
+            CostModel(
+                Linear(prior["alpha_p"], prior["beta_p"]), Linear(prior["alpha_d"], prior["beta_d"])
+            )
+        )
+        self.relstream_policy = make_policy(self.policy_name, cost)
+        self.tracker = RequestTracker()
+        self.limits = EngineLimits(
+            max_num_seqs=self.max_num_running_reqs,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            kv_capacity_tokens=kv_cache_config.num_blocks * self.block_size,
+            block_size=self.block_size,
+        )
+        log_path = settings.get("step_log")
+        self._step_log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
+        self._pending: dict[str, Any] | None = None
+
+    # EngineView
+    def now(self) -> float:
+        return time.monotonic()
+
+    def cached_prompt_tokens(self, seq: SeqInfo) -> int:
+        request = self.requests[seq.request_id]
+        if request.num_computed_tokens:
+            return 0
+        return self.kv_cache_manager.get_computed_blocks(request)[1]
+
+    def free_kv_tokens(self) -> int:
+        return self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
+
+    # request lifecycle
+    def add_request(self, request: Request) -> None:
+        known = request.request_id in self.requests
+        super().add_request(request)
+        if known:
+            return
+        extra = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
+        tags = extra.get(EXTRA_ARGS_KEY, {})
+        seq = SeqInfo(
+            request_id=request.request_id,
+            relquery_id=str(tags.get("relquery_id", request.request_id)),
+            prompt_tokens=request.num_prompt_tokens,
+            max_tokens=request.max_tokens,
+            arrival_time=time.monotonic(),
+        )
+        self.tracker.add_request(seq, int(tags.get("relquery_size", 1)))
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False):
+        if request.request_id in self.tracker.running or request.request_id in self.tracker.waiting:
+            self.tracker.finish(request.request_id)
+        return super()._free_request(request, delay_free_blocks)
+
+    # scheduling
+    def schedule(self, throttle_prefills: bool = False):
+        started = time.perf_counter()
+        self._sync_progress()
+        if self.policy_name == "fcfs":
+            decided = time.perf_counter()
+            output = super().schedule(throttle_prefills)
+        else:
+            plan = self.relstream_policy.plan(self)
+            decided = time.perf_counter()
+            output = self._schedule_plan(plan, throttle_prefills)
+        self._sync_membership(output)
+        self._pending = self._composition(output)
+        self._pending["decision_s"] = decided - started
+        self._pending["adapter_s"] = time.perf_counter() - started - (decided - started)
+        self._pending["started"] = time.perf_counter()
+        return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        pending, self._pending = self._pending, None
+        if pending is not None and scheduler_output.total_num_scheduled_tokens:
+            duration = time.perf_counter() - pending.pop("started")
+            feedback = StepFeedback(
+                pending["kind"], pending["uncached_tokens"], pending["decode_requests"], duration
+            )
+            self.relstream_policy.observe(feedback)
+            if self._step_log:
+                record = {**pending, "kind": pending["kind"].value, "duration_s": duration}
+                record["waiting"] = len(self.tracker.waiting)
+                record["running"] = len(self.tracker.running)
+                record["t"] = time.monotonic()
+                self._step_log.write(json.dumps(record) + "\n")
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def shutdown(self) -> None:
+        if self._step_log:
+            self._step_log.close()
+            self._step_log = None
+        super().shutdown()
+
+    def _schedule_plan(self, plan: StepPlan, throttle_prefills: bool):
+        planned = {chunk.request_id for chunk in plan.prefill} | set(plan.decode)
+        for request_id in plan.preempt:
+            self._evict(request_id)
+        chosen = [
+            self.requests[chunk.request_id]
+            for chunk in plan.prefill
+            if chunk.request_id in self.tracker.waiting and chunk.request_id in self.requests
+        ]
+        kept = [r for r in self.running if r.request_id in planned]
+        held = [r for r in self.running if r.request_id not in planned]
+        waiting, kv_holding = self.waiting, self.kv_holding_waiting
+        waiting.remove_requests(chosen)
+        self.waiting = create_request_queue(self.policy)
+        for request in chosen:
+            self.waiting.add_request(request)
+        self.kv_holding_waiting = create_request_queue(self.policy)
+        self.running = kept
+        try:
+            return super().schedule(throttle_prefills)
+        finally:
+            # Unadmitted planned requests and anything vLLM preempted go back in front.
+            leftover, leftover_kv = list(self.waiting), list(self.kv_holding_waiting)
+            self.running = held + self.running
+            self.waiting, self.kv_holding_waiting = waiting, kv_holding
+            self.waiting.prepend_requests(reversed(leftover))
+            self.kv_holding_waiting.prepend_requests(reversed(leftover_kv))
+
+    def _evict(self, request_id: str) -> None:
+        request = self.requests[request_id]
+        self.running.remove(request)
+        self._preempt_request(request, time.monotonic())
+
+    def _sync_progress(self) -> None:
+        for request_id, seq in self.tracker.running.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            computed, generated = request.num_computed_tokens, request.num_output_tokens
+            if computed != seq.computed_tokens or generated != seq.output_tokens:
+                self.tracker.record_progress(
+                    seq, computed - seq.computed_tokens, generated - seq.output_tokens
+                )
+
+    def _sync_membership(self, output) -> None:
+        """Mirror vLLM's admissions and preemptions into the tracker."""
+        for request_id in output.preempted_req_ids or ():
+            if request_id in self.tracker.running:
+                self.tracker.requeue(request_id)
+        for request_id in output.num_scheduled_tokens:
+            if request_id in self.tracker.waiting:
+                seq = self.tracker.start(request_id)
+                request = self.requests[request_id]
+                self.tracker.record_progress(seq, request.num_computed_tokens - seq.computed_tokens)
+
+    def _composition(self, output) -> dict[str, Any]:
+        uncached = decodes = 0
+        for request_id, tokens in output.num_scheduled_tokens.items():
+            seq = self.tracker.running.get(request_id)
+            if seq is not None and seq.prefill_done and tokens == 1:
+                decodes += 1
+            else:
+                uncached += tokens
+        if uncached and decodes:
+            kind = StepKind.MIXED
+        else:
+            kind = StepKind.PREFILL if uncached else StepKind.DECODE
+        return {"kind": kind, "uncached_tokens": uncached, "decode_requests": decodes}
