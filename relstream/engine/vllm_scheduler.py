@@ -9,9 +9,10 @@ requests, calling `super().schedule()`, and putting everything else back:
   prefill-only  running = unfinished prefills in the plan, waiting = the planned requests
   mixed         both (sarathi)
 
-Policy `fcfs` is stock vLLM: the plan step is skipped entirely. Configuration arrives in
-`additional_config["relstream"]`: {"policy": name, "step_log": path or None,
-"cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"}}.
+Policies `fcfs` and `sp` are vLLM's own schedulers (`sp` with scheduling_policy
+"priority" and each request's static priority): the plug-in only observes them.
+Configuration arrives in `additional_config["relstream"]`: {"policy": name,
+"step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"}}.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from relstream.scheduler import (
 # Until the online fit has seen steps, priorities come from DESIGN.md's CPU measurements.
 DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}
 EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
+STOCK_POLICIES = ("fcfs", "sp")  # decided by vLLM itself; the plug-in only observes
 
 
 def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
@@ -110,7 +112,7 @@ class RelstreamScheduler(Scheduler, EngineView):
     def schedule(self, throttle_prefills: bool = False):
         started = time.perf_counter()
         self._sync_progress()
-        if self.policy_name == "fcfs":
+        if self.policy_name in STOCK_POLICIES:
             decided = time.perf_counter()
             output = super().schedule(throttle_prefills)
         else:
