@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import click
@@ -30,7 +31,11 @@ def _csv_list(kind: type, value: str) -> tuple:
     return items
 
 
-def _policies(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
+def _policies(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> tuple[str, ...] | None:
+    if value is None:
+        return None
     names = _csv_list(str, value)
     unknown = [name for name in names if name not in POLICIES]
     if unknown:
@@ -52,25 +57,28 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["sim"]), default="sim", show_default=True)
+@click.option("--backend", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True)
 @click.option(
     "--profile", type=click.Choice(sorted(PROFILES)), default="a100-opt13b", show_default=True
 )
-@click.option(
-    "--policies",
-    default=",".join(POLICIES),
-    show_default=True,
-    callback=_policies,
-    help="Comma-separated policies.",
-)
+@click.option("--model", default="smollm2", show_default=True, help="vllm: name or HF folder.")
+@click.option("--policies", default=None, callback=_policies, help="Comma-separated policies.")
 @click.option(
     "--rates",
     default="0.25,0.5,0.75,1.0,1.25,1.5,2.0",
     show_default=True,
     callback=_rates,
-    help="Comma-separated relQuery arrival rates (relQueries/s).",
+    help="sim: comma-separated relQuery arrival rates (relQueries/s).",
 )
-@click.option("--relqueries", default=100, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--load",
+    default="0.5,1.0,1.5",
+    show_default=True,
+    callback=_rates,
+    help="vllm: comma-separated loads as fractions of the engine's measured capacity.",
+)
+@click.option("--relqueries", default=None, type=click.IntRange(1), help="[sim 100, vllm 24]")
+@click.option("--max-rows", default=None, type=click.IntRange(1), help="[sim 100, vllm 24]")
 @click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson")
 @click.option("--burstiness", default=1.0, type=click.FloatRange(min=0.05), help="Gamma CV.")
 @click.option("--seed", default=0, show_default=True)
@@ -85,59 +93,66 @@ def main() -> None:
 @click.option("--bundled", is_flag=True, help="Use the bundled sample table only.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--decision-benchmark/--no-decision-benchmark", default=True)
-def bench(
-    backend: str,
-    profile: str,
-    policies: tuple[str, ...],
-    rates: tuple[float, ...],
-    relqueries: int,
-    arrival: str,
-    burstiness: float,
-    seed: int,
-    cost_model: str,
-    datasets: Path,
-    bundled: bool,
-    out: Path | None,
-    decision_benchmark: bool,
-) -> None:
-    """Replay the paper's relQuery trace under each policy and arrival rate."""
+def bench(**opts) -> None:
+    """Replay the paper's relQuery trace under each policy and load."""
+    backend = opts["backend"]
+    default_size = 100 if backend == "sim" else 24
+    opts["relqueries"] = opts["relqueries"] or default_size
+    opts["max_rows"] = opts["max_rows"] or default_size
+    if opts["policies"] is None:
+        opts["policies"] = tuple(POLICIES) if backend == "sim" else ("fcfs", "sp", "relserve")
+    bundled = _use_bundled(opts["bundled"], opts["datasets"])
+    if bundled and not opts["bundled"]:
+        console.print(f"[yellow]{opts['datasets']} not found: using the bundled sample table[/]")
+    trace = TraceConfig(
+        num_relqueries=opts["relqueries"],
+        max_rows=opts["max_rows"],
+        arrival=opts["arrival"],
+        burstiness=opts["burstiness"],
+        seed=opts["seed"],
+    )
+    command = _canonical_command(
+        backend=backend,
+        **({"profile": opts["profile"]} if backend == "sim" else {"model": opts["model"]}),
+        policies=",".join(opts["policies"]),
+        **(
+            {"rates": ",".join(f"{r:g}" for r in opts["rates"]), "cost_model": opts["cost_model"]}
+            if backend == "sim"
+            else {"load": ",".join(f"{r:g}" for r in opts["load"])}
+        ),
+        relqueries=opts["relqueries"],
+        max_rows=opts["max_rows"],
+        arrival=opts["arrival"],
+        burstiness=opts["burstiness"],
+        seed=opts["seed"],
+        datasets="bundled" if bundled else os.path.relpath(opts["datasets"]),
+    )
+    datasets_dir = None if bundled else opts["datasets"]
+    if backend == "sim":
+        _bench_sim(opts, trace, datasets_dir, command)
+    else:
+        _bench_vllm(opts, trace, datasets_dir, command)
+
+
+def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
     from relstream.bench.simbench import SimBenchOptions, run_sim_benchmark
 
-    out_dir = out or Path("docs/benchmarks") / f"{backend}-{profile}"
+    out_dir = opts["out"] or Path("docs/benchmarks") / f"sim-{opts['profile']}"
     options = SimBenchOptions(
-        profile=profile,
-        policies=policies,
-        rates=rates,
-        trace=TraceConfig(
-            num_relqueries=relqueries, arrival=arrival, burstiness=burstiness, seed=seed
-        ),
-        datasets_dir=None if _use_bundled(bundled, datasets) else datasets,
+        profile=opts["profile"],
+        policies=opts["policies"],
+        rates=opts["rates"],
+        trace=trace,
+        datasets_dir=datasets_dir,
         out_dir=out_dir,
-        cost_model=cost_model,
-        decision_benchmark=decision_benchmark,
-        command=_canonical_command(
-            backend=backend,
-            profile=profile,
-            policies=",".join(policies),
-            rates=",".join(f"{r:g}" for r in rates),
-            relqueries=relqueries,
-            arrival=arrival,
-            burstiness=burstiness,
-            seed=seed,
-            cost_model=cost_model,
-            datasets="bundled" if _use_bundled(bundled, datasets) else os.path.relpath(datasets),
-        ),
+        cost_model=opts["cost_model"],
+        decision_benchmark=opts["decision_benchmark"],
+        command=command,
     )
-    if options.datasets_dir is None and not bundled:
-        console.print(f"[yellow]{datasets} not found: using the bundled sample table[/]")
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("tokenizing trace", total=len(policies) * len(rates))
+    with _progress() as progress:
+        task = progress.add_task(
+            "tokenizing trace", total=len(options.policies) * len(options.rates)
+        )
 
         def on_trace(count: int, requests: int) -> None:
             progress.update(
@@ -151,8 +166,60 @@ def bench(
             )
 
         document = run_sim_benchmark(options, on_trace, on_run)
-    _print_top_rate(document)
+    _print_top_rate(document, document["top_rate"])
     console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
+
+
+def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
+    _reexec_with_tcmalloc()
+    from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
+    from relstream.bench.vllmreport import write_vllm_report
+
+    out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
+    options = VllmBenchOptions(
+        model=opts["model"],
+        policies=opts["policies"],
+        load_fractions=opts["load"],
+        trace=trace,
+        datasets_dir=datasets_dir,
+        out_dir=out_dir,
+        command=command,
+    )
+    runs = 1 + len(options.policies) * len(options.load_fractions)
+    with _progress() as progress:
+        task = progress.add_task("measuring capacity (stock vLLM, whole trace at once)", total=runs)
+
+        def on_run(message: str) -> None:
+            progress.advance(task)
+            progress.update(task, description=message)
+            progress.console.print(f"  {message}")
+
+        measured = run_vllm_benchmark(options, on_run)
+    document = write_vllm_report(measured, options)
+    _print_top_rate(document, max(options.load_fractions))
+    console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
+
+
+def _reexec_with_tcmalloc() -> None:
+    """vLLM's CPU build is much faster on tcmalloc, which LD_PRELOAD can only load at
+    process start: restart this command once with it preloaded."""
+    from relstream.engine.runtime import TCMALLOC
+
+    preload = os.environ.get("LD_PRELOAD", "")
+    if not TCMALLOC.exists() or "tcmalloc" in preload:
+        return
+    env = {**os.environ, "LD_PRELOAD": f"{TCMALLOC} {preload}".strip()}
+    os.execve(sys.executable, [sys.executable, "-m", "relstream.cli", *sys.argv[1:]], env)
+
+
+def _progress() -> Progress:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    return Progress(*columns, console=console)
 
 
 def _use_bundled(bundled: bool, datasets: Path) -> bool:
@@ -170,9 +237,8 @@ def _canonical_command(**options: object) -> str:
     return shlex.join(words)
 
 
-def _print_top_rate(document: dict) -> None:
-    top = document["top_rate"]
-    table = Table(title=f"relQuery latency at {top:g} relQueries/s (seconds)")
+def _print_top_rate(document: dict, top: float) -> None:
+    table = Table(title=f"relQuery latency at load {top:g} (seconds)")
     for column in ("policy", "mean", "p50", "p99", "max", "waiting", "core", "tail"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for run in document["runs"]:

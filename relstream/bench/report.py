@@ -37,12 +37,17 @@ def ratios_at(summaries: Sequence[RunSummary], rate: float, target: str) -> dict
     return {policy: mean / means[target] for policy, mean in means.items() if policy != target}
 
 
-def plot_latency_vs_rate(summaries: Sequence[RunSummary], path: Path, title: str) -> None:
+def plot_latency_vs_rate(
+    summaries: Sequence[RunSummary],
+    path: Path,
+    title: str,
+    xlabel: str = "relQuery arrival rate (relQueries/s)",
+) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for policy in dict.fromkeys(s.policy for s in summaries):
         points = sorted((s.rate, s.mean) for s in summaries if s.policy == policy)
         ax.plot([r for r, _ in points], [m for _, m in points], marker="o", label=policy)
-    ax.set_xlabel("relQuery arrival rate (relQueries/s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("mean relQuery latency (s)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -52,7 +57,13 @@ def plot_latency_vs_rate(summaries: Sequence[RunSummary], path: Path, title: str
     plt.close(fig)
 
 
-def plot_breakdown(summaries: Sequence[RunSummary], rate: float, path: Path, title: str) -> None:
+def plot_breakdown(
+    summaries: Sequence[RunSummary],
+    rate: float,
+    path: Path,
+    title: str,
+    unit: str = "relQueries/s",
+) -> None:
     at_rate = [s for s in summaries if s.rate == rate]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     names = [s.policy for s in at_rate]
@@ -63,7 +74,7 @@ def plot_breakdown(summaries: Sequence[RunSummary], rate: float, path: Path, tit
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("mean relQuery latency (s)")
     ax.tick_params(axis="x", labelrotation=25)
-    ax.set_title(f"{title}: breakdown at {rate:g} relQueries/s")
+    ax.set_title(f"{title}: breakdown at {rate:g} {unit}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

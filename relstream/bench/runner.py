@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from relstream.bench.workload import TokenizedTrace
 from relstream.engine.profiles import CostProfile
-from relstream.engine.sim import SimRun, SimulatedEngine
+from relstream.engine.sim import RelQueryOutcome, SimRun, SimulatedEngine
 from relstream.scheduler import CostModel, OnlineCostModel, make_policy
 
 
@@ -44,30 +44,48 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[index]
 
 
-def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
-    totals = [o.latency.total for o in run.outcomes]
-    decisions_us = [seconds * 1e6 for seconds in run.decision_seconds]
+def summarize_outcomes(
+    policy: str,
+    rate: float,
+    outcomes: Sequence[RelQueryOutcome],
+    decision_seconds: Sequence[float],
+    **counts,
+) -> RunSummary:
+    """Latency statistics of one run; `counts` are makespan, steps, cost_coefficients,
+    preemptions as the backend measured them."""
+    totals = [o.latency.total for o in outcomes]
+    decisions_us = [seconds * 1e6 for seconds in decision_seconds]
     by_type: dict[str, list[float]] = {}
-    for outcome in run.outcomes:
+    for outcome in outcomes:
         by_type.setdefault(outcome.labels.get("query_type", "?"), []).append(outcome.latency.total)
     return RunSummary(
         policy=policy,
         rate=rate,
-        relqueries=len(run.outcomes),
+        relqueries=len(outcomes),
         mean=statistics.fmean(totals),
         p50=percentile(totals, 0.50),
         p99=percentile(totals, 0.99),
         max=max(totals),
-        waiting=statistics.fmean(o.latency.waiting for o in run.outcomes),
-        core=statistics.fmean(o.latency.core for o in run.outcomes),
-        tail=statistics.fmean(o.latency.tail for o in run.outcomes),
-        makespan=run.makespan,
-        steps=run.step_counts,
+        waiting=statistics.fmean(o.latency.waiting for o in outcomes),
+        core=statistics.fmean(o.latency.core for o in outcomes),
+        tail=statistics.fmean(o.latency.tail for o in outcomes),
         decision_us_median=percentile(decisions_us, 0.50),
         decision_us_p99=percentile(decisions_us, 0.99),
+        mean_by_query_type={k: statistics.fmean(v) for k, v in sorted(by_type.items())},
+        **counts,
+    )
+
+
+def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
+    return summarize_outcomes(
+        policy,
+        rate,
+        run.outcomes,
+        run.decision_seconds,
+        makespan=run.makespan,
+        steps=run.step_counts,
         cost_coefficients=run.cost_coefficients,
         preemptions=run.preemptions,
-        mean_by_query_type={k: statistics.fmean(v) for k, v in sorted(by_type.items())},
     )
 
 

@@ -6,8 +6,10 @@ sees the executed steps and fits its own linear model (or is handed `prior()`).
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 from relstream.scheduler.cost import CostModel, Linear
 from relstream.scheduler.view import EngineLimits
@@ -28,10 +30,10 @@ class CostProfile(ABC):
         prefill_points = [(n, self.step_time(n, 0, 0)) for n in (128, 256, 512, 1024, 2048)]
         typical_context = 256
         decode_points = [(n, self.step_time(0, n, n * typical_context)) for n in (4, 8, 16, 32, 64)]
-        return CostModel(_fit(prefill_points), _fit(decode_points))
+        return CostModel(fit_line(prefill_points), fit_line(decode_points))
 
 
-def _fit(points: list[tuple[float, float]]) -> Linear:
+def fit_line(points: list[tuple[float, float]]) -> Linear:
     n = len(points)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
@@ -116,23 +118,32 @@ def _a100_opt13b() -> RooflineProfile:
     )
 
 
+FITTED_CPU_PROFILE = Path(__file__).with_name("cpu_smollm2_fitted.json")
+
+
 def _cpu_smollm2() -> LinearProfile:
     """SmolLM2-135M-Instruct, float32, vLLM's CPU build on this project's 2-core machines.
 
-    Coefficients from steps measured there (DESIGN.md): prefill ~1.3 ms per uncached
-    token + 20 ms, decode ~1.8 ms per request + 47 ms. KV: VLLM_CPU_KVCACHE_SPACE=2 GiB
-    at 2 × 30 layers × 3 KV heads × 64 × 4 bytes = 46,080 bytes per token → 46,592
-    tokens in 364 blocks of 128 (CPU block size).
+    Coefficients and limits come from `cpu_smollm2_fitted.json`, which the real-engine
+    benchmark writes from its step logs. Without it, DESIGN.md's first measurements:
+    prefill ~1.3 ms per uncached token + 20 ms, decode ~1.8 ms per request + 47 ms, and
+    VLLM_CPU_KVCACHE_SPACE=2 GiB at 2 × 30 layers × 3 KV heads × 64 × 4 bytes = 46,080
+    bytes per token → 46,592 tokens in 364 blocks of 128 (CPU block size).
     """
+    fitted = json.loads(FITTED_CPU_PROFILE.read_text()) if FITTED_CPU_PROFILE.exists() else {}
+    limits = fitted.get("limits") or {
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 2048,
+        "kv_capacity_tokens": 46_592,
+        "block_size": 128,
+    }
     return LinearProfile(
         name="cpu-smollm2",
-        limits=EngineLimits(
-            max_num_seqs=256, max_num_batched_tokens=2048, kv_capacity_tokens=46_592, block_size=128
-        ),
-        prefill_per_token=1.3e-3,
-        prefill_base=0.020,
-        decode_per_request=1.8e-3,
-        decode_base=0.047,
+        limits=EngineLimits(**limits),
+        prefill_per_token=fitted.get("alpha_p", 1.3e-3),
+        prefill_base=fitted.get("beta_p", 0.020),
+        decode_per_request=fitted.get("alpha_d", 1.8e-3),
+        decode_base=fitted.get("beta_d", 0.047),
     )
 
 

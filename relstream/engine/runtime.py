@@ -13,6 +13,7 @@ static priority (Σ prompt + max output tokens); every other policy runs through
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from collections.abc import AsyncIterator
@@ -177,8 +178,15 @@ class RelQueryEngine:
     async def __aexit__(self, *exc) -> None:
         self.shutdown()
 
-    def shutdown(self) -> None:
-        self._llm.shutdown()
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine core process. Idempotent."""
+        if self._llm is None:
+            return
+        self._llm.shutdown(timeout=timeout)
+        # AsyncLLM shuts down again in __del__; let that happen now, while the modules it
+        # calls still exist, rather than at interpreter exit.
+        self._llm = None
+        gc.collect()
 
     async def submit(self, relquery: RelQuery) -> RelQueryHandle:
         handle = RelQueryHandle(relquery, time.monotonic(), _engine=self)

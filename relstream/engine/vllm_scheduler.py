@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import create_request_queue
@@ -71,6 +72,9 @@ class RelstreamScheduler(Scheduler, EngineView):
         )
         log_path = settings.get("step_log")
         self._step_log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
+        if self._step_log:
+            header = {"event": "start", "policy": self.policy_name, "limits": asdict(self.limits)}
+            self._step_log.write(json.dumps(header) + "\n")
         self._pending: dict[str, Any] | None = None
 
     # EngineView

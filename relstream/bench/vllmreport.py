@@ -1,0 +1,144 @@
+"""Writing the real-engine benchmark: results.json, plots, README.md, the fitted cost
+model next to the simulator's profiles, and the simulator's prediction of each run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from relstream.bench.report import (
+    machine_description,
+    markdown_by_query_type,
+    markdown_rates,
+    markdown_summary,
+    plot_breakdown,
+    plot_latency_vs_rate,
+    ratios_at,
+    write_results,
+)
+from relstream.bench.runner import RunSummary, run_grid
+from relstream.bench.vllmbench import VllmBenchOptions, fitted_profile, mean_overhead_fraction
+from relstream.bench.workload import tokenize_trace
+from relstream.engine.profiles import FITTED_CPU_PROFILE
+from relstream.scheduler import EngineLimits
+
+
+def simulate_same_runs(measured: dict, options: VllmBenchOptions) -> dict[str, dict[str, float]]:
+    """The simulator on the fitted profile, same trace and rates: predicted vs real mean."""
+    profile = fitted_profile(
+        "cpu-smollm2", measured["fitted_cost_model"], EngineLimits(**measured["limits"])
+    )
+    trace = tokenize_trace(measured["entries"], options.trace)
+    predictions: dict[str, dict[str, float]] = {}
+    for summary in measured["summaries"]:
+        rate = measured["rates"][f"{summary.rate:g}"]
+        (predicted,) = run_grid(trace, profile, [summary.policy], [rate], "online")
+        predictions[f"{summary.policy}@{summary.rate:g}"] = {
+            "real_mean": summary.mean,
+            "predicted_mean": predicted.mean,
+            "error": predicted.mean / summary.mean - 1.0,
+        }
+    return predictions
+
+
+def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
+    out = options.out_dir
+    summaries: list[RunSummary] = measured["summaries"]
+    predictions = simulate_same_runs(measured, options)
+    top = max(options.load_fractions)
+    document = {
+        "command": options.command,
+        "machine": machine_description(),
+        "model": options.model,
+        "trace": {
+            **{k: v for k, v in vars(options.trace).items()},
+            "relqueries": len(measured["entries"]),
+        },
+        "capacity_relqueries_per_s": measured["capacity_relqueries_per_s"],
+        "rates_relqueries_per_s": measured["rates"],
+        "runs": [s.as_dict() for s in summaries],
+        "ratios_vs_relserve_at_top_load": ratios_at(summaries, top, "relserve"),
+        "scheduling_overhead": measured["overhead"],
+        "fitted_cost_model": measured["fitted_cost_model"],
+        "limits": measured["limits"],
+        "simulator_prediction": predictions,
+    }
+    write_results(out, document)
+    FITTED_CPU_PROFILE.write_text(
+        json.dumps(
+            {**measured["fitted_cost_model"], "limits": measured["limits"], "source": str(out)},
+            indent=2,
+        )
+        + "\n"
+    )
+    title = f"vLLM CPU, {options.model}"
+    plot_latency_vs_rate(
+        summaries, out / "latency_vs_rate.png", title, "load (fraction of capacity)"
+    )
+    plot_breakdown(summaries, top, out / "breakdown.png", title, "of capacity")
+    (out / "README.md").write_text(_readme(document, summaries, options, out))
+    return document
+
+
+def _readme(
+    document: dict, summaries: list[RunSummary], options: VllmBenchOptions, out: Path
+) -> str:
+    top = max(options.load_fractions)
+    policies = list(dict.fromkeys(s.policy for s in summaries))
+    overhead_line = ", ".join(
+        f"{p} {mean_overhead_fraction(document['scheduling_overhead'], p):.2%}" for p in policies
+    )
+    prediction_rows = [
+        f"| {key} | {p['real_mean']:.2f} | {p['predicted_mean']:.2f} | {p['error']:+.0%} |"
+        for key, p in document["simulator_prediction"].items()
+    ]
+    cost = document["fitted_cost_model"]
+    lines = [
+        f"# Real-engine benchmark: vLLM CPU build, {options.model}",
+        "",
+        "Reproduce with:",
+        "",
+        "```",
+        document["command"],
+        "```",
+        "",
+        f"Machine: {document['machine']}. Capacity measured first (whole trace submitted at "
+        f"once, stock vLLM): {document['capacity_relqueries_per_s']:.4f} relQueries/s; loads "
+        "are fractions of it. Greedy decoding; each policy in its own engine.",
+        "",
+        f"## At the highest load ({top:g} of capacity)",
+        "",
+        *markdown_summary(summaries, top),
+        "",
+        "Mean latency relative to relserve (same run): "
+        + ", ".join(f"{p} {r:.2f}x" for p, r in document["ratios_vs_relserve_at_top_load"].items())
+        + ".",
+        "",
+        "Scheduling overhead (policy decision + adapter) as a share of busy step time: "
+        f"{overhead_line}.",
+        "",
+        *markdown_by_query_type(summaries, top),
+        "",
+        "## Mean relQuery latency (s) per load",
+        "",
+        *markdown_rates(summaries),
+        "",
+        "![latency vs load](latency_vs_rate.png) ![breakdown](breakdown.png)",
+        "",
+        "## Fitted cost model and the simulator's prediction",
+        "",
+        f"From the step logs (`steps-*.jsonl`): L_prefill = {cost['alpha_p'] * 1e3:.3f} ms × "
+        f"uncached tokens + {cost['beta_p'] * 1e3:.1f} ms ({cost['prefill_steps']} prefill "
+        f"steps); L_decode = {cost['alpha_d'] * 1e3:.3f} ms × requests + "
+        f"{cost['beta_d'] * 1e3:.1f} ms ({cost['decode_steps']} decode steps). Committed as "
+        "`relstream/engine/cpu_smollm2_fitted.json`, which the `cpu-smollm2` profile loads.",
+        "",
+        "| policy@load | real mean (s) | simulated mean (s) | error |",
+        "|---|---|---|---|",
+        *prediction_rows,
+        "",
+    ]
+    notes = out / "notes.md"
+    if notes.exists():
+        lines += ["## Notes", "", notes.read_text().strip(), ""]
+    return "\n".join(lines)
