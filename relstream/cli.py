@@ -285,5 +285,8 @@ def model_path(name: str) -> None:
         raise click.ClickException(str(exc)) from None
 
 
+# The streaming commands (broker, engine, worker, produce, results) register themselves.
+from relstream import cli_stream  # noqa: E402, F401
+
 if __name__ == "__main__":
     main()

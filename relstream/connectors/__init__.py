@@ -1,0 +1,1 @@
+"""Sources (files, SQL → the rows topic) and sinks (results → files, SQL)."""

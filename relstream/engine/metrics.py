@@ -1,0 +1,55 @@
+"""Prometheus metrics of the engine service."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000)
+
+
+class EngineMetrics:
+    """One registry per service, so tests and several services in a process stay apart."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "relstream_relquery_latency_seconds",
+            "relQuery latency by component (paper §2.1)",
+            ["component"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rows = Counter(
+            "relstream_rows_total", "Rows answered, by status", ["status"], registry=self.registry
+        )
+        self.output_tokens = Counter(
+            "relstream_output_tokens_total", "Tokens generated", registry=self.registry
+        )
+        self.tokens_per_second = Gauge(
+            "relstream_output_tokens_per_second",
+            "Output tokens per second of the last relQuery's service time",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "relstream_relqueries_in_flight", "relQueries being served", registry=self.registry
+        )
+        self.dead_letters = Counter(
+            "relstream_dead_letters_total",
+            "Messages sent to the dead-letter topic",
+            registry=self.registry,
+        )
+
+    def observe_result(self, result, service_seconds: float) -> None:
+        if result.latency is not None:
+            for component, value in result.latency.as_dict().items():
+                self.latency.labels(component).observe(value)
+        tokens = 0
+        for row in result.rows:
+            self.rows.labels(row.status).inc()
+            tokens += row.output_tokens
+        self.output_tokens.inc(tokens)
+        if service_seconds > 0:
+            self.tokens_per_second.set(tokens / service_seconds)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

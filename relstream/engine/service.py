@@ -1,0 +1,192 @@
+"""`relstream engine`: serve the relqueries topic and publish results.
+
+At-least-once: a relQuery's offset is committed only after its result is published, and
+only once every earlier offset of its partition is done, so a crash replays unfinished
+work. Results are keyed by relQuery id; consumers de-duplicate on it. In-flight work is
+bounded: the consumer pauses while `max_in_flight` relQueries are being served. A message
+that cannot be used goes to the dead-letter topic with the reason, and serving goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from relstream.broker import Topics, client_settings
+from relstream.engine.metrics import EngineMetrics
+from relstream.schemas import MessageError, decode, encode
+from relstream.schemas.convert import relquery_from_message, result_message, row_payload
+
+log = logging.getLogger("relstream.engine")
+
+
+@dataclass
+class ServiceConfig:
+    bootstrap: str
+    topics: Topics = field(default_factory=Topics)
+    group_id: str = "relstream-engine"
+    broker: str | None = None  # embedded broker kind, for its client settings
+    max_in_flight: int = 8
+    partial_results: bool = False
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+
+
+class OffsetBook:
+    """Per partition: which offsets started and finished, and what may be committed."""
+
+    def __init__(self) -> None:
+        self._pending: dict[object, list[int]] = {}
+        self._done: dict[object, set[int]] = {}
+
+    def start(self, partition, offset: int) -> None:
+        self._pending.setdefault(partition, []).append(offset)
+        self._done.setdefault(partition, set())
+
+    def finish(self, partition, offset: int) -> None:
+        self._done[partition].add(offset)
+
+    def committable(self) -> dict[object, int]:
+        """Next offset to commit per partition: just past the finished prefix."""
+        out = {}
+        for partition, pending in self._pending.items():
+            done = self._done[partition]
+            last = None
+            while pending and pending[0] in done:
+                last = pending.pop(0)
+                done.discard(last)
+            if last is not None:
+                out[partition] = last + 1
+        return out
+
+    def forget(self, partitions) -> None:
+        for partition in partitions:
+            self._pending.pop(partition, None)
+            self._done.pop(partition, None)
+
+
+class EngineService:
+    def __init__(self, config: ServiceConfig, backend) -> None:
+        self.config = config
+        self.backend = backend
+        self.metrics = EngineMetrics()
+        self._book = OffsetBook()
+        self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        settings = client_settings(self.config.broker)
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.config.bootstrap, acks="all")
+        self._consumer = AIOKafkaConsumer(
+            self.config.topics.relqueries,
+            bootstrap_servers=self.config.bootstrap,
+            group_id=self.config.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **settings,
+        )
+        if self.config.metrics_port:
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+        await self._producer.start()
+        await self._consumer.start()
+        try:
+            while not stop.is_set():
+                await self._poll_once()
+                await self._commit()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._commit()
+            await self._consumer.stop()
+            await self._producer.stop()
+
+    async def _poll_once(self) -> None:
+        full = self._slots.locked()
+        assignment = self._consumer.assignment()
+        if full:
+            self._consumer.pause(*assignment)
+        else:
+            self._consumer.resume(*assignment)
+        batches = await self._consumer.getmany(
+            timeout_ms=200, max_records=self.config.max_in_flight
+        )
+        for partition, messages in batches.items():
+            for message in messages:
+                await self._slots.acquire()
+                self._book.start(partition, message.offset)
+                task = asyncio.create_task(self._handle(partition, message))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        self.metrics.in_flight.set(len(self._tasks))
+
+    async def _handle(self, partition, message) -> None:
+        try:
+            try:
+                relquery = relquery_from_message(decode("relquery", message.value))
+            except MessageError as exc:
+                await self._dead_letter(message, exc.reason)
+            else:
+                await self._serve(relquery)
+            self._book.finish(partition, message.offset)
+        except Exception:
+            # Left uncommitted: this relQuery is served again after a restart.
+            log.exception(
+                "serving %s[%s]@%s failed", message.topic, message.partition, message.offset
+            )
+        finally:
+            self._slots.release()
+
+    async def _serve(self, relquery) -> None:
+        started = time.monotonic()
+        handle = await self.backend.submit(relquery)
+        if self.config.partial_results:
+            async for row in handle.rows():
+                payload = {
+                    "version": 1,
+                    "relquery_id": relquery.id,
+                    "row_index": row.row_index,
+                    **row_payload(row),
+                }
+                await self._publish(
+                    self.config.topics.partial_results, relquery.id, "partial_result", payload
+                )
+        result = await handle.result()
+        message = result_message(
+            relquery.id, result.rows, result.latency, result.policy, result.model
+        )
+        await self._publish(self.config.topics.results, relquery.id, "result", message)
+        self.metrics.observe_result(result, time.monotonic() - started)
+
+    async def _dead_letter(self, message, reason: str) -> None:
+        log.warning(
+            "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
+        )
+        payload = {
+            "version": 1,
+            "original": message.value or b"",
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "reason": reason,
+            "at": time.time(),
+        }
+        await self._publish(
+            self.config.topics.deadletter, None, "dead_letter", payload, message.key
+        )
+        self.metrics.dead_letters.inc()
+
+    async def _publish(
+        self, topic: str, key: str | None, kind: str, payload: dict, raw_key=None
+    ) -> None:
+        key_bytes = raw_key if raw_key is not None else (key.encode() if key else None)
+        await self._producer.send_and_wait(topic, encode(kind, payload), key=key_bytes)
+
+    async def _commit(self) -> None:
+        offsets = self._book.committable()
+        if offsets:
+            await self._consumer.commit(offsets)

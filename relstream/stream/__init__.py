@@ -1,0 +1,1 @@
+"""The streaming side: query registrations and windows of rows → relQueries (Faust)."""

@@ -1,0 +1,61 @@
+"""docker-compose.yml: the services a deployment needs, running commands that exist."""
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from relstream.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def cli_accepts(argv: list[str]) -> None:
+    """The relstream command and every option it is given exist (checked via --help)."""
+    assert argv[0] == "relstream"
+    command = main.commands[argv[1]]
+    known = {opt for param in command.params for opt in param.opts}
+    given = {word for word in argv[2:] if word.startswith("--")}
+    assert given <= known, given - known
+    assert CliRunner().invoke(main, [argv[1], "--help"]).exit_code == 0
+
+
+def test_services_and_their_wiring():
+    services = COMPOSE["services"]
+    assert {"kafka", "topics", "worker", "engine", "prometheus"} <= set(services)
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert "broker,controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]  # KRaft
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+    gpu = services["engine"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"]
+    for name in ("worker", "engine"):
+        assert (
+            services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+        )
+
+
+def test_commands_exist_in_the_cli():
+    for name in ("worker", "engine"):
+        cli_accepts(COMPOSE["services"][name]["command"])
+
+
+def test_topic_script_matches_the_topic_layout():
+    from relstream.broker import Topics
+
+    script = (REPO / "deploy" / "create-topics.sh").read_text()
+    for topic, partitions in Topics().layout().items():
+        assert f"create {topic} {partitions}" in script
+
+
+def test_deploy_files_exist():
+    for path in (
+        "deploy/Dockerfile.worker",
+        "deploy/Dockerfile.engine",
+        "deploy/queries.toml",
+        "deploy/prometheus.yml",
+    ):
+        assert (REPO / path).exists(), path
+    from relstream.stream.registrations import load_registrations
+
+    assert load_registrations(REPO / "deploy" / "queries.toml")[0].table == "reviews"

@@ -1,0 +1,118 @@
+"""Rows produced → Faust windows → relQueries → engine service → results, through a real
+broker. The worker runs from its own environment (.venv-stream), as in production."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import msgpack
+import pytest
+from aiokafka import AIOKafkaProducer
+from test_service import collect
+
+from relstream.broker import EmbeddedBroker, Topics, create_topics
+from relstream.engine.service import EngineService, ServiceConfig
+from relstream.engine.simbackend import SimRelQueryBackend
+from relstream.schemas import decode, encode
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def stream_bin() -> Path:
+    path = Path(os.environ.get("RELSTREAM_STREAM_BIN", REPO / ".venv-stream" / "bin"))
+    if not (path / "relstream").exists():
+        pytest.fail(f"no Faust environment at {path}: run `make setup`")
+    return path
+
+
+@pytest.fixture(scope="module", params=["noida-db", "tansu"])
+def broker(request, tmp_path_factory):
+    embedded = EmbeddedBroker(request.param, data_dir=tmp_path_factory.mktemp("broker"))
+    embedded.start()
+    yield embedded
+    embedded.stop()
+
+
+def start_worker(broker, topics, config: Path, log: Path) -> subprocess.Popen:
+    command = [
+        str(stream_bin() / "relstream"),
+        "worker",
+        "--bootstrap",
+        broker.bootstrap,
+        "--config",
+        str(config),
+        "--prefix",
+        topics.prefix,
+        "--broker-kind",
+        broker.kind,
+        "--app-id",
+        f"worker-{uuid.uuid4().hex[:8]}",
+    ]
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
+    topics = Topics(prefix=f"s{uuid.uuid4().hex[:6]}.")
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "sum"\ntable = "reviews"\ntemplate = "Summarise: {review}"\n'
+        "window_seconds = 1.0\nmax_rows = 5\nmax_output_tokens = 8\n"
+    )
+    rows = [
+        {"version": 1, "table": "reviews", "key": f"k{i}", "values": {"review": f"text {i}"}}
+        for i in range(12)
+    ]
+    malformed = [
+        b"\xc1",
+        msgpack.packb({"version": 1, "table": "reviews"}),
+        encode("row", {"version": 1, "table": "reviews", "key": "x", "values": {"title": "no"}}),
+    ]
+
+    async def scenario(worker_log: Path):
+        await create_topics(broker.bootstrap, topics.layout(("reviews",)), broker.kind)
+        worker = start_worker(broker, topics, config, worker_log)
+        stop = asyncio.Event()
+        service_config = ServiceConfig(
+            broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
+        )
+        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        try:
+            producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+            await producer.start()
+            for row in rows:
+                await producer.send_and_wait(
+                    topics.rows("reviews"), encode("row", row), key=row["key"].encode()
+                )
+            for bad in malformed:
+                await producer.send_and_wait(topics.rows("reviews"), bad, key=b"bad")
+            await producer.stop()
+            answered: dict[str, str] = {}
+            results = []
+            async with asyncio.timeout(90):
+                while len(answered) < len(rows):
+                    batch = await collect(
+                        broker.bootstrap, topics.results, len(results) + 1, broker.kind, 90
+                    )
+                    results = batch
+                    for message in results:
+                        for row in decode("result", message.value)["rows"]:
+                            answered[row["key"]] = row["output"]
+            dead = await collect(
+                broker.bootstrap, topics.deadletter, len(malformed), broker.kind, 30
+            )
+            return answered, dead
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+            stop.set()
+            await service
+
+    answered, dead = asyncio.run(scenario(tmp_path / "worker.log"))
+    assert answered == {row["key"]: f"Summarise: {row['values']['review']}" for row in rows}
+    reasons = [decode("dead_letter", m.value)["reason"] for m in dead]
+    assert any("msgpack" in r for r in reasons)
+    assert any("'key' is a required" in r for r in reasons)
+    assert any("{review}" in r for r in reasons)
