@@ -55,7 +55,7 @@ def build_app(
 
 def _window_agent(registration: QueryRegistration, relqueries, deadletter):
     async def agent(stream):
-        async for events in stream.events().take(
+        async for events in stream.take_events(
             registration.max_rows, within=registration.window_seconds
         ):
             rows = []
