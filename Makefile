@@ -41,9 +41,10 @@ lint: setup
 test: setup lint
 	RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(ENGINE_ENV) $(BIN)/pytest -q
 
-# Until the streaming path lands, the demo is the simulator on the bundled sample table.
+# Broker, Faust worker and vLLM engine on the bundled sample table, answered live.
+# `make demo DEMO_ARGS="--backend sim"` answers instantly without a model.
 demo: setup
-	$(BIN)/relstream bench --bundled --relqueries 20 --rates 0.5,2 --out out/demo --no-decision-benchmark
+	RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(BIN)/relstream demo $(DEMO_ARGS)
 
 bench-vllm: setup
 	$(BIN)/relstream bench --backend vllm --model smollm2 \

@@ -209,7 +209,7 @@ def _reexec_with_tcmalloc() -> None:
     if not TCMALLOC.exists() or "tcmalloc" in preload:
         return
     env = {**os.environ, "LD_PRELOAD": f"{TCMALLOC} {preload}".strip()}
-    os.execve(sys.executable, [sys.executable, "-m", "relstream.cli", *sys.argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, "-m", "relstream", *sys.argv[1:]], env)
 
 
 def _progress() -> Progress:
@@ -287,6 +287,3 @@ def model_path(name: str) -> None:
 
 # The streaming commands (broker, engine, worker, produce, results) register themselves.
 from relstream import cli_stream  # noqa: E402, F401
-
-if __name__ == "__main__":
-    main()

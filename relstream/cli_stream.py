@@ -239,3 +239,31 @@ def _print_result(result: dict) -> None:
     for row in result["rows"][:3]:
         text = row["output"] if row["status"] == "ok" else f"[red]{row['error']}[/]"
         console.print(f"  {row['key']}: {text}")
+
+
+@main.command()
+@click.option(
+    "--backend",
+    type=click.Choice(["vllm", "sim"]),
+    default="vllm",
+    show_default=True,
+    help="sim answers instantly by echoing each row's prompt.",
+)
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="relserve", show_default=True)
+@click.option(
+    "--broker",
+    "broker_kind",
+    type=click.Choice(["noida-db", "tansu"]),
+    default="noida-db",
+    show_default=True,
+)
+@click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait for results.")
+def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:
+    """Broker, worker and engine on the bundled sample table, answered live."""
+    from relstream.demo import DemoOptions, run_demo
+
+    try:
+        code = run_demo(DemoOptions(backend, policy, broker_kind, timeout), console)
+    except (RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(str(exc) or "timed out waiting for results") from None
+    raise SystemExit(code)

@@ -116,3 +116,80 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
     assert any("msgpack" in r for r in reasons)
     assert any("'key' is a required" in r for r in reasons)
     assert any("{review}" in r for r in reasons)
+
+
+def test_demo_command_runs_the_whole_path():
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "relstream", "demo", "--backend", "sim", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "RELSTREAM_STREAM_BIN": str(stream_bin())},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "relQueries answered" in result.stdout
+    assert "stopped worker, engine and broker" in result.stdout
+
+
+@pytest.mark.slow
+def test_streaming_path_with_the_real_engine(tmp_path):
+    """Rows → Faust → relQueries → vLLM CPU (relserve) → results, each answer on its row."""
+    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+
+    capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo"}
+    topics = Topics(prefix=f"v{uuid.uuid4().hex[:6]}.")
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "capital"\ntable = "countries"\n'
+        'template = "What is the capital of {country}? Answer with the city name only."\n'
+        "window_seconds = 1.0\nmax_rows = 10\nmax_output_tokens = 8\n"
+    )
+    with EmbeddedBroker("noida-db", data_dir=tmp_path / "broker") as broker:
+
+        async def scenario():
+            await create_topics(broker.bootstrap, topics.layout(("countries",)), broker.kind)
+            worker = start_worker(broker, topics, config, tmp_path / "worker.log")
+            engine = await RelQueryEngine.start(EngineSettings(policy="relserve"))
+            stop = asyncio.Event()
+            service_config = ServiceConfig(
+                broker.bootstrap, topics, group_id=f"v-{uuid.uuid4().hex}"
+            )
+            service = asyncio.create_task(EngineService(service_config, engine).run(stop))
+            try:
+                producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+                await producer.start()
+                for country in capitals:
+                    row = {
+                        "version": 1,
+                        "table": "countries",
+                        "key": country,
+                        "values": {"country": country},
+                    }
+                    await producer.send_and_wait(
+                        topics.rows("countries"), encode("row", row), key=country.encode()
+                    )
+                await producer.stop()
+                answered: dict[str, str] = {}
+                wanted = 1
+                async with asyncio.timeout(240):
+                    while len(answered) < len(capitals):
+                        messages = await collect(
+                            broker.bootstrap, topics.results, wanted, broker.kind, 240
+                        )
+                        wanted = len(messages) + 1
+                        for message in messages:
+                            for row in decode("result", message.value)["rows"]:
+                                answered[row["key"]] = row["output"]
+                return answered
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(30)
+                stop.set()
+                await service
+                engine.shutdown()
+
+        answered = asyncio.run(scenario())
+    for country, capital in capitals.items():
+        assert capital in answered[country], (country, answered[country])

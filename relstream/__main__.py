@@ -1,0 +1,5 @@
+"""`python -m relstream` is the `relstream` command."""
+
+from relstream.cli import main
+
+main()
