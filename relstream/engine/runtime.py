@@ -13,8 +13,6 @@ static priority (Σ prompt + max output tokens); every other policy runs through
 from __future__ import annotations
 
 import asyncio
-import atexit
-import gc
 import os
 import time
 from collections.abc import AsyncIterator
@@ -184,11 +182,7 @@ class RelQueryEngine:
         if self._llm is None:
             return
         self._llm.shutdown(timeout=timeout)
-        # AsyncLLM shuts down again in __del__, and a reference cycle keeps it alive until
-        # interpreter teardown, when the functions that __del__ calls are gone. Collect it
-        # at exit instead, while they still exist.
         self._llm = None
-        atexit.register(gc.collect)
 
     async def submit(self, relquery: RelQuery) -> RelQueryHandle:
         handle = RelQueryHandle(relquery, time.monotonic(), _engine=self)
