@@ -54,6 +54,13 @@ def broker(
 @click.option("--partial-results", is_flag=True, help="Also publish each row as it finishes.")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535))
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--sim-time-scale",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="sim: spend this fraction of each simulated latency in real time.",
+)
 def engine(**opts) -> None:
     """Serve the relqueries topic and publish results (at-least-once)."""
     if opts["backend"] == "vllm":
@@ -70,7 +77,9 @@ async def _serve_engine(opts: dict) -> None:
     if opts["backend"] == "sim":
         from relstream.engine.simbackend import SimRelQueryBackend, SimSettings
 
-        backend = SimRelQueryBackend(SimSettings(policy=opts["policy"]))
+        backend = SimRelQueryBackend(
+            SimSettings(policy=opts["policy"], time_scale=opts["sim_time_scale"])
+        )
     else:
         from relstream.engine.runtime import EngineSettings, RelQueryEngine
 

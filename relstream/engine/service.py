@@ -10,6 +10,7 @@ that cannot be used goes to the dead-letter topic with the reason, and serving g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -101,8 +102,12 @@ class EngineService:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._commit()
-            await self._consumer.stop()
+            # A consumer stuck joining its group (noida-db never evicts a killed member)
+            # must not keep the process from stopping; uncommitted work is replayed.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._commit()
+                    await self._consumer.stop()
             await self._producer.stop()
 
     async def _poll_once(self) -> None:

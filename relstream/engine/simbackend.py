@@ -24,6 +24,7 @@ from relstream.tokenizer import chatml_prompt, encode_batch
 class SimSettings:
     policy: str = "relserve"
     profile: str = "cpu-smollm2"
+    time_scale: float = 0.0  # > 0: take this fraction of the simulated latency in real time
 
 
 class SimRelQueryBackend:
@@ -35,8 +36,14 @@ class SimRelQueryBackend:
 
     async def submit(self, relquery: RelQuery) -> RelQueryHandle:
         handle = SimHandle(relquery, time.monotonic())
-        handle.outcome = asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
+        handle.outcome = asyncio.ensure_future(self._serve_in_time(relquery))
         return handle
+
+    async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
+        result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
+        if self.settings.time_scale > 0 and result.latency is not None:
+            await asyncio.sleep(result.latency.total * self.settings.time_scale)
+        return result
 
     async def run(self, relquery: RelQuery) -> RelQueryResult:
         return await (await self.submit(relquery)).result()
