@@ -22,8 +22,10 @@ $(STREAM_STAMP): pyproject.toml
 	touch $(STREAM_STAMP)
 
 $(STAMP): pyproject.toml
-	test -e $(TCMALLOC) || apt-get install -y -q libtcmalloc-minimal4 \
-		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4)
+	# Debian packages: tcmalloc for vLLM's CPU build, PostgreSQL for the connector tests.
+	test -e $(TCMALLOC) && (command -v initdb || ls /usr/lib/postgresql/*/bin/initdb) >/dev/null \
+		|| apt-get install -y -q libtcmalloc-minimal4 postgresql \
+		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,cpu]'

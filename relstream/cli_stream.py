@@ -149,19 +149,31 @@ def worker(
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("source")
 @click.option("--bootstrap", required=True, help="Kafka bootstrap address, host:port.")
 @click.option("--table", required=True, help="Table name: rows go to <prefix>rows.<table>.")
 @click.option("--key-column", default=None, help="Column holding each row's key.")
+@click.option("--query", default=None, help="SQL to run when SOURCE is a postgresql:// URL.")
 @click.option("--prefix", default="relstream.", show_default=True, help="Topic name prefix.")
-def produce(path: Path, bootstrap: str, table: str, key_column: str | None, prefix: str) -> None:
-    """Produce the rows of a CSV or JSONL file to the table's rows topic."""
-    from relstream.connectors.sources import read_rows
+def produce(
+    source: str, bootstrap: str, table: str, key_column: str | None, query: str | None, prefix: str
+) -> None:
+    """Produce rows to the table's rows topic: SOURCE is a CSV, JSONL or Parquet file, or
+    a postgresql:// URL with --query."""
+    from relstream.connectors.sources import read_query, read_rows
 
     try:
-        rows = list(read_rows(path, table, key_column))
+        if source.startswith(("postgresql://", "postgres://")):
+            if not query:
+                raise click.UsageError("a postgresql:// source needs --query")
+            rows = list(read_query(source, query, table, key_column))
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise click.BadParameter(f"{source}: no such file", param_hint="SOURCE")
+            rows = list(read_rows(path, table, key_column))
     except (ValueError, KeyError) as exc:
-        raise click.ClickException(f"{path}: {exc}") from None
+        raise click.ClickException(f"{source}: {exc}") from None
     asyncio.run(_produce_rows(bootstrap, prefix, table, rows))
 
 
@@ -276,3 +288,61 @@ def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:
     except (RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc) or "timed out waiting for results") from None
     raise SystemExit(code)
+
+
+@main.command()
+@click.argument("target")
+@click.option("--bootstrap", required=True, help="Kafka bootstrap address, host:port.")
+@click.option("--prefix", default="relstream.", show_default=True, help="Topic name prefix.")
+@click.option("--group", default="relstream-sink", show_default=True, help="Consumer group.")
+@click.option("--follow", is_flag=True, help="Keep consuming new results.")
+@click.option("--broker-kind", type=click.Choice(["noida-db", "tansu"]), default=None)
+def sink(
+    target: str, bootstrap: str, prefix: str, group: str, follow: bool, broker_kind: str | None
+) -> None:
+    """Store results in TARGET: a .jsonl or .csv file, or a postgresql:// URL (idempotent
+    on relQuery id)."""
+    from relstream.connectors.sinks import open_sink
+
+    try:
+        store = open_sink(target)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="TARGET") from None
+    try:
+        written = asyncio.run(_drain_results(store, bootstrap, prefix, group, follow, broker_kind))
+    finally:
+        store.close()
+    console.print(f"stored {written} new results in {target}")
+
+
+async def _drain_results(store, bootstrap, prefix, group, follow, broker_kind) -> int:
+    from aiokafka import AIOKafkaConsumer
+
+    from relstream.broker import Topics, client_settings
+    from relstream.schemas import MessageError, decode
+
+    consumer = AIOKafkaConsumer(
+        Topics(prefix).results,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **client_settings(broker_kind),
+    )
+    await consumer.start()
+    written = idle = 0
+    try:
+        while follow or idle < 3:
+            batches = await consumer.getmany(timeout_ms=1000)
+            idle = 0 if batches else idle + 1
+            for messages in batches.values():
+                for message in messages:
+                    try:
+                        written += store.write(decode("result", message.value))
+                    except MessageError as exc:
+                        console.print(f"[red]skipped unreadable result: {exc}[/]")
+            if batches:
+                await consumer.commit()  # only after the sink has the results
+    finally:
+        await consumer.stop()
+    return written

@@ -9,7 +9,7 @@ from typing import Any
 
 from relstream.tables import load_csv
 
-FORMATS = ("csv", "jsonl")
+FORMATS = ("csv", "jsonl", "parquet")
 
 
 def detect_format(path: Path) -> str:
@@ -18,17 +18,37 @@ def detect_format(path: Path) -> str:
         return "csv"
     if suffix in ("jsonl", "ndjson"):
         return "jsonl"
+    if suffix in ("parquet", "pq"):
+        return "parquet"
     raise ValueError(f"{path}: unknown format {suffix!r}; use one of {', '.join(FORMATS)}")
 
 
+def _row(table: str, key: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"version": 1, "table": table, "key": key, "values": values}
+
+
+def _scalar(value: Any) -> Any:
+    """Row values are scalars on the wire; anything else travels as text."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
 def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator[dict[str, Any]]:
-    """Row messages for each row of a CSV or JSONL file (JSONL: one object per line)."""
+    """Row messages for each row of a CSV, JSONL (one object per line) or Parquet file."""
     fmt = detect_format(path)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        for index, values in enumerate(pq.read_table(path).to_pylist(), start=1):
+            values = {column: _scalar(v) for column, v in values.items()}
+            yield _row(table, str(values[key_column]) if key_column else str(index), values)
+        return
     if fmt == "csv":
         for row in load_csv(path, table).rows:
             values = dict(row.values)
             key = str(values[key_column]) if key_column else row.key
-            yield {"version": 1, "table": table, "key": key, "values": values}
+            yield _row(table, key, values)
         return
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -41,4 +61,19 @@ def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator
             if not isinstance(values, dict):
                 raise ValueError(f"{path}:{line_number}: expected a JSON object per line")
             key = str(values[key_column]) if key_column else str(line_number)
-            yield {"version": 1, "table": table, "key": key, "values": values}
+            yield _row(table, key, {c: _scalar(v) for c, v in values.items()})
+
+
+def read_query(
+    dsn: str, query: str, table: str, key_column: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Row messages for each row a PostgreSQL query returns, streamed with a server-side
+    cursor so a large result never sits in memory whole."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn, conn.cursor(name="relstream_source") as cursor:
+        cursor.execute(query)
+        columns = [column.name for column in cursor.description]
+        for index, record in enumerate(cursor, start=1):
+            values = {c: _scalar(v) for c, v in zip(columns, record, strict=True)}
+            yield _row(table, str(values[key_column]) if key_column else str(index), values)

@@ -1,0 +1,167 @@
+"""Sources and sinks, including a real PostgreSQL server started for the tests."""
+
+import glob
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from relstream.broker import free_port
+from relstream.connectors.sinks import CsvSink, JsonlSink, open_sink
+from relstream.connectors.sources import read_query, read_rows
+
+RESULT = {
+    "version": 1,
+    "id": "q1",
+    "rows": [
+        {"key": "a", "status": "ok", "output": "Yes", "error": None},
+        {"key": "b", "status": "error", "output": None, "error": "row 'b' is empty"},
+    ],
+    "latency": {"waiting": 0.1, "core": 0.2, "tail": 0.3, "total": 0.6},
+    "policy": "relserve",
+    "model": "smollm2",
+    "completed_at": 0.0,
+}
+
+
+def test_file_sources_read_csv_jsonl_and_parquet(tmp_path):
+    (tmp_path / "t.csv").write_text("id,review\n7,good\n9,bad\n")
+    (tmp_path / "t.jsonl").write_text(
+        '{"id": 7, "review": "good", "tags": ["a"]}\n\n{"id": 9, "review": "bad"}\n'
+    )
+    pq.write_table(pa.table({"id": [7, 9], "review": ["good", "bad"]}), tmp_path / "t.parquet")
+    for name in ("t.csv", "t.jsonl", "t.parquet"):
+        rows = list(read_rows(tmp_path / name, "reviews", key_column="id"))
+        assert [(r["key"], r["values"]["review"]) for r in rows] == [("7", "good"), ("9", "bad")], (
+            name
+        )
+        assert all(r["table"] == "reviews" and r["version"] == 1 for r in rows)
+    jsonl = list(read_rows(tmp_path / "t.jsonl", "reviews"))
+    assert jsonl[0]["values"]["tags"] == "['a']"  # non-scalars travel as text
+
+
+def test_file_sources_name_bad_input(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object"):
+        list(read_rows(tmp_path / "bad.jsonl", "t"))
+    with pytest.raises(ValueError, match="unknown format"):
+        list(read_rows(tmp_path / "t.xlsx", "t"))
+
+
+@pytest.mark.parametrize(("sink_class", "name"), [(JsonlSink, "out.jsonl"), (CsvSink, "out.csv")])
+def test_file_sinks_store_each_relquery_once(tmp_path, sink_class, name):
+    path = tmp_path / name
+    sink = sink_class(path)
+    assert sink.write(RESULT) is True
+    assert sink.write(RESULT) is False
+    sink.close()
+    reopened = sink_class(path)  # a restarted sink still knows what it stored
+    assert reopened.write(RESULT) is False
+    assert reopened.write({**RESULT, "id": "q2"}) is True
+    reopened.close()
+    lines = path.read_text().splitlines()
+    if name.endswith(".jsonl"):
+        assert [json.loads(line)["id"] for line in lines] == ["q1", "q2"]
+    else:
+        assert lines[0].startswith("relquery_id,row_key") and len(lines) == 1 + 2 * 2
+
+
+def _postgres_binary(name: str) -> str:
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))), None
+    )
+    if found is None:
+        pytest.fail(f"PostgreSQL's {name} is not installed: run `make setup`")
+    return found
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A throwaway PostgreSQL server on a free loopback port (as Debian's postgres user
+    when running as root: the server refuses to run as root)."""
+    data = Path(tempfile.mkdtemp(prefix="relstream-pg-"))
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        user = pwd.getpwnam("postgres")
+        os.chown(data, user.pw_uid, user.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(
+        [
+            *prefix,
+            _postgres_binary("initdb"),
+            "-D",
+            str(data / "db"),
+            "-U",
+            "relstream",
+            "--auth=trust",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            *prefix,
+            _postgres_binary("postgres"),
+            "-D",
+            str(data / "db"),
+            "-p",
+            str(port),
+            "-k",
+            str(data),
+            "-h",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    dsn = f"postgresql://relstream@127.0.0.1:{port}/postgres"
+    import psycopg
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            psycopg.connect(dsn).close()
+            break
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                server.kill()
+                raise
+            time.sleep(0.2)
+    yield dsn
+    server.terminate()
+    server.wait(30)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def test_postgres_source_streams_a_query(postgres):
+    import psycopg
+
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE TABLE reviews (id int PRIMARY KEY, review text, stars numeric)")
+        conn.execute("INSERT INTO reviews VALUES (1, 'dry feet', 4.5), (2, 'peeled', 1)")
+    rows = list(read_query(postgres, "SELECT * FROM reviews ORDER BY id", "reviews", "id"))
+    assert [(r["key"], r["values"]["review"]) for r in rows] == [("1", "dry feet"), ("2", "peeled")]
+    assert rows[0]["values"]["stars"] == "4.5"  # numeric travels as exact text
+
+
+def test_postgres_sink_is_idempotent_on_relquery_id(postgres):
+    import psycopg
+
+    sink = open_sink(postgres)
+    assert sink.write(RESULT) is True
+    assert sink.write(RESULT) is False
+    sink.close()
+    with psycopg.connect(postgres) as conn:
+        stored = conn.execute(
+            "SELECT row_key, status, output, total FROM relstream_results ORDER BY row_index"
+        ).fetchall()
+    assert stored == [("a", "ok", "Yes", 0.6), ("b", "error", None, 0.6)]
