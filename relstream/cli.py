@@ -57,7 +57,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True)
+@click.option(
+    "--backend", type=click.Choice(["sim", "vllm", "streaming"]), default="sim", show_default=True
+)
 @click.option(
     "--profile", type=click.Choice(sorted(PROFILES)), default="a100-opt13b", show_default=True
 )
@@ -93,6 +95,13 @@ def main() -> None:
 @click.option("--bundled", is_flag=True, help="Use the bundled sample table only.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--decision-benchmark/--no-decision-benchmark", default=True)
+@click.option(
+    "--rows",
+    default=100_000,
+    show_default=True,
+    type=click.IntRange(1000),
+    help="streaming: rows pre-produced for the window throughput measure.",
+)
 def bench(**opts) -> None:
     """Replay the paper's relQuery trace under each policy and load."""
     backend = opts["backend"]
@@ -100,7 +109,8 @@ def bench(**opts) -> None:
     opts["relqueries"] = opts["relqueries"] or default_size
     opts["max_rows"] = opts["max_rows"] or default_size
     if opts["policies"] is None:
-        opts["policies"] = tuple(POLICIES) if backend == "sim" else ("fcfs", "sp", "relserve")
+        defaults = {"sim": tuple(POLICIES), "vllm": ("fcfs", "sp", "relserve")}
+        opts["policies"] = defaults.get(backend, ("relserve",))
     bundled = _use_bundled(opts["bundled"], opts["datasets"])
     if bundled and not opts["bundled"]:
         console.print(f"[yellow]{opts['datasets']} not found: using the bundled sample table[/]")
@@ -120,6 +130,7 @@ def bench(**opts) -> None:
             if backend == "sim"
             else {"load": ",".join(f"{r:g}" for r in opts["load"])}
         ),
+        **({"rows": opts["rows"]} if backend == "streaming" else {}),
         relqueries=opts["relqueries"],
         max_rows=opts["max_rows"],
         arrival=opts["arrival"],
@@ -130,8 +141,10 @@ def bench(**opts) -> None:
     datasets_dir = None if bundled else opts["datasets"]
     if backend == "sim":
         _bench_sim(opts, trace, datasets_dir, command)
-    else:
+    elif backend == "vllm":
         _bench_vllm(opts, trace, datasets_dir, command)
+    else:
+        _bench_streaming(opts, trace, datasets_dir, command)
 
 
 def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
@@ -198,6 +211,36 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
     document = write_vllm_report(measured, options)
     _print_top_rate(document, max(options.load_fractions))
     console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
+
+
+def _bench_streaming(
+    opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str
+) -> None:
+    _reexec_with_tcmalloc()
+    from relstream.bench.streambench import (
+        StreamBenchOptions,
+        run_stream_benchmark,
+        write_stream_report,
+    )
+
+    out_dir = opts["out"] or Path("docs/benchmarks") / "streaming"
+    options = StreamBenchOptions(
+        model=opts["model"],
+        policy=opts["policies"][0] if opts["policies"] else "relserve",
+        load=max(opts["load"]),
+        rate=None,
+        trace=trace,
+        datasets_dir=datasets_dir,
+        throughput_rows=opts["rows"],
+        out_dir=out_dir,
+        command=command,
+    )
+    document = run_stream_benchmark(options, lambda message: console.print(f"  {message}"))
+    write_stream_report(document, out_dir)
+    console.print(
+        f"Kafka overhead {document['kafka_overhead']:+.1%}; window stage "
+        f"{document['window_throughput']['rows_per_second']:,.0f} rows/s; wrote {out_dir}"
+    )
 
 
 def _reexec_with_tcmalloc() -> None:

@@ -93,3 +93,27 @@ def test_oversize_messages_are_refused_before_unpacking():
 def test_dead_letter_keeps_raw_bytes():
     with pytest.raises(MessageError, match="original: must be bytes"):
         encode("dead_letter", {**GOOD["dead_letter"], "original": "text"})
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        GOOD["row"],
+        {**GOOD["row"], "produced_at": 1.5},
+        {**GOOD["row"], "values": {}},
+        {**GOOD["row"], "version": True},
+        {**GOOD["row"], "version": 1.0},
+        {**GOOD["row"], "table": ""},
+        {**GOOD["row"], "key": "k" * 513},
+        {**GOOD["row"], "values": {"a": [1]}},
+        {**GOOD["row"], "values": {"a": {"b": 1}}},
+        {**GOOD["row"], "values": {str(i): i for i in range(1025)}},
+        {**GOOD["row"], "produced_at": True},
+        {**GOOD["row"], "extra": 1},
+        {k: v for k, v in GOOD["row"].items() if k != "values"},
+    ],
+)
+def test_fast_row_check_agrees_with_the_schema(row):
+    from relstream.schemas import _row_is_valid, _validator
+
+    assert _row_is_valid(row) == _validator("row").is_valid(row)

@@ -184,6 +184,10 @@ class RelQueryEngine:
         self._llm.shutdown(timeout=timeout)
         self._llm = None
 
+    async def reset_prefix_cache(self) -> None:
+        """Forget cached prompt blocks (so back-to-back measurements start alike)."""
+        await self._llm.reset_prefix_cache()
+
     async def submit(self, relquery: RelQuery) -> RelQueryHandle:
         handle = RelQueryHandle(relquery, time.monotonic(), _engine=self)
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
