@@ -216,6 +216,14 @@ def results(bootstrap: str, prefix: str, follow: bool, broker_kind: str | None) 
 async def _tail_results(bootstrap: str, prefix: str, follow: bool, broker_kind: str | None) -> None:
     import uuid
 
+    group = f"relstream-results-{uuid.uuid4().hex[:8]}"
+    await _for_each_result(bootstrap, prefix, group, follow, broker_kind, _print_result)
+
+
+async def _for_each_result(bootstrap, prefix, group, follow, broker_kind, handle) -> int:
+    """Call `handle(result)` for each result from the start of the results topic; commit
+    the group's offsets once a batch is handled. Stops after 3 idle seconds unless
+    following. Returns how many calls returned a true value."""
     from aiokafka import AIOKafkaConsumer
 
     from relstream.broker import Topics, client_settings
@@ -224,29 +232,30 @@ async def _tail_results(bootstrap: str, prefix: str, follow: bool, broker_kind: 
     consumer = AIOKafkaConsumer(
         Topics(prefix).results,
         bootstrap_servers=bootstrap,
-        group_id=f"relstream-results-{uuid.uuid4().hex[:8]}",
+        group_id=group,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         **client_settings(broker_kind),
     )
     await consumer.start()
+    counted = idle = 0
     try:
-        idle_polls = 0
-        while follow or idle_polls < 3:
+        while follow or idle < 3:
             batches = await consumer.getmany(timeout_ms=1000)
-            idle_polls = 0 if batches else idle_polls + 1
+            idle = 0 if batches else idle + 1
             for messages in batches.values():
                 for message in messages:
                     try:
-                        result = decode("result", message.value)
+                        counted += bool(handle(decode("result", message.value)))
                     except MessageError as exc:
                         console.print(
-                            f"[red]unreadable result at offset {message.offset}: {exc}[/]"
+                            f"[red]skipped unreadable result at offset {message.offset}: {exc}[/]"
                         )
-                        continue
-                    _print_result(result)
+            if batches:
+                await consumer.commit()
     finally:
         await consumer.stop()
+    return counted
 
 
 def _print_result(result: dict) -> None:
@@ -316,33 +325,4 @@ def sink(
 
 
 async def _drain_results(store, bootstrap, prefix, group, follow, broker_kind) -> int:
-    from aiokafka import AIOKafkaConsumer
-
-    from relstream.broker import Topics, client_settings
-    from relstream.schemas import MessageError, decode
-
-    consumer = AIOKafkaConsumer(
-        Topics(prefix).results,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        **client_settings(broker_kind),
-    )
-    await consumer.start()
-    written = idle = 0
-    try:
-        while follow or idle < 3:
-            batches = await consumer.getmany(timeout_ms=1000)
-            idle = 0 if batches else idle + 1
-            for messages in batches.values():
-                for message in messages:
-                    try:
-                        written += store.write(decode("result", message.value))
-                    except MessageError as exc:
-                        console.print(f"[red]skipped unreadable result: {exc}[/]")
-            if batches:
-                await consumer.commit()  # only after the sink has the results
-    finally:
-        await consumer.stop()
-    return written
+    return await _for_each_result(bootstrap, prefix, group, follow, broker_kind, store.write)

@@ -124,3 +124,13 @@ def markdown_by_query_type(summaries: Sequence[RunSummary], rate: float) -> list
         cells = " | ".join(f"{s.mean_by_query_type.get(t, float('nan')):.2f}" for t in types)
         lines.append(f"| {s.policy} | {cells} | {s.preemptions} |")
     return lines
+
+
+def reproduce_block(command: str) -> list[str]:
+    return ["Reproduce with:", "", "```", command, "```", ""]
+
+
+def notes_section(out: Path) -> list[str]:
+    """The hand-written analysis kept beside generated results, if any."""
+    notes = out / "notes.md"
+    return ["## Notes", "", notes.read_text().strip(), ""] if notes.exists() else []

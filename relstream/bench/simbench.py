@@ -12,9 +12,11 @@ from relstream.bench.report import (
     markdown_by_query_type,
     markdown_rates,
     markdown_summary,
+    notes_section,
     plot_breakdown,
     plot_latency_vs_rate,
     ratios_at,
+    reproduce_block,
     write_results,
 )
 from relstream.bench.runner import RunSummary, run_grid
@@ -97,12 +99,7 @@ def _readme(
     lines = [
         f"# Simulated benchmark: {document['profile']}",
         "",
-        "Reproduce with:",
-        "",
-        "```",
-        document["command"],
-        "```",
-        "",
+        *reproduce_block(document["command"]),
         f"Machine: {document['machine']}. Cost model in the scheduler: "
         f"{document['cost_model']}. Trace: {trace['relqueries']} relQueries, "
         f"{trace['requests']} requests over {', '.join(trace['datasets'])}; mean prompt "
@@ -144,7 +141,5 @@ def _readme(
             f"estimates every newcomer's PEM once, took {decision.first_decision_ms:.1f} ms.",
             "",
         ]
-    notes = out / "notes.md"
-    if notes.exists():
-        lines += ["## Notes", "", notes.read_text().strip(), ""]
+    lines += notes_section(out)
     return "\n".join(lines)

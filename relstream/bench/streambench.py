@@ -237,7 +237,7 @@ def write_stream_report(document: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from relstream.bench.report import machine_description
+    from relstream.bench.report import machine_description, notes_section, reproduce_block
 
     document = {**document, "machine": machine_description()}
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -253,12 +253,7 @@ def write_stream_report(document: dict, out: Path) -> None:
     lines = [
         "# Streaming benchmark",
         "",
-        "Reproduce with:",
-        "",
-        "```",
-        document["command"],
-        "```",
-        "",
+        *reproduce_block(document["command"]),
         f"Machine: {document['machine']}. Broker: embedded {document['broker']}; engine: "
         f"vLLM CPU build, {document['model']}, policy {document['policy']}.",
         "",
@@ -279,7 +274,5 @@ def write_stream_report(document: dict, out: Path) -> None:
         "![overhead](overhead.png)",
         "",
     ]
-    notes = out / "notes.md"
-    if notes.exists():
-        lines += ["## Notes", "", notes.read_text().strip(), ""]
+    lines += notes_section(out)
     (out / "README.md").write_text("\n".join(lines))

@@ -11,9 +11,11 @@ from relstream.bench.report import (
     markdown_by_query_type,
     markdown_rates,
     markdown_summary,
+    notes_section,
     plot_breakdown,
     plot_latency_vs_rate,
     ratios_at,
+    reproduce_block,
     write_results,
 )
 from relstream.bench.runner import RunSummary, run_grid
@@ -106,12 +108,7 @@ def _readme(document: dict, summaries: list[RunSummary], top: float, out: Path) 
     lines = [
         f"# Real-engine benchmark: vLLM CPU build, {document['model']}",
         "",
-        "Reproduce with:",
-        "",
-        "```",
-        document["command"],
-        "```",
-        "",
+        *reproduce_block(document["command"]),
         f"Machine: {document['machine']}. Capacity measured first (whole trace submitted at "
         f"once, stock vLLM): {document['capacity_relqueries_per_s']:.4f} relQueries/s; loads "
         "are fractions of it. Greedy decoding; each policy in its own engine.",
@@ -160,7 +157,5 @@ def _readme(document: dict, summaries: list[RunSummary], top: float, out: Path) 
         *prediction_rows,
         "",
     ]
-    notes = out / "notes.md"
-    if notes.exists():
-        lines += ["## Notes", "", notes.read_text().strip(), ""]
+    lines += notes_section(out)
     return "\n".join(lines)
