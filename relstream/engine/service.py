@@ -76,6 +76,7 @@ class EngineService:
         self._book = OffsetBook()
         self._slots = asyncio.Semaphore(config.max_in_flight)
         self._tasks: set[asyncio.Task] = set()
+        self._paused = False
 
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -112,11 +113,11 @@ class EngineService:
 
     async def _poll_once(self) -> None:
         full = self._slots.locked()
-        assignment = self._consumer.assignment()
-        if full:
-            self._consumer.pause(*assignment)
-        else:
-            self._consumer.resume(*assignment)
+        if full != self._paused:
+            # Only on a change: resuming on every poll restarts fetches in a busy loop.
+            assignment = self._consumer.assignment()
+            (self._consumer.pause if full else self._consumer.resume)(*assignment)
+            self._paused = full
         batches = await self._consumer.getmany(
             timeout_ms=200, max_records=self.config.max_in_flight
         )
