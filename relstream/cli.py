@@ -102,6 +102,13 @@ def main() -> None:
     type=click.IntRange(1000),
     help="streaming: rows pre-produced for the window throughput measure.",
 )
+@click.option(
+    "--broker",
+    type=click.Choice(["noida-db", "tansu"]),
+    default="tansu",
+    show_default=True,
+    help="streaming: the embedded broker.",
+)
 def bench(**opts) -> None:
     """Replay the paper's relQuery trace under each policy and load."""
     backend = opts["backend"]
@@ -130,7 +137,7 @@ def bench(**opts) -> None:
             if backend == "sim"
             else {"load": ",".join(f"{r:g}" for r in opts["load"])}
         ),
-        **({"rows": opts["rows"]} if backend == "streaming" else {}),
+        **({"rows": opts["rows"], "broker": opts["broker"]} if backend == "streaming" else {}),
         relqueries=opts["relqueries"],
         max_rows=opts["max_rows"],
         arrival=opts["arrival"],
@@ -233,6 +240,7 @@ def _bench_streaming(
         datasets_dir=datasets_dir,
         throughput_rows=opts["rows"],
         out_dir=out_dir,
+        broker=opts["broker"],
         command=command,
     )
     document = run_stream_benchmark(options, lambda message: console.print(f"  {message}"))
