@@ -284,8 +284,9 @@ def _print_result(result: dict) -> None:
     "--broker",
     "broker_kind",
     type=click.Choice(["noida-db", "tansu"]),
-    default="noida-db",
+    default="tansu",
     show_default=True,
+    help="tansu by default: idle noida-db consumers spin and starve the engine (README).",
 )
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait for results.")
 def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:

@@ -50,7 +50,8 @@ max_output_tokens = 24
 class DemoOptions:
     backend: str = "vllm"
     policy: str = "relserve"
-    broker: str = "noida-db"
+    # Tansu: noida-db's idle consumers spin (85 % of a core each), starving the engine.
+    broker: str = "tansu"
     timeout: float = 600.0
 
 
