@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -184,9 +185,9 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
     from relstream.engine.runtime import EngineSettings, RelQueryEngine
 
     entries = generate_relqueries(options.trace, load_datasets(options.datasets_dir))
-    workdir = options.out_dir
-    workdir.mkdir(parents=True, exist_ok=True)
-    with EmbeddedBroker(options.broker, data_dir=workdir / ".broker") as broker:
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="relstream-streambench-"))  # logs, broker data
+    with EmbeddedBroker(options.broker, data_dir=workdir / "broker") as broker:
         on_step(f"{options.broker} on {broker.bootstrap}; measuring window throughput")
         throughput = window_throughput(
             broker, options.throughput_rows, relstream_command(True), workdir
