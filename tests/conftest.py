@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from relstream.broker import EmbeddedBroker
 from relstream.scheduler import CostModel, EngineLimits, Linear
 
 
@@ -16,3 +17,12 @@ def roomy_limits() -> EngineLimits:
     return EngineLimits(
         max_num_seqs=256, max_num_batched_tokens=1000, kv_capacity_tokens=10**6, block_size=16
     )
+
+
+@pytest.fixture(scope="module", params=["noida-db", "tansu"])
+def broker(request, tmp_path_factory):
+    """A real Kafka-protocol broker of each embedded kind, for the module's tests."""
+    embedded = EmbeddedBroker(request.param, data_dir=tmp_path_factory.mktemp("broker"))
+    embedded.start()
+    yield embedded
+    embedded.stop()

@@ -4,23 +4,14 @@ import asyncio
 import uuid
 
 import msgpack
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from relstream.broker import EmbeddedBroker, Topics, client_settings
+from relstream.broker import Topics, client_settings
 from relstream.engine.service import EngineService, OffsetBook, ServiceConfig
 from relstream.engine.simbackend import SimRelQueryBackend
 from relstream.model import RelQuery, Row, Template
 from relstream.schemas import decode, encode
 from relstream.schemas.convert import relquery_message
-
-
-@pytest.fixture(scope="module", params=["noida-db", "tansu"])
-def broker(request, tmp_path_factory):
-    embedded = EmbeddedBroker(request.param, data_dir=tmp_path_factory.mktemp("broker"))
-    embedded.start()
-    yield embedded
-    embedded.stop()
 
 
 def relquery(index: int) -> RelQuery:

@@ -28,14 +28,6 @@ def stream_bin() -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["noida-db", "tansu"])
-def broker(request, tmp_path_factory):
-    embedded = EmbeddedBroker(request.param, data_dir=tmp_path_factory.mktemp("broker"))
-    embedded.start()
-    yield embedded
-    embedded.stop()
-
-
 def start_worker(broker, topics, config: Path, log: Path) -> subprocess.Popen:
     command = [
         str(stream_bin() / "relstream"),
