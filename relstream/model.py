@@ -25,9 +25,7 @@ def _check_placeholder(field_name: str | None, conversion: str | None, spec: str
         raise TemplateError("internal: literal segment has no placeholder")
     shown = "{" + field_name + "}"
     if field_name == "" or field_name.isdigit():
-        raise TemplateError(
-            f"placeholder {shown or '{}'} is positional; name a column, e.g. {{review}}"
-        )
+        raise TemplateError(f"placeholder {shown} is positional; name a column, e.g. {{review}}")
     if "." in field_name or "[" in field_name:
         raise TemplateError(
             f"placeholder {shown} uses attribute or index access; only plain {{column}} "

@@ -190,7 +190,7 @@ class SimulatedEngine(EngineView):
             if plan.preempt:
                 return []  # evictions alone take no model time
             raise SimulationStalled(f"policy {self.policy.name} planned a step that cannot run")
-        kind = StepPlan(prefill=plan.prefill if prefills else (), decode=plan.decode).kind
+        kind = StepKind.of(bool(prefills), bool(decodes))
         self._steps[kind.value] += 1
         self.policy.observe(StepFeedback(kind, uncached, len(decodes), duration))
         done: list[str] = []

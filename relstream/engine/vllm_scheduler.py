@@ -215,8 +215,5 @@ class RelstreamScheduler(Scheduler, EngineView):
                 decodes += 1
             else:
                 uncached += tokens
-        if uncached and decodes:
-            kind = StepKind.MIXED
-        else:
-            kind = StepKind.PREFILL if uncached else StepKind.DECODE
+        kind = StepKind.of(bool(uncached), bool(decodes))
         return {"kind": kind, "uncached_tokens": uncached, "decode_requests": decodes}

@@ -53,10 +53,6 @@ class RelQueryInfo:
     finished: int = 0
     prompt_tokens_seen: int = 0
 
-    @property
-    def order_key(self) -> tuple[float, str]:
-        return (self.arrival_time, self.relquery_id)
-
 
 @dataclass(frozen=True)
 class EngineLimits:
@@ -177,6 +173,15 @@ class StepKind(Enum):
     DECODE = "decode"
     MIXED = "mixed"
 
+    @classmethod
+    def of(cls, prefills: bool, decodes: bool) -> StepKind:
+        """The kind of a step that computes prompt tokens and/or decodes."""
+        if prefills and decodes:
+            return cls.MIXED
+        if prefills:
+            return cls.PREFILL
+        return cls.DECODE if decodes else cls.IDLE
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -192,11 +197,7 @@ class StepPlan:
 
     @property
     def kind(self) -> StepKind:
-        if self.prefill and self.decode:
-            return StepKind.MIXED
-        if self.prefill:
-            return StepKind.PREFILL
-        return StepKind.DECODE if self.decode else StepKind.IDLE
+        return StepKind.of(bool(self.prefill), bool(self.decode))
 
 
 IDLE = StepPlan()
