@@ -79,13 +79,10 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         config.write_text(QUERIES)
         common = ["--bootstrap", broker.bootstrap, "--broker-kind", options.broker]
         processes.append(
-            _spawn(
-                [*relstream_command(True), "worker", "--config", str(config), *common],
-                workdir / "worker.log",
-            )
+            start_worker(relstream_command(True), broker, config, workdir / "worker.log")
         )
         processes.append(
-            _spawn(
+            spawn_logged(
                 [
                     *relstream_command(False),
                     "engine",
@@ -119,8 +116,34 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         console.print("stopped worker, engine and broker")
 
 
-def _spawn(command: list[str], log: Path) -> subprocess.Popen:
+def spawn_logged(command: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def start_worker(
+    executable: list[str],
+    broker: EmbeddedBroker,
+    config: Path,
+    log: Path,
+    topics: Topics | None = None,
+    app_id: str | None = None,
+) -> subprocess.Popen:
+    """The Faust worker as a subprocess (`executable` from `relstream_command(True)`)."""
+    command = [
+        *executable,
+        "worker",
+        "--bootstrap",
+        broker.bootstrap,
+        "--config",
+        str(config),
+        "--prefix",
+        (topics or Topics()).prefix,
+        "--broker-kind",
+        broker.kind,
+    ]
+    if app_id:
+        command += ["--app-id", app_id]
+    return spawn_logged(command, log)
 
 
 async def _produce_and_follow(broker, rows, options, console, processes) -> list[dict]:

@@ -13,6 +13,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from test_service import collect
 
+from relstream import demo
 from relstream.broker import EmbeddedBroker, Topics, create_topics
 from relstream.engine.service import EngineService, ServiceConfig
 from relstream.engine.simbackend import SimRelQueryBackend
@@ -29,21 +30,10 @@ def stream_bin() -> Path:
 
 
 def start_worker(broker, topics, config: Path, log: Path) -> subprocess.Popen:
-    command = [
-        str(stream_bin() / "relstream"),
-        "worker",
-        "--bootstrap",
-        broker.bootstrap,
-        "--config",
-        str(config),
-        "--prefix",
-        topics.prefix,
-        "--broker-kind",
-        broker.kind,
-        "--app-id",
-        f"worker-{uuid.uuid4().hex[:8]}",
-    ]
-    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    executable = [str(stream_bin() / "relstream")]
+    return demo.start_worker(
+        executable, broker, config, log, topics, f"worker-{uuid.uuid4().hex[:8]}"
+    )
 
 
 def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):

@@ -97,7 +97,7 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
 
 def window_throughput(broker, rows: int, stream_command: list[str], workdir: Path) -> dict:
     """Rows/s through the Faust window → relQuery stage, rows produced beforehand."""
-    from relstream.demo import _spawn
+    from relstream.demo import start_worker
 
     topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
     config = workdir / "throughput.toml"
@@ -106,22 +106,13 @@ def window_throughput(broker, rows: int, stream_command: list[str], workdir: Pat
         "window_seconds = 1.0\nmax_rows = 1000\nmax_output_tokens = 4\n"
     )
     asyncio.run(_produce_items(broker, topics, rows))
-    worker = _spawn(
-        [
-            *stream_command,
-            "worker",
-            "--bootstrap",
-            broker.bootstrap,
-            "--config",
-            str(config),
-            "--prefix",
-            topics.prefix,
-            "--broker-kind",
-            broker.kind,
-            "--app-id",
-            f"tp-{uuid.uuid4().hex[:6]}",
-        ],
+    worker = start_worker(
+        stream_command,
+        broker,
+        config,
         workdir / "throughput-worker.log",
+        topics,
+        f"tp-{uuid.uuid4().hex[:6]}",
     )
     try:
         first, last, counted = asyncio.run(_time_relqueries(broker, topics, rows))
