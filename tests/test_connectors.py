@@ -10,15 +10,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgpack
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from relstream.broker import free_port
 from relstream.connectors.sinks import CsvSink, JsonlSink, open_sink
 from relstream.connectors.sources import read_query, read_rows
+from relstream.kafka.brokers import free_port
+from relstream.schemas import ResultMessage, encode, validate
 
-RESULT = {
+RESULT_FIELDS = {
     "version": 1,
     "id": "q1",
     "rows": [
@@ -30,6 +33,7 @@ RESULT = {
     "model": "smollm2",
     "completed_at": 0.0,
 }
+RESULT = validate(ResultMessage, RESULT_FIELDS)
 
 
 def test_file_sources_read_csv_jsonl_and_parquet(tmp_path):
@@ -40,12 +44,11 @@ def test_file_sources_read_csv_jsonl_and_parquet(tmp_path):
     pq.write_table(pa.table({"id": [7, 9], "review": ["good", "bad"]}), tmp_path / "t.parquet")
     for name in ("t.csv", "t.jsonl", "t.parquet"):
         rows = list(read_rows(tmp_path / name, "reviews", key_column="id"))
-        assert [(r["key"], r["values"]["review"]) for r in rows] == [("7", "good"), ("9", "bad")], (
-            name
-        )
-        assert all(r["table"] == "reviews" and r["version"] == 1 for r in rows)
+        assert [(r.key, r.values["review"]) for r in rows] == [("7", "good"), ("9", "bad")], name
+        assert all(msgpack.unpackb(encode(r))["version"] == 1 for r in rows)
+        assert all(r.table == "reviews" for r in rows)
     jsonl = list(read_rows(tmp_path / "t.jsonl", "reviews"))
-    assert jsonl[0]["values"]["tags"] == "['a']"  # non-scalars travel as text
+    assert jsonl[0].values["tags"] == "['a']"  # non-scalars travel as text
 
 
 def test_file_sources_name_bad_input(tmp_path):
@@ -65,7 +68,7 @@ def test_file_sinks_store_each_relquery_once(tmp_path, sink_class, name):
     sink.close()
     reopened = sink_class(path)  # a restarted sink still knows what it stored
     assert reopened.write(RESULT) is False
-    assert reopened.write({**RESULT, "id": "q2"}) is True
+    assert reopened.write(msgspec.structs.replace(RESULT, id="q2")) is True
     reopened.close()
     lines = path.read_text().splitlines()
     if name.endswith(".jsonl"):
@@ -149,8 +152,8 @@ def test_postgres_source_streams_a_query(postgres):
         conn.execute("CREATE TABLE reviews (id int PRIMARY KEY, review text, stars numeric)")
         conn.execute("INSERT INTO reviews VALUES (1, 'dry feet', 4.5), (2, 'peeled', 1)")
     rows = list(read_query(postgres, "SELECT * FROM reviews ORDER BY id", "reviews", "id"))
-    assert [(r["key"], r["values"]["review"]) for r in rows] == [("1", "dry feet"), ("2", "peeled")]
-    assert rows[0]["values"]["stars"] == "4.5"  # numeric travels as exact text
+    assert [(r.key, r.values["review"]) for r in rows] == [("1", "dry feet"), ("2", "peeled")]
+    assert rows[0].values["stars"] == "4.5"  # numeric travels as exact text
 
 
 def test_postgres_sink_is_idempotent_on_relquery_id(postgres):

@@ -9,14 +9,16 @@ import uuid
 
 import msgpack
 from aiokafka import AIOKafkaProducer
-from test_service import collect, relquery
-from test_streaming import start_worker
+from test_service import relquery
+from test_streaming import encode_row, start_worker
 
-from relstream.broker import EmbeddedBroker, Topics, create_topics
-from relstream.engine.service import EngineService, ServiceConfig
-from relstream.engine.simbackend import SimRelQueryBackend
-from relstream.schemas import decode, encode
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.topics import Topics
+from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.windowing import MAX_ROW_BYTES
 
 
@@ -53,18 +55,18 @@ def test_sigkilled_engine_restarts_and_answers_every_relquery(tmp_path):
     with EmbeddedBroker("tansu") as broker:
 
         async def produce():
-            await create_topics(broker.bootstrap, topics.layout(), broker.kind)
+            await create_topics(broker.bootstrap, topics.layout())
             producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
             await producer.start()
             for rq in sent:
-                value = encode("relquery", relquery_message(rq))
+                value = encode(relquery_message(rq))
                 await producer.send_and_wait(topics.relqueries, value, key=rq.id.encode())
             await producer.stop()
 
         asyncio.run(produce())
         first = engine_process(broker, topics, group, tmp_path / "engine.log")
         try:
-            early = asyncio.run(collect(broker.bootstrap, topics.results, 3, broker.kind, 60))
+            early = asyncio.run(read_messages(broker.bootstrap, topics.results, 3, broker.kind, 60))
         finally:
             first.kill()  # SIGKILL: no cleanup, no final commit
             first.wait()
@@ -75,17 +77,20 @@ def test_sigkilled_engine_restarts_and_answers_every_relquery(tmp_path):
             wanted = len(sent)
             while answered != {rq.id for rq in sent}:
                 messages = asyncio.run(
-                    collect(broker.bootstrap, topics.results, wanted, broker.kind, 90)
+                    read_messages(broker.bootstrap, topics.results, wanted, broker.kind, 90)
                 )
-                answered = {decode("result", m.value)["id"] for m in messages}
+                answered = {decode(ResultMessage, m.value).id for m in messages}
                 wanted = len(messages) + 1
         finally:
             second.terminate()
             second.wait(30)
 
 
+VALID_ROW = {"version": 1, "table": "reviews", "key": "k", "values": {"review": "fine"}}
+
+
 def malformed_rows(count_per_kind: int) -> dict[str, list[bytes]]:
-    valid = {"version": 1, "table": "reviews", "key": "k", "values": {"review": "fine"}}
+    valid = VALID_ROW
     return {
         "not valid msgpack": [b"\xc1" + str(i).encode() for i in range(count_per_kind)],
         "'key' is a required": [
@@ -93,13 +98,11 @@ def malformed_rows(count_per_kind: int) -> dict[str, list[bytes]]:
             for i in range(count_per_kind)
         ],
         "lacks column": [
-            encode("row", {**valid, "key": f"m{i}", "values": {"title": "x"}})
+            encode_row({**valid, "key": f"m{i}", "values": {"title": "x"}})
             for i in range(count_per_kind)
         ],
         "limit": [
-            encode(
-                "row", {**valid, "key": f"o{i}", "values": {"review": "x" * (MAX_ROW_BYTES + 10)}}
-            )
+            encode_row({**valid, "key": f"o{i}", "values": {"review": "x" * (MAX_ROW_BYTES + 10)}})
             for i in range(count_per_kind)
         ],
         "UTF-8": [
@@ -120,15 +123,12 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
     )
     bad = malformed_rows(200)
     valid = [
-        encode(
-            "row", {"version": 1, "table": "reviews", "key": f"v{i}", "values": {"review": f"r{i}"}}
-        )
-        for i in range(50)
+        encode_row({**VALID_ROW, "key": f"v{i}", "values": {"review": f"r{i}"}}) for i in range(50)
     ]
     with EmbeddedBroker("noida-db", data_dir=tmp_path / "broker") as broker:
 
         async def scenario():
-            await create_topics(broker.bootstrap, topics.layout(("reviews",)), broker.kind)
+            await create_topics(broker.bootstrap, topics.layout(("reviews",)))
             worker = start_worker(broker, topics, config, tmp_path / "worker.log")
             stop = asyncio.Event()
             service_config = ServiceConfig(
@@ -149,15 +149,17 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
                         await producer.send(topics.rows("reviews"), valid[index // 20], key=b"good")
                 await producer.flush()
                 await producer.stop()
-                dead = await collect(broker.bootstrap, topics.deadletter, 1000, broker.kind, 180)
+                dead = await read_messages(
+                    broker.bootstrap, topics.deadletter, 1000, broker.kind, 180
+                )
                 answered: set[str] = set()
                 wanted = 1
                 while len(answered) < len(valid):
-                    results = await collect(
+                    results = await read_messages(
                         broker.bootstrap, topics.results, wanted, broker.kind, 120
                     )
                     answered = {
-                        row["key"] for m in results for row in decode("result", m.value)["rows"]
+                        row.key for m in results for row in decode(ResultMessage, m.value).rows
                     }
                     wanted = len(results) + 1
                 return dead, answered
@@ -169,7 +171,7 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
 
         dead, answered = asyncio.run(scenario())
     assert len(dead) == 1000
-    reasons = [decode("dead_letter", m.value)["reason"] for m in dead]
+    reasons = [decode(DeadLetterMessage, m.value).reason for m in dead]
     counts = collections.Counter(next(k for k in bad if k in r) for r in reasons)
     assert counts == {kind: 200 for kind in bad}
     assert answered == {f"v{i}" for i in range(50)}

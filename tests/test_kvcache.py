@@ -1,4 +1,4 @@
-from relstream.engine.kvcache import PrefixCachedKV, block_hashes
+from relstream.sim.kvcache import PrefixCachedKV, block_hashes
 
 
 def test_hashes_chain_over_the_whole_prefix():

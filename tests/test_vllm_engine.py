@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from relstream.backend import run
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
 from relstream.model import RelQuery, Row, Template
 
@@ -55,8 +56,8 @@ async def serve(policy: str) -> dict:
         handles = [await engine.submit(rq) for rq in (capitals_relquery(), descriptions_relquery())]
         results = {h.relquery_id: await h.result() for h in handles}
         if policy == "relserve":
-            results["faulty"] = await engine.run(faulty_relquery())
-            results["after"] = await engine.run(capitals_relquery())  # still serving
+            results["faulty"] = await run(engine, faulty_relquery())
+            results["after"] = await run(engine, capitals_relquery())  # still serving
         return results
     finally:
         engine.shutdown()

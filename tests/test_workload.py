@@ -12,7 +12,7 @@ from relstream.bench.workload import (
     tokenize_trace,
     unit_gaps,
 )
-from relstream.tables import load_csv
+from relstream.connectors.tables import load_csv
 
 
 def test_bundled_trace_follows_the_paper_recipe():

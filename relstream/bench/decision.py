@@ -9,11 +9,11 @@ import time
 from dataclasses import asdict, dataclass
 
 from relstream.bench.runner import percentile
-from relstream.engine.kvcache import block_hashes
-from relstream.engine.profiles import RooflineProfile, get_profile
-from relstream.engine.sim import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.scheduler import EngineLimits, make_policy
 from relstream.scheduler.view import StepKind
+from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
+from relstream.sim.kvcache import block_hashes
+from relstream.sim.profiles import RooflineProfile, get_profile
 
 
 @dataclass(frozen=True)

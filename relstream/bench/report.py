@@ -126,11 +126,25 @@ def markdown_by_query_type(summaries: Sequence[RunSummary], rate: float) -> list
     return lines
 
 
-def reproduce_block(command: str) -> list[str]:
-    return ["Reproduce with:", "", "```", command, "```", ""]
-
-
-def notes_section(out: Path) -> list[str]:
-    """The hand-written analysis kept beside generated results, if any."""
+def write_report(out: Path, title: str, document: dict, setting: str, body: list[str]) -> None:
+    """A benchmark's results.json and README.md, alike for every benchmark: the title,
+    the command that reproduces it, the machine and `setting` (what ran, in a sentence or
+    two), the generated `body`, then the hand-written analysis in notes.md, if any."""
+    write_results(out, document)
+    lines = [
+        f"# {title}",
+        "",
+        "Reproduce with:",
+        "",
+        "```",
+        document["command"],
+        "```",
+        "",
+        f"Machine: {document['machine']}. {setting}",
+        "",
+        *body,
+    ]
     notes = out / "notes.md"
-    return ["## Notes", "", notes.read_text().strip(), ""] if notes.exists() else []
+    if notes.exists():
+        lines += ["## Notes", "", notes.read_text().strip(), ""]
+    (out / "README.md").write_text("\n".join(lines))

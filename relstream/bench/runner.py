@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from relstream.bench.workload import TokenizedTrace
-from relstream.engine.profiles import CostProfile
-from relstream.engine.sim import RelQueryOutcome, SimRun, SimulatedEngine
+from relstream.model import LatencyBreakdown
 from relstream.scheduler import CostModel, OnlineCostModel, make_policy
+from relstream.sim.engine import SimRun, SimulatedEngine
+from relstream.sim.profiles import CostProfile
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,18 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[index]
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One answered relQuery, as a benchmark sees it."""
+
+    latency: LatencyBreakdown
+    query_type: str  # the trace's query type, "?" when unknown
+
+
 def summarize_outcomes(
     policy: str,
     rate: float,
-    outcomes: Sequence[RelQueryOutcome],
+    outcomes: Sequence[Measured],
     decision_seconds: Sequence[float],
     **counts,
 ) -> RunSummary:
@@ -57,7 +66,7 @@ def summarize_outcomes(
     decisions_us = [seconds * 1e6 for seconds in decision_seconds]
     by_type: dict[str, list[float]] = {}
     for outcome in outcomes:
-        by_type.setdefault(outcome.labels.get("query_type", "?"), []).append(outcome.latency.total)
+        by_type.setdefault(outcome.query_type, []).append(outcome.latency.total)
     return RunSummary(
         policy=policy,
         rate=rate,
@@ -80,7 +89,7 @@ def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
     return summarize_outcomes(
         policy,
         rate,
-        run.outcomes,
+        [Measured(o.latency, o.labels.get("query_type", "?")) for o in run.outcomes],
         run.decision_seconds,
         makespan=run.makespan,
         steps=run.step_counts,

@@ -12,12 +12,10 @@ from relstream.bench.report import (
     markdown_by_query_type,
     markdown_rates,
     markdown_summary,
-    notes_section,
     plot_breakdown,
     plot_latency_vs_rate,
     ratios_at,
-    reproduce_block,
-    write_results,
+    write_report,
 )
 from relstream.bench.runner import RunSummary, run_grid
 from relstream.bench.workload import (
@@ -26,7 +24,7 @@ from relstream.bench.workload import (
     load_datasets,
     tokenize_trace,
 )
-from relstream.engine.profiles import get_profile
+from relstream.sim.profiles import get_profile
 
 
 @dataclass(frozen=True)
@@ -80,33 +78,37 @@ def run_sim_benchmark(
         "decision_benchmark": decision.as_dict() if decision else None,
     }
     out = options.out_dir
-    write_results(out, document)
+    out.mkdir(parents=True, exist_ok=True)
     title = f"simulated {options.profile}"
     plot_latency_vs_rate(summaries, out / "latency_vs_rate.png", title)
     plot_breakdown(summaries, top_rate, out / "breakdown.png", title)
-    (out / "README.md").write_text(_readme(document, summaries, decision, out))
+    write_report(
+        out,
+        f"Simulated benchmark: {document['profile']}",
+        document,
+        _setting(document),
+        _body(document, summaries, decision),
+    )
     return document
 
 
-def _readme(
-    document: dict,
-    summaries: Sequence[RunSummary],
-    decision: DecisionBenchmark | None,
-    out: Path,
-) -> str:
+def _setting(document: dict) -> str:
     trace = document["trace"]
-    top = document["top_rate"]
-    lines = [
-        f"# Simulated benchmark: {document['profile']}",
-        "",
-        *reproduce_block(document["command"]),
-        f"Machine: {document['machine']}. Cost model in the scheduler: "
+    return (
+        f"Cost model in the scheduler: "
         f"{document['cost_model']}. Trace: {trace['relqueries']} relQueries, "
         f"{trace['requests']} requests over {', '.join(trace['datasets'])}; mean prompt "
         f"{trace['mean_prompt_tokens']:.0f} tokens (SmolLM2 tokenizer, chat template "
         f"included), mean output {trace['mean_output_tokens']:.1f} tokens; "
-        f"{trace['arrival']} arrivals, seed {trace['seed']}.",
-        "",
+        f"{trace['arrival']} arrivals, seed {trace['seed']}."
+    )
+
+
+def _body(
+    document: dict, summaries: Sequence[RunSummary], decision: DecisionBenchmark | None
+) -> list[str]:
+    top = document["top_rate"]
+    lines = [
         f"## At the highest rate ({top:g} relQueries/s)",
         "",
         *markdown_summary(summaries, top),
@@ -141,5 +143,4 @@ def _readme(
             f"estimates every newcomer's PEM once, took {decision.first_decision_ms:.1f} ms.",
             "",
         ]
-    lines += notes_section(out)
-    return "\n".join(lines)
+    return lines

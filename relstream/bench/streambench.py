@@ -22,8 +22,10 @@ from pathlib import Path
 
 from relstream.bench.vllmbench import replay
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
-from relstream.broker import EmbeddedBroker, Topics, client_settings, create_topics
-from relstream.schemas import decode, encode
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import Subscription, create_topics, produce
+from relstream.kafka.topics import Topics
+from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 
 
@@ -43,12 +45,12 @@ class StreamBenchOptions:
 
 async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, broker) -> list[float]:
     """Latency of each relQuery as a producer sees it: produce → its result consumed."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import AIOKafkaProducer
 
-    from relstream.engine.service import EngineService, ServiceConfig
+    from relstream.service.service import EngineService, ServiceConfig
 
     topics = Topics(prefix=f"b{uuid.uuid4().hex[:6]}.")
-    await create_topics(broker.bootstrap, topics.layout(), broker.kind)
+    await create_topics(broker.bootstrap, topics.layout())
     stop = asyncio.Event()
     config = ServiceConfig(
         broker.bootstrap,
@@ -58,25 +60,21 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         max_in_flight=len(entries),
     )
     service = asyncio.create_task(EngineService(config, engine).run(stop))
-    consumer = AIOKafkaConsumer(
-        topics.results,
-        bootstrap_servers=broker.bootstrap,
-        group_id=f"reader-{uuid.uuid4().hex[:6]}",
-        auto_offset_reset="earliest",
-        **client_settings(broker.kind),
-    )
     producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
-    await consumer.start()
     await producer.start()
     sent_at: dict[str, float] = {}
     latencies: dict[str, float] = {}
 
     async def read_results() -> None:
-        while len(latencies) < len(entries):
-            for messages in (await consumer.getmany(timeout_ms=200)).values():
-                for message in messages:
-                    result_id = decode("result", message.value)["id"]
-                    latencies.setdefault(result_id, time.monotonic() - sent_at[result_id])
+        subscription = Subscription(
+            broker.bootstrap, topics.results, broker_kind=broker.kind, poll_ms=200
+        )
+        async with subscription as results:
+            async for message in results:
+                result_id = decode(ResultMessage, message.value).id
+                latencies.setdefault(result_id, time.monotonic() - sent_at[result_id])
+                if len(latencies) == len(entries):
+                    return
 
     reader = asyncio.create_task(read_results())
     started = time.monotonic()
@@ -85,11 +83,10 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         if delay > 0:
             await asyncio.sleep(delay)
         sent_at[entry.relquery.id] = time.monotonic()
-        value = encode("relquery", relquery_message(entry.relquery))
+        value = encode(relquery_message(entry.relquery))
         await producer.send_and_wait(topics.relqueries, value, key=entry.relquery.id.encode())
     await reader
     await producer.stop()
-    await consumer.stop()
     stop.set()
     await service
     return list(latencies.values())
@@ -97,7 +94,7 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
 
 def window_throughput(broker, rows: int, stream_command: list[str], workdir: Path) -> dict:
     """Rows/s through the Faust window → relQuery stage, rows produced beforehand."""
-    from relstream.demo import start_worker
+    from relstream.stream.launch import start_worker
 
     topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
     config = workdir / "throughput.toml"
@@ -126,54 +123,36 @@ def window_throughput(broker, rows: int, stream_command: list[str], workdir: Pat
 
 
 async def _produce_items(broker, topics: Topics, rows: int) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    await create_topics(broker.bootstrap, topics.layout(("items",)), broker.kind)
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20)
-    await producer.start()
-    for index in range(rows):
-        row = {
-            "version": 1,
-            "table": "items",
-            "key": f"i{index}",
-            "values": {"text": f"item {index}"},
-        }
-        await producer.send(topics.rows("items"), encode("row", row), key=row["key"].encode())
-    await producer.flush()
-    await producer.stop()
+    await create_topics(broker.bootstrap, topics.layout(("items",)))
+    items = (
+        RowMessage(table="items", key=f"i{index}", values={"text": f"item {index}"})
+        for index in range(rows)
+    )
+    messages = ((row.key.encode(), encode(row)) for row in items)
+    await produce(broker.bootstrap, topics.rows("items"), messages, linger_ms=20)
 
 
 async def _time_relqueries(broker, topics: Topics, rows: int) -> tuple[float, float, int]:
     """Broker timestamps of the first and last relQuery, and the rows they carried.
 
     The first relQuery's own rows are excluded: the clock starts when it was produced."""
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        topics.relqueries,
-        bootstrap_servers=broker.bootstrap,
-        group_id=f"tp-{uuid.uuid4().hex[:6]}",
-        auto_offset_reset="earliest",
-        **client_settings(broker.kind),
-    )
-    await consumer.start()
     stamps: list[tuple[float, int]] = []
-    try:
-        async with asyncio.timeout(600):
-            while sum(n for _, n in stamps) < rows:
-                for messages in (await consumer.getmany(timeout_ms=500)).values():
-                    for message in messages:
-                        count = len(decode("relquery", message.value)["rows"])
-                        stamps.append((message.timestamp / 1000, count))
-    finally:
-        await consumer.stop()
+    subscription = Subscription(
+        broker.bootstrap, topics.relqueries, broker_kind=broker.kind, timeout=600
+    )
+    async with subscription as relqueries:
+        async for message in relqueries:
+            count = len(decode(RelQueryMessage, message.value).rows)
+            stamps.append((message.timestamp / 1000, count))
+            if sum(n for _, n in stamps) >= rows:
+                break
     stamps.sort()
     return stamps[0][0], stamps[-1][0], sum(n for _, n in stamps[1:])
 
 
 def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], None]) -> dict:
-    from relstream.demo import relstream_command
     from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.stream.launch import relstream_command
 
     entries = generate_relqueries(options.trace, load_datasets(options.datasets_dir))
     options.out_dir.mkdir(parents=True, exist_ok=True)
@@ -230,17 +209,14 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
 
 
 def write_stream_report(document: dict, out: Path) -> None:
-    import json
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from relstream.bench.report import machine_description, notes_section, reproduce_block
+    from relstream.bench.report import machine_description, write_report
 
     document = {**document, "machine": machine_description()}
-    (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     values = [document["mean_latency_direct_s"], document["mean_latency_kafka_s"]]
     ax.bar(["straight to the engine", "through Kafka"], values, color=["#4c72b0", "#dd8452"])
@@ -250,13 +226,7 @@ def write_stream_report(document: dict, out: Path) -> None:
     fig.savefig(out / "overhead.png", dpi=120)
     plt.close(fig)
     throughput = document["window_throughput"]
-    lines = [
-        "# Streaming benchmark",
-        "",
-        *reproduce_block(document["command"]),
-        f"Machine: {document['machine']}. Broker: embedded {document['broker']}; engine: "
-        f"vLLM CPU build, {document['model']}, policy {document['policy']}.",
-        "",
+    body = [
         "| measure | value | goal |",
         "|---|---|---|",
         f"| mean relQuery latency, straight to the engine (mean of 2 runs) | {values[0]:.2f} s | |",
@@ -276,5 +246,8 @@ def write_stream_report(document: dict, out: Path) -> None:
         "![overhead](overhead.png)",
         "",
     ]
-    lines += notes_section(out)
-    (out / "README.md").write_text("\n".join(lines))
+    setting = (
+        f"Broker: embedded {document['broker']}; engine: vLLM CPU build, "
+        f"{document['model']}, policy {document['policy']}."
+    )
+    write_report(out, "Streaming benchmark", document, setting, body)

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from relstream.bench.runner import RunSummary, summarize_outcomes
+from relstream.backend import RelQueryBackend
+from relstream.bench.runner import Measured, RunSummary, summarize_outcomes
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
-from relstream.engine.profiles import LinearProfile, fit_line
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
-from relstream.engine.sim import RelQueryOutcome
 from relstream.scheduler import EngineLimits
+from relstream.sim.profiles import LinearProfile, fit_line
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,13 @@ class VllmBenchOptions:
 
 @dataclass
 class ReplayResult:
-    outcomes: list[RelQueryOutcome]
+    outcomes: list[Measured]
     window: tuple[float, float]  # monotonic start and end, to cut the step log
     row_errors: int
 
 
 async def replay(
-    engine: RelQueryEngine, entries: Sequence[TraceEntry], rate: float | None
+    engine: RelQueryBackend, entries: Sequence[TraceEntry], rate: float | None
 ) -> ReplayResult:
     """Submit each relQuery at its arrival time (all at once when rate is None)."""
     started = time.monotonic()
@@ -59,10 +59,7 @@ async def replay(
         result = await handle.result()
         errors += sum(1 for row in result.rows if row.status != "ok")
         if result.latency is not None:
-            labels = {"dataset": entry.dataset, "query_type": entry.query_type}
-            outcomes.append(
-                RelQueryOutcome(result.relquery_id, len(result.rows), labels, result.latency)
-            )
+            outcomes.append(Measured(result.latency, entry.query_type))
     return ReplayResult(outcomes, (started, time.monotonic()), errors)
 
 

@@ -11,18 +11,36 @@ from relstream.bench.report import (
     markdown_by_query_type,
     markdown_rates,
     markdown_summary,
-    notes_section,
     plot_breakdown,
     plot_latency_vs_rate,
     ratios_at,
-    reproduce_block,
-    write_results,
+    write_report,
 )
 from relstream.bench.runner import RunSummary, run_grid
 from relstream.bench.vllmbench import VllmBenchOptions, fitted_profile, mean_overhead_fraction
 from relstream.bench.workload import tokenize_trace
-from relstream.engine.profiles import FITTED_CPU_PROFILE
 from relstream.scheduler import EngineLimits
+
+FITTED_PROFILE_FILE = "fitted_profile.json"
+
+
+def write_fitted_profile(path: Path, measured: dict, source: str) -> None:
+    """The fitted cost model as a simulator profile document (`relstream.sim.profiles`)."""
+    cost = measured["fitted_cost_model"]
+    document = {
+        "name": "cpu-smollm2",
+        "kind": "linear",
+        "description": "fitted by `relstream bench --backend vllm` from its step logs (pure "
+        "prefill and pure decode steps).",
+        "source": source,
+        "limits": measured["limits"],
+        "prefill_per_token": cost["alpha_p"],
+        "prefill_base": cost["beta_p"],
+        "decode_per_request": cost["alpha_d"],
+        "decode_base": cost["beta_d"],
+        "fitted_from": {key: cost[key] for key in ("prefill_steps", "decode_steps")},
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def simulate_same_runs(measured: dict, options: VllmBenchOptions) -> dict[str, dict[str, float]]:
@@ -65,20 +83,22 @@ def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
         "limits": measured["limits"],
         "simulator_prediction": predictions,
     }
-    write_results(out, document)
-    FITTED_CPU_PROFILE.write_text(
-        json.dumps(
-            {**measured["fitted_cost_model"], "limits": measured["limits"], "source": str(out)},
-            indent=2,
-        )
-        + "\n"
-    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_fitted_profile(out / FITTED_PROFILE_FILE, measured, str(out))
     title = f"vLLM CPU, {options.model}"
     plot_latency_vs_rate(
         summaries, out / "latency_vs_rate.png", title, "load (fraction of capacity)"
     )
     plot_breakdown(summaries, top, out / "breakdown.png", title, "of capacity")
-    (out / "README.md").write_text(_readme(document, summaries, max(options.load_fractions), out))
+    write_report(
+        out,
+        f"Real-engine benchmark: vLLM CPU build, {document['model']}",
+        document,
+        f"Capacity measured first (whole trace submitted at once, stock vLLM): "
+        f"{document['capacity_relqueries_per_s']:.4f} relQueries/s; loads are fractions of "
+        "it. Greedy decoding; each policy in its own engine.",
+        _body(document, summaries, top),
+    )
     return document
 
 
@@ -87,15 +107,7 @@ def _batch(stats: dict) -> str:
     return "–" if batch is None else f"{batch:.1f}"
 
 
-def rewrite_readme(out: Path) -> None:
-    """Regenerate README.md from results.json (after editing notes.md, say)."""
-    document = json.loads((out / "results.json").read_text())
-    summaries = [RunSummary(**run) for run in document["runs"]]
-    top = max(float(key) for key in document["rates_relqueries_per_s"])
-    (out / "README.md").write_text(_readme(document, summaries, top, out))
-
-
-def _readme(document: dict, summaries: list[RunSummary], top: float, out: Path) -> str:
+def _body(document: dict, summaries: list[RunSummary], top: float) -> list[str]:
     policies = list(dict.fromkeys(s.policy for s in summaries))
     overhead_line = ", ".join(
         f"{p} {mean_overhead_fraction(document['scheduling_overhead'], p):.2%}" for p in policies
@@ -105,14 +117,7 @@ def _readme(document: dict, summaries: list[RunSummary], top: float, out: Path) 
         for key, p in document["simulator_prediction"].items()
     ]
     cost = document["fitted_cost_model"]
-    lines = [
-        f"# Real-engine benchmark: vLLM CPU build, {document['model']}",
-        "",
-        *reproduce_block(document["command"]),
-        f"Machine: {document['machine']}. Capacity measured first (whole trace submitted at "
-        f"once, stock vLLM): {document['capacity_relqueries_per_s']:.4f} relQueries/s; loads "
-        "are fractions of it. Greedy decoding; each policy in its own engine.",
-        "",
+    return [
         f"## At the highest load ({top:g} of capacity)",
         "",
         *markdown_summary(summaries, top),
@@ -150,12 +155,11 @@ def _readme(document: dict, summaries: list[RunSummary], top: float, out: Path) 
         f"uncached tokens + {cost['beta_p'] * 1e3:.1f} ms ({cost['prefill_steps']} prefill "
         f"steps); L_decode = {cost['alpha_d'] * 1e3:.3f} ms × requests + "
         f"{cost['beta_d'] * 1e3:.1f} ms ({cost['decode_steps']} decode steps). Committed as "
-        "`relstream/engine/cpu_smollm2_fitted.json`, which the `cpu-smollm2` profile loads.",
+        f"`{FITTED_PROFILE_FILE}` beside these results, in the format of the simulator's "
+        "profiles: copy it to `relstream/sim/data/cpu-smollm2.json` to adopt it.",
         "",
         "| policy@load | real mean (s) | simulated mean (s) | error |",
         "|---|---|---|---|",
         *prediction_rows,
         "",
     ]
-    lines += notes_section(out)
-    return "\n".join(lines)

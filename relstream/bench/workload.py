@@ -15,11 +15,11 @@ from relstream.bench.templates import (
     QUERY_TYPES,
     DatasetSpec,
 )
-from relstream.engine.kvcache import block_hashes
-from relstream.engine.sim import SimRelQuery, SimRequest
+from relstream.connectors.tables import Table, load_csv
+from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import RelQuery, Template
-from relstream.tables import Table, load_csv
-from relstream.tokenizer import chatml_prompt, encode_batch
+from relstream.sim.engine import SimRelQuery, SimRequest
+from relstream.sim.kvcache import block_hashes
 
 DEFAULT_DATASETS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 

@@ -9,23 +9,23 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-CSV_COLUMNS = (
-    "relquery_id",
-    "row_key",
-    "status",
-    "output",
-    "error",
-    "waiting",
-    "core",
-    "tail",
-    "total",
-)
+import msgspec
+
+from relstream.schemas import ResultMessage
+
+LATENCY_PARTS = ("waiting", "core", "tail", "total")
+CSV_COLUMNS = ("relquery_id", "row_key", "status", "output", "error", *LATENCY_PARTS)
+
+
+def _latency_parts(result: ResultMessage) -> list[float | None]:
+    latency = result.latency
+    return [getattr(latency, part) if latency else None for part in LATENCY_PARTS]
 
 
 class Sink(Protocol):
-    def write(self, result: dict[str, Any]) -> bool:
+    def write(self, result: ResultMessage) -> bool:
         """Store a result; False when its relQuery id was already stored."""
 
     def close(self) -> None: ...
@@ -40,12 +40,12 @@ class JsonlSink:
                 self._seen = {json.loads(line)["id"] for line in handle if line.strip()}
         self._handle = self.path.open("a", encoding="utf-8")
 
-    def write(self, result: dict[str, Any]) -> bool:
-        if result["id"] in self._seen:
+    def write(self, result: ResultMessage) -> bool:
+        if result.id in self._seen:
             return False
-        self._handle.write(json.dumps(result, ensure_ascii=False) + "\n")
+        self._handle.write(msgspec.json.encode(result).decode() + "\n")
         self._handle.flush()
-        self._seen.add(result["id"])
+        self._seen.add(result.id)
         return True
 
     def close(self) -> None:
@@ -67,23 +67,23 @@ class CsvSink:
         if new:
             self._writer.writeheader()
 
-    def write(self, result: dict[str, Any]) -> bool:
-        if result["id"] in self._seen:
+    def write(self, result: ResultMessage) -> bool:
+        if result.id in self._seen:
             return False
-        latency = result["latency"] or {}
-        for row in result["rows"]:
+        latency = _latency_parts(result)
+        for row in result.rows:
             self._writer.writerow(
                 {
-                    "relquery_id": result["id"],
-                    "row_key": row["key"],
-                    "status": row["status"],
-                    "output": row.get("output"),
-                    "error": row.get("error"),
-                    **{part: latency.get(part) for part in ("waiting", "core", "tail", "total")},
+                    "relquery_id": result.id,
+                    "row_key": row.key,
+                    "status": row.status,
+                    "output": row.output,
+                    "error": row.error,
+                    **dict(zip(LATENCY_PARTS, latency, strict=True)),
                 }
             )
         self._handle.flush()
-        self._seen.add(result["id"])
+        self._seen.add(result.id)
         return True
 
     def close(self) -> None:
@@ -114,28 +114,27 @@ class PostgresSink:
             )
         self._conn.commit()
 
-    def write(self, result: dict[str, Any]) -> bool:
-        latency = result["latency"] or {}
-        parts = [latency.get(p) for p in ("waiting", "core", "tail", "total")]
+    def write(self, result: ResultMessage) -> bool:
+        parts = _latency_parts(result)
         statement = self._sql.SQL(
             "INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT DO NOTHING"
         ).format(self.table)
         inserted = 0
         with self._conn.cursor() as cursor:
-            for index, row in enumerate(result["rows"]):
+            for index, row in enumerate(result.rows):
                 cursor.execute(
                     statement,
                     (
-                        result["id"],
-                        row["key"],
+                        result.id,
+                        row.key,
                         index,
-                        row["status"],
-                        row.get("output"),
-                        row.get("error"),
+                        row.status,
+                        row.output,
+                        row.error,
                         *parts,
-                        result["policy"],
-                        result["model"],
+                        result.policy,
+                        result.model,
                     ),
                 )
                 inserted += cursor.rowcount

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from relstream.tables import load_csv
+from relstream.connectors.tables import load_csv
+from relstream.schemas import MessageError, RowMessage, checked
 
 FORMATS = ("csv", "jsonl", "parquet")
 
@@ -23,8 +24,13 @@ def detect_format(path: Path) -> str:
     raise ValueError(f"{path}: unknown format {suffix!r}; use one of {', '.join(FORMATS)}")
 
 
-def _row(table: str, key: str, values: dict[str, Any]) -> dict[str, Any]:
-    return {"version": 1, "table": table, "key": key, "values": values}
+def _row(table: str, key: str, values: dict[str, Any]) -> RowMessage:
+    """The row message, checked as the worker will check it, so a bad row is refused
+    before anything is produced."""
+    try:
+        return checked(RowMessage(table=table, key=key, values=values))
+    except MessageError as exc:
+        raise ValueError(f"row {key!r}: {exc.reason}") from None
 
 
 def _scalar(value: Any) -> Any:
@@ -34,7 +40,7 @@ def _scalar(value: Any) -> Any:
     return str(value)
 
 
-def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator[dict[str, Any]]:
+def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator[RowMessage]:
     """Row messages for each row of a CSV, JSONL (one object per line) or Parquet file."""
     fmt = detect_format(path)
     if fmt == "parquet":
@@ -66,7 +72,7 @@ def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator
 
 def read_query(
     dsn: str, query: str, table: str, key_column: str | None = None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[RowMessage]:
     """Row messages for each row a PostgreSQL query returns, streamed with a server-side
     cursor so a large result never sits in memory whole."""
     import psycopg

@@ -5,24 +5,32 @@ Rows are rendered through the model's chat template and tagged with their relQue
 the scheduler plug-in can group them. A row that cannot run (missing column, empty row,
 prompt over the model's limit) comes back as an error for that row only.
 
-Policies: `fcfs` is stock vLLM; `sp` is vLLM's own priority policy fed each relQuery's
-static priority (Σ prompt + max output tokens); every other policy runs through
-`RelstreamScheduler`.
+Every policy runs under relstream's plug-in (`relstream.engine.plugin`), so every run
+can write a step log; the registry (`relstream.scheduler.registry`) says which policies
+stock vLLM decides itself (`fcfs`; `sp` on vLLM's priority queue, fed each relQuery's
+static priority) and which the plug-in decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relstream.model import LatencyBreakdown, RelQuery, RowError
-from relstream.scheduler import POLICIES
-
-TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
+from relstream.model import (
+    LatencyBreakdown,
+    RelQuery,
+    RelQueryResult,
+    RowFailure,
+    RowRequest,
+    RowResult,
+    RowStatus,
+    prepare_row,
+)
+from relstream.scheduler import VllmQueue, policy_spec, static_priority
 
 
 @dataclass(frozen=True)
@@ -37,33 +45,7 @@ class EngineSettings:
     cpu_kv_cache_gib: int = 2
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(
-                f"unknown policy {self.policy!r}; choose one of: {', '.join(POLICIES)}"
-            )
-
-
-@dataclass(frozen=True)
-class RowResult:
-    row_index: int
-    row_key: str
-    status: str  # "ok", "error" or "cancelled"
-    output: str | None = None
-    error: str | None = None
-    output_tokens: int = 0
-
-
-@dataclass
-class RelQueryResult:
-    relquery_id: str
-    rows: list[RowResult]  # in row order
-    latency: LatencyBreakdown | None  # None when no row ran
-    policy: str
-    model: str
-
-    @property
-    def outputs(self) -> list[str | None]:
-        return [row.output for row in self.rows]
+        policy_spec(self.policy)  # raises, naming the known policies
 
 
 @dataclass
@@ -74,12 +56,14 @@ class _RowTimes:
 
 
 @dataclass
-class RelQueryHandle:
+class EngineHandle:
+    """A relQuery on the vLLM engine: one task per row."""
+
     relquery: RelQuery
     submitted_at: float
+    _engine: RelQueryEngine
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _finished: asyncio.Queue = field(default_factory=asyncio.Queue)
-    _engine: RelQueryEngine | None = None
 
     @property
     def relquery_id(self) -> str:
@@ -94,7 +78,6 @@ class RelQueryHandle:
         outcomes = await asyncio.gather(*self._tasks)
         rows = sorted((row for row, _ in outcomes), key=lambda r: r.row_index)
         times = [t for _, t in outcomes if t is not None]
-        assert self._engine is not None
         return RelQueryResult(
             self.relquery.id,
             rows,
@@ -119,22 +102,6 @@ def _breakdown(arrival: float, times: list[_RowTimes]) -> LatencyBreakdown | Non
     return LatencyBreakdown.from_timestamps(arrival, start, prefill_end, finish)
 
 
-def apply_cpu_defaults(settings: EngineSettings) -> bool:
-    """Settings measured on vLLM's CPU build (DESIGN.md); returns True when on CPU.
-
-    LD_PRELOAD of tcmalloc only works from process start: the CLI re-executes itself
-    with it (see `relstream.cli`); library users set it themselves."""
-    import torch
-
-    if torch.cuda.is_available():
-        return False
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
-    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    return True
-
-
 class RelQueryEngine:
     def __init__(self, settings: EngineSettings, llm, tokenizer, model_name: str) -> None:
         self.settings = settings
@@ -147,9 +114,9 @@ class RelQueryEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from relstream.engine.models import resolve_model
+        from relstream.engine.weights import resolve_model
 
-        on_cpu = apply_cpu_defaults(settings)
+        on_cpu = apply_cpu_defaults(settings.cpu_kv_cache_gib)
         model_path = resolve_model(settings.model)
         args = AsyncEngineArgs(
             model=str(model_path),
@@ -164,7 +131,7 @@ class RelQueryEngine:
             **_policy_args(settings),
         )
         if on_cpu:
-            args.gpu_memory_utilization = 0.3
+            args.gpu_memory_utilization = CPU_GPU_MEMORY_UTILIZATION
         llm = AsyncLLM.from_engine_args(args)
         tokenizer = llm.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
@@ -188,31 +155,25 @@ class RelQueryEngine:
         """Forget cached prompt blocks (so back-to-back measurements start alike)."""
         await self._llm.reset_prefix_cache()
 
-    async def submit(self, relquery: RelQuery) -> RelQueryHandle:
-        handle = RelQueryHandle(relquery, time.monotonic(), _engine=self)
+    async def submit(self, relquery: RelQuery) -> EngineHandle:
+        handle = EngineHandle(relquery, time.monotonic(), self)
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
-        runnable = sum(1 for p in prepared if isinstance(p, list))
-        static_priority = sum(
-            len(p) + relquery.max_output_tokens for p in prepared if isinstance(p, list)
-        )
-        for index, prompt in enumerate(prepared):
-            coroutine = self._run_row(handle, index, prompt, runnable, static_priority)
+        runnable = [p for p in prepared if isinstance(p, _TokenizedRow)]
+        priority = 0
+        if policy_spec(self.settings.policy).vllm_queue is VllmQueue.PRIORITY:
+            prompt_tokens = sum(len(row.token_ids) for row in runnable)
+            priority = static_priority(prompt_tokens, len(runnable), relquery.max_output_tokens)
+        for row in prepared:
+            coroutine = self._run_row(handle, row, len(runnable), priority)
             handle._tasks.append(asyncio.ensure_future(coroutine))
         return handle
 
-    async def run(self, relquery: RelQuery) -> RelQueryResult:
-        return await (await self.submit(relquery)).result()
-
-    def _prepare_row(self, relquery: RelQuery, index: int) -> list[int] | str:
+    def _prepare_row(self, relquery: RelQuery, index: int) -> _TokenizedRow | RowFailure:
         """Token ids of the row's chat prompt, or the reason it cannot run."""
-        row = relquery.rows[index]
-        if not any(str(v).strip() for v in row.values.values() if v is not None):
-            return f"row {row.key!r} is empty"
-        try:
-            text = relquery.template.render(row.values)
-        except RowError as exc:
-            return f"row {row.key!r}: {exc}"
-        messages = [{"role": "user", "content": text}]
+        prepared = prepare_row(relquery, index)
+        if isinstance(prepared, RowFailure):
+            return prepared
+        messages = [{"role": "user", "content": prepared.prompt}]
         if relquery.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": relquery.system_prompt})
         chat = self._tokenizer.apply_chat_template(
@@ -221,60 +182,81 @@ class RelQueryEngine:
         ids = self._tokenizer.encode(chat, add_special_tokens=False)
         limit = self.settings.max_model_len - relquery.max_output_tokens
         if len(ids) > limit:
-            return (
-                f"row {row.key!r}: prompt has {len(ids)} tokens; the model allows "
+            return RowFailure(
+                index,
+                prepared.row_key,
+                f"row {prepared.row_key!r}: prompt has {len(ids)} tokens; the model allows "
                 f"{self.settings.max_model_len} including "
-                f"{relquery.max_output_tokens} output tokens"
+                f"{relquery.max_output_tokens} output tokens",
             )
-        return ids
+        return _TokenizedRow(prepared, ids)
 
     async def _run_row(
         self,
-        handle: RelQueryHandle,
-        index: int,
-        prompt: list[int] | str,
+        handle: EngineHandle,
+        row: _TokenizedRow | RowFailure,
         runnable: int,
-        static_priority: int,
+        priority: int,
     ) -> tuple[RowResult, _RowTimes | None]:
         from vllm import SamplingParams
 
-        from relstream.engine.vllm_scheduler import relquery_tags
+        from relstream.engine.plugin import relquery_tags
 
         relquery = handle.relquery
-        row = relquery.rows[index]
         times = None
-        if isinstance(prompt, str):
-            result = RowResult(index, row.key, "error", error=prompt)
+        if isinstance(row, RowFailure):
+            result = RowResult.failed(row)
         else:
+            request = row.request
             params = SamplingParams(
                 max_tokens=relquery.max_output_tokens,
                 temperature=0.0,
                 extra_args=relquery_tags(relquery.id, runnable),
             )
-            priority = static_priority if self.settings.policy == "sp" else 0
             final = None
             try:
                 async for final in self._llm.generate(  # noqa: B007 (the last one is kept)
-                    {"prompt_token_ids": prompt},
+                    {"prompt_token_ids": row.token_ids},
                     params,
-                    f"{relquery.id}#{index}",
+                    request.request_id,
                     priority=priority,
                 ):
                     pass
             except asyncio.CancelledError:
-                result = RowResult(index, row.key, "cancelled", error="relQuery cancelled")
+                result = RowResult(
+                    request.row_index,
+                    request.row_key,
+                    RowStatus.CANCELLED,
+                    error="relQuery cancelled",
+                )
                 await handle._finished.put(result)
                 raise
             except Exception as exc:  # one failing row must not take the relQuery down
-                result = RowResult(index, row.key, "error", error=f"row {row.key!r}: {exc}")
+                result = RowResult(
+                    request.row_index,
+                    request.row_key,
+                    RowStatus.ERROR,
+                    error=f"row {request.row_key!r}: {exc}",
+                )
             else:
                 completion = final.outputs[0]
                 result = RowResult(
-                    index, row.key, "ok", completion.text, None, len(completion.token_ids)
+                    request.row_index,
+                    request.row_key,
+                    RowStatus.OK,
+                    completion.text,
+                    None,
+                    len(completion.token_ids),
                 )
                 times = _row_times(final)
         await handle._finished.put(result)
         return result, times
+
+
+@dataclass(frozen=True)
+class _TokenizedRow:
+    request: RowRequest
+    token_ids: list[int]  # the chat prompt, as the engine receives it
 
 
 def _row_times(output) -> _RowTimes | None:
@@ -285,15 +267,15 @@ def _row_times(output) -> _RowTimes | None:
 
 
 def _policy_args(settings: EngineSettings) -> dict:
-    """Every policy runs under the plug-in so every run has a step log; for `fcfs` and
-    `sp` it only observes, leaving the decisions to vLLM's own scheduler."""
+    """Every policy runs under the plug-in so every run has a step log; for the policies
+    stock vLLM decides itself it only observes."""
+    from relstream.engine.plugin import PLUGIN_CLASS
+
     relstream_config: dict = {"policy": settings.policy}
     if settings.step_log:
         relstream_config["step_log"] = str(settings.step_log)
-    args: dict = {
-        "scheduler_cls": "relstream.engine.vllm_scheduler.RelstreamScheduler",
+    return {
+        "scheduler_cls": PLUGIN_CLASS,
         "additional_config": {"relstream": relstream_config},
+        "scheduling_policy": policy_spec(settings.policy).vllm_queue.value,
     }
-    if settings.policy == "sp":
-        args["scheduling_policy"] = "priority"
-    return args

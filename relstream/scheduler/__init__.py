@@ -1,7 +1,14 @@
 """Engine-agnostic relQuery scheduling policy (never imports vLLM)."""
 
 from relstream.scheduler.cost import CostModel, Linear, OnlineCostModel
-from relstream.scheduler.policies import POLICIES, Policy, make_policy
+from relstream.scheduler.policies import Policy, static_priority
+from relstream.scheduler.registry import (
+    POLICIES,
+    PolicySpec,
+    VllmQueue,
+    make_policy,
+    policy_spec,
+)
 from relstream.scheduler.view import (
     EngineLimits,
     EngineView,
@@ -22,6 +29,7 @@ __all__ = [
     "Linear",
     "OnlineCostModel",
     "Policy",
+    "PolicySpec",
     "PrefillChunk",
     "RelQueryInfo",
     "RequestTracker",
@@ -29,5 +37,8 @@ __all__ = [
     "StepFeedback",
     "StepKind",
     "StepPlan",
+    "VllmQueue",
     "make_policy",
+    "policy_spec",
+    "static_priority",
 ]

@@ -69,6 +69,12 @@ class FCFS(Policy):
         return _prefill_or_decode(view, chunks)
 
 
+def static_priority(prompt_tokens: int, requests: int, max_tokens: int) -> int:
+    """Prio(R) = Σ_{r∈R} tok(r) + OL(r): the relQuery's prompt tokens plus its output
+    budget, smaller first (the paper's vLLM-SP)."""
+    return prompt_tokens + requests * max_tokens
+
+
 class StaticPriority(Policy):
     """vLLM-SP: Prio(R) = Σ_{r∈R} tok(r) + OL(r), fixed when R is first seen (paper eq.
     request_priority with identity L1, L2); prefill first as in vLLM. Like RelServe, whose
@@ -100,7 +106,9 @@ class StaticPriority(Policy):
             if relquery_id in self._priority:
                 continue
             info = view.tracker.relqueries[relquery_id]
-            priority = info.prompt_tokens_seen + info.total_requests * info.max_tokens
+            priority = static_priority(
+                info.prompt_tokens_seen, info.total_requests, info.max_tokens
+            )
             bisect.insort(self._order, (priority, info.arrival_time, relquery_id))
             self._priority[relquery_id] = priority
 
@@ -224,25 +232,3 @@ class RelServeDP(RelServe):
 
     def __init__(self, cost: CostModel, dpu_config: DPUConfig | None = None) -> None:
         super().__init__(cost, Arrangement.DECODE_FIRST, dpu_config)
-
-
-POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls
-    for cls in (
-        FCFS,
-        StaticPriority,
-        StaticPriorityEvicting,
-        Sarathi,
-        RelServe,
-        RelServePP,
-        RelServeDP,
-    )
-}
-
-
-def make_policy(name: str, cost: CostModel) -> Policy:
-    try:
-        return POLICIES[name](cost)
-    except KeyError:
-        known = ", ".join(POLICIES)
-        raise ValueError(f"unknown policy {name!r}; choose one of: {known}") from None

@@ -3,55 +3,97 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from relstream.model import LatencyBreakdown, RelQuery, Row, Template, TemplateError
-from relstream.schemas import MessageError
+from relstream.model import (
+    LatencyBreakdown,
+    RelQuery,
+    RelQueryResult,
+    Row,
+    RowResult,
+    Template,
+    TemplateError,
+)
+from relstream.schemas.codec import MessageError
+from relstream.schemas.messages import (
+    DeadLetterMessage,
+    Latency,
+    PartialResultMessage,
+    RelQueryMessage,
+    RelQueryRow,
+    ResultMessage,
+    ResultRow,
+)
 
 
-def relquery_from_message(message: dict[str, Any]) -> RelQuery:
-    """A validated relquery message as a RelQuery; a bad template is a MessageError."""
+def relquery_from_message(message: RelQueryMessage) -> RelQuery:
+    """A decoded relquery message as a RelQuery; a bad template is a MessageError."""
     try:
-        template = Template(message["template"])
+        template = Template(message.template)
     except TemplateError as exc:
         raise MessageError("relquery", f"field template: {exc}") from None
-    rows = [Row(row["key"], row["values"]) for row in message["rows"]]
     return RelQuery(
-        id=message["id"],
+        id=message.id,
         template=template,
-        rows=rows,
-        max_output_tokens=message["max_output_tokens"],
-        system_prompt=message.get("system_prompt"),
-        arrival_time=message["submitted_at"],
+        rows=[Row(row.key, row.values) for row in message.rows],
+        max_output_tokens=message.max_output_tokens,
+        system_prompt=message.system_prompt,
+        arrival_time=message.submitted_at,
     )
 
 
-def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "id": relquery.id,
-        "template": relquery.template.text,
-        "rows": [{"key": row.key, "values": dict(row.values)} for row in relquery.rows],
-        "system_prompt": relquery.system_prompt,
-        "max_output_tokens": relquery.max_output_tokens,
-        "submitted_at": time.time() if submitted_at is None else submitted_at,
-    }
+def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> RelQueryMessage:
+    return RelQueryMessage(
+        id=relquery.id,
+        template=relquery.template.text,
+        rows=[RelQueryRow(key=row.key, values=dict(row.values)) for row in relquery.rows],
+        system_prompt=relquery.system_prompt,
+        max_output_tokens=relquery.max_output_tokens,
+        submitted_at=time.time() if submitted_at is None else submitted_at,
+    )
 
 
-def row_payload(row) -> dict[str, Any]:
-    """One row of a result (an engine RowResult) as it goes on the wire."""
-    return {"key": row.row_key, "status": row.status, "output": row.output, "error": row.error}
+def latency_message(latency: LatencyBreakdown | None) -> Latency | None:
+    if latency is None:
+        return None
+    return Latency(
+        waiting=latency.waiting, core=latency.core, tail=latency.tail, total=latency.total
+    )
 
 
-def result_message(
-    relquery_id: str, rows: list, latency: LatencyBreakdown | None, policy: str, model: str
-) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "id": relquery_id,
-        "rows": [row_payload(row) for row in rows],
-        "latency": latency.as_dict() if latency else None,
-        "policy": policy,
-        "model": model,
-        "completed_at": time.time(),
-    }
+def result_message(result: RelQueryResult) -> ResultMessage:
+    return ResultMessage(
+        id=result.relquery_id,
+        rows=[
+            ResultRow(key=row.row_key, status=row.status.value, output=row.output, error=row.error)
+            for row in result.rows
+        ],
+        latency=latency_message(result.latency),
+        policy=result.policy,
+        model=result.model,
+        completed_at=time.time(),
+    )
+
+
+def partial_result_message(relquery_id: str, row: RowResult) -> PartialResultMessage:
+    return PartialResultMessage(
+        relquery_id=relquery_id,
+        row_index=row.row_index,
+        key=row.row_key,
+        status=row.status.value,
+        output=row.output,
+        error=row.error,
+    )
+
+
+def dead_letter_message(
+    original: bytes | None, topic: str, partition: int | None, offset: int | None, reason: str
+) -> DeadLetterMessage:
+    """Why a message could not be used, with its exact bytes (empty when it had none)."""
+    return DeadLetterMessage(
+        original=original if isinstance(original, bytes) else b"",
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        reason=reason,
+        at=time.time(),
+    )

@@ -10,12 +10,12 @@ environment (`relstream[stream]`), since faust-streaming and vLLM pin conflictin
 
 from __future__ import annotations
 
-import time
-
 import faust
 
-from relstream.broker import Topics
+from relstream.kafka.clients import client_settings
+from relstream.kafka.topics import Topics
 from relstream.schemas import encode
+from relstream.schemas.convert import dead_letter_message
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import RowRejection, check_row, relquery_for_window
 
@@ -28,9 +28,12 @@ def build_app(
     broker_kind: str | None = None,
 ) -> faust.App:
     topics = topics or Topics()
-    settings: dict = {}
-    if broker_kind == "tansu":  # DESIGN.md: Tansu joins groups slowly
-        settings = {"broker_session_timeout": 2.0, "broker_heartbeat_interval": 0.5}
+    # Faust spells the consumer's session settings in seconds.
+    kafka_settings = client_settings(broker_kind)
+    settings = {
+        f"broker_{name.removesuffix('_ms')}": value / 1000
+        for name, value in kafka_settings.items()
+    }
     app = faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
@@ -69,7 +72,7 @@ def _window_agent(registration: QueryRegistration, relqueries, deadletter):
                 first = events[0].message
                 window_id = f"{first.partition}-{first.offset}"
                 message = relquery_for_window(registration, rows, window_id)
-                await relqueries.send(key=message["id"].encode(), value=encode("relquery", message))
+                await relqueries.send(key=message.id.encode(), value=encode(message))
 
     return agent
 
@@ -77,14 +80,5 @@ def _window_agent(registration: QueryRegistration, relqueries, deadletter):
 def _dead_letter(event, reason: str) -> bytes:
     message = event.message
     return encode(
-        "dead_letter",
-        {
-            "version": 1,
-            "original": event.value if isinstance(event.value, bytes) else b"",
-            "topic": message.topic,
-            "partition": message.partition,
-            "offset": message.offset,
-            "reason": reason,
-            "at": time.time(),
-        },
+        dead_letter_message(event.value, message.topic, message.partition, message.offset, reason)
     )

@@ -15,10 +15,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from relstream.broker import Topics, client_settings
-from relstream.engine.metrics import EngineMetrics
-from relstream.schemas import MessageError, decode, encode
-from relstream.schemas.convert import relquery_from_message, result_message, row_payload
+from relstream.backend import RelQueryBackend
+from relstream.kafka.clients import client_settings
+from relstream.kafka.topics import Topics
+from relstream.model import RelQuery
+from relstream.schemas import Message, MessageError, decode_relquery_stepwise, encode
+from relstream.schemas.convert import (
+    dead_letter_message,
+    partial_result_message,
+    relquery_from_message,
+    result_message,
+)
+from relstream.service.metrics import EngineMetrics
+from relstream.service.offsets import OffsetBook
 
 log = logging.getLogger("relstream.engine")
 
@@ -35,41 +44,8 @@ class ServiceConfig:
     metrics_host: str = "127.0.0.1"
 
 
-class OffsetBook:
-    """Per partition: which offsets started and finished, and what may be committed."""
-
-    def __init__(self) -> None:
-        self._pending: dict[object, list[int]] = {}
-        self._done: dict[object, set[int]] = {}
-
-    def start(self, partition, offset: int) -> None:
-        self._pending.setdefault(partition, []).append(offset)
-        self._done.setdefault(partition, set())
-
-    def finish(self, partition, offset: int) -> None:
-        self._done[partition].add(offset)
-
-    def committable(self) -> dict[object, int]:
-        """Next offset to commit per partition: just past the finished prefix."""
-        out = {}
-        for partition, pending in self._pending.items():
-            done = self._done[partition]
-            last = None
-            while pending and pending[0] in done:
-                last = pending.pop(0)
-                done.discard(last)
-            if last is not None:
-                out[partition] = last + 1
-        return out
-
-    def forget(self, partitions) -> None:
-        for partition in partitions:
-            self._pending.pop(partition, None)
-            self._done.pop(partition, None)
-
-
 class EngineService:
-    def __init__(self, config: ServiceConfig, backend) -> None:
+    def __init__(self, config: ServiceConfig, backend: RelQueryBackend) -> None:
         self.config = config
         self.backend = backend
         self.metrics = EngineMetrics()
@@ -133,7 +109,7 @@ class EngineService:
     async def _handle(self, partition, message) -> None:
         try:
             try:
-                relquery = relquery_from_message(decode("relquery", message.value))
+                relquery = relquery_from_message(await decode_relquery_stepwise(message.value))
             except MessageError as exc:
                 await self._dead_letter(message, exc.reason)
             else:
@@ -147,50 +123,32 @@ class EngineService:
         finally:
             self._slots.release()
 
-    async def _serve(self, relquery) -> None:
+    async def _serve(self, relquery: RelQuery) -> None:
         started = time.monotonic()
         handle = await self.backend.submit(relquery)
         if self.config.partial_results:
             async for row in handle.rows():
-                payload = {
-                    "version": 1,
-                    "relquery_id": relquery.id,
-                    "row_index": row.row_index,
-                    **row_payload(row),
-                }
-                await self._publish(
-                    self.config.topics.partial_results, relquery.id, "partial_result", payload
-                )
+                partial = partial_result_message(relquery.id, row)
+                await self._publish(self.config.topics.partial_results, relquery.id, partial)
         result = await handle.result()
-        message = result_message(
-            relquery.id, result.rows, result.latency, result.policy, result.model
-        )
-        await self._publish(self.config.topics.results, relquery.id, "result", message)
+        await self._publish(self.config.topics.results, relquery.id, result_message(result))
         self.metrics.observe_result(result, time.monotonic() - started)
 
     async def _dead_letter(self, message, reason: str) -> None:
         log.warning(
             "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
         )
-        payload = {
-            "version": 1,
-            "original": message.value or b"",
-            "topic": message.topic,
-            "partition": message.partition,
-            "offset": message.offset,
-            "reason": reason,
-            "at": time.time(),
-        }
-        await self._publish(
-            self.config.topics.deadletter, None, "dead_letter", payload, message.key
+        letter = dead_letter_message(
+            message.value, message.topic, message.partition, message.offset, reason
         )
+        await self._publish(self.config.topics.deadletter, None, letter, message.key)
         self.metrics.dead_letters.inc()
 
     async def _publish(
-        self, topic: str, key: str | None, kind: str, payload: dict, raw_key=None
+        self, topic: str, key: str | None, payload: Message, raw_key: bytes | None = None
     ) -> None:
         key_bytes = raw_key if raw_key is not None else (key.encode() if key else None)
-        await self._producer.send_and_wait(topic, encode(kind, payload), key=key_bytes)
+        await self._producer.send_and_wait(topic, encode(payload), key=key_bytes)
 
     async def _commit(self) -> None:
         offsets = self._book.committable()

@@ -1,4 +1,4 @@
-"""Tests for relstream.engine.models (SmolLM2 GGUF -> local float32 Hugging Face folder)."""
+"""Tests for relstream.engine.weights (SmolLM2 GGUF -> local float32 Hugging Face folder)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from relstream import tokenizer as rt
 from relstream.cli import main
-from relstream.engine import models
+from relstream.engine import tokenizer as rt
+from relstream.engine import weights as models
 
 FILES = {
     "config.json",

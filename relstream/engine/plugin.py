@@ -9,8 +9,8 @@ requests, calling `super().schedule()`, and putting everything else back:
   prefill-only  running = unfinished prefills in the plan, waiting = the planned requests
   mixed         both (sarathi)
 
-Policies `fcfs` and `sp` are vLLM's own schedulers (`sp` with scheduling_policy
-"priority" and each request's static priority): the plug-in only observes them.
+Policies that stock vLLM decides itself (`relstream.scheduler.registry`: `fcfs`, and
+`sp` on vLLM's "priority" queue with each request's static priority) are only observed.
 Configuration arrives in `additional_config["relstream"]`: {"policy": name,
 "step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"}}.
 """
@@ -38,12 +38,14 @@ from relstream.scheduler import (
     StepKind,
     StepPlan,
     make_policy,
+    policy_spec,
 )
 
-# Until the online fit has seen steps, priorities come from DESIGN.md's CPU measurements.
+# Until the online fit has seen steps, priorities come from the first step costs
+# measured on the CPU build (docs/architecture.md, "Environment facts").
 DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}
 EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
-STOCK_POLICIES = ("fcfs", "sp")  # decided by vLLM itself; the plug-in only observes
+PLUGIN_CLASS = f"{__name__}.RelstreamScheduler"  # the engine arg `scheduler_cls`
 
 
 def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
@@ -56,6 +58,7 @@ class RelstreamScheduler(Scheduler, EngineView):
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         settings = dict((vllm_config.additional_config or {}).get("relstream", {}))
         self.policy_name = settings.get("policy", "relserve")
+        self.decided_by_vllm = policy_spec(self.policy_name).decided_by_vllm is not None
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
         cost = OnlineCostModel(
             CostModel(
@@ -116,7 +119,7 @@ class RelstreamScheduler(Scheduler, EngineView):
     def schedule(self, throttle_prefills: bool = False):
         started = time.perf_counter()
         self._sync_progress()
-        if self.policy_name in STOCK_POLICIES:
+        if self.decided_by_vllm:
             decided = time.perf_counter()
             output = super().schedule(throttle_prefills)
         else:

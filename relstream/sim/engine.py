@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relstream.engine.kvcache import PrefixCachedKV
-from relstream.engine.profiles import CostProfile
 from relstream.model import LatencyBreakdown
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.view import (
@@ -29,6 +27,8 @@ from relstream.scheduler.view import (
     StepKind,
     StepPlan,
 )
+from relstream.sim.kvcache import PrefixCachedKV
+from relstream.sim.profiles import CostProfile
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from relstream.model import RelQueryResult
+
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000)
 
 
@@ -39,7 +41,7 @@ class EngineMetrics:
             registry=self.registry,
         )
 
-    def observe_result(self, result, service_seconds: float) -> None:
+    def observe_result(self, result: RelQueryResult, service_seconds: float) -> None:
         if result.latency is not None:
             for component, value in result.latency.as_dict().items():
                 self.latency.labels(component).observe(value)

@@ -1,0 +1,21 @@
+"""`relstream ...`: one command group; each module below adds its commands."""
+
+from __future__ import annotations
+
+import click
+
+from relstream.cli.bench import bench
+from relstream.cli.demo import demo
+from relstream.cli.model import model
+from relstream.cli.rows import produce, results, sink
+from relstream.cli.serve import broker, engine, worker
+
+
+@click.group()
+@click.version_option(package_name="relstream")
+def main() -> None:
+    """relstream: low-latency LLM queries over tables."""
+
+
+for command in (bench, model, broker, engine, worker, produce, results, sink, demo):
+    main.add_command(command)

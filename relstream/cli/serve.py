@@ -1,0 +1,148 @@
+"""`relstream broker | engine | worker`: the long-running processes of the streaming path."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import click
+
+from relstream.cli.common import (
+    bootstrap_option,
+    broker_kind_option,
+    console,
+    policy_option,
+    prefix_option,
+)
+from relstream.engine.cpu import reexec_with_tcmalloc
+from relstream.kafka.brokers import BROKERS
+
+
+@click.command()
+@click.option("--kind", type=click.Choice(BROKERS), default="noida-db", show_default=True)
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@prefix_option
+@click.option("--table", "tables", multiple=True, help="Also create the rows topic of TABLE.")
+def broker(
+    kind: str, port: int, data_dir: Path | None, prefix: str, tables: tuple[str, ...]
+) -> None:
+    """Run an embedded Kafka-protocol broker on 127.0.0.1 until Ctrl-C."""
+    from relstream.kafka.brokers import EmbeddedBroker
+    from relstream.kafka.topics import Topics
+
+    embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables)
+    bootstrap = embedded.start()
+    console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        embedded.stop()
+        console.print(f"{kind} stopped")
+
+
+@click.command()
+@bootstrap_option
+@click.option("--backend", type=click.Choice(["vllm", "sim"]), default="vllm", show_default=True)
+@click.option("--model", default="smollm2", show_default=True, help="Name or local HF folder.")
+@policy_option
+@click.option("--group", default="relstream-engine", show_default=True, help="Consumer group.")
+@prefix_option
+@broker_kind_option
+@click.option("--max-in-flight", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--partial-results", is_flag=True, help="Also publish each row as it finishes.")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535))
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--sim-time-scale",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="sim: spend this fraction of each simulated latency in real time.",
+)
+def engine(**opts) -> None:
+    """Serve the relqueries topic and publish results (at-least-once)."""
+    if opts["backend"] == "vllm":
+        reexec_with_tcmalloc()
+    asyncio.run(_serve_engine(opts))
+
+
+async def _start_backend(opts: dict):
+    if opts["backend"] == "sim":
+        from relstream.sim.backend import SimRelQueryBackend, SimSettings
+
+        return SimRelQueryBackend(
+            SimSettings(policy=opts["policy"], time_scale=opts["sim_time_scale"])
+        )
+    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+
+    return await RelQueryEngine.start(EngineSettings(model=opts["model"], policy=opts["policy"]))
+
+
+async def _serve_engine(opts: dict) -> None:
+    from relstream.kafka.topics import Topics
+    from relstream.service.service import EngineService, ServiceConfig
+
+    backend = await _start_backend(opts)
+    config = ServiceConfig(
+        bootstrap=opts["bootstrap"],
+        topics=Topics(opts["prefix"]),
+        group_id=opts["group"],
+        broker=opts["broker_kind"],
+        max_in_flight=opts["max_in_flight"],
+        partial_results=opts["partial_results"],
+        metrics_port=opts["metrics_port"],
+        metrics_host=opts["metrics_host"],
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    console.print(
+        f"engine ({opts['backend']}, {opts['policy']}) serving {config.topics.relqueries}"
+    )
+    try:
+        await EngineService(config, backend).run(stop)
+    finally:
+        backend.shutdown()
+
+
+@click.command()
+@bootstrap_option
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML file of [[query]] registrations.",
+)
+@prefix_option
+@broker_kind_option
+@click.option("--app-id", default="relstream-worker", show_default=True)
+def worker(
+    config_path: Path, bootstrap: str, prefix: str, broker_kind: str | None, app_id: str
+) -> None:
+    """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
+    from relstream.kafka.clients import create_topics
+    from relstream.kafka.topics import Topics
+    from relstream.stream.registrations import RegistrationError, load_registrations
+
+    try:
+        registrations = load_registrations(config_path)
+    except RegistrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        from faust.worker import Worker
+
+        from relstream.stream.app import build_app
+    except ImportError:
+        raise click.ClickException(
+            "the worker needs faust-streaming: pip install 'relstream[stream]' "
+            "(in its own environment; see the README)"
+        ) from None
+    topics = Topics(prefix)
+    tables = tuple({r.table for r in registrations})
+    asyncio.run(create_topics(bootstrap, topics.layout(tables)))
+    app = build_app(bootstrap, registrations, topics, app_id, broker_kind)
+    Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

@@ -1,0 +1,43 @@
+"""Settings measured on vLLM's CPU build on this project's 2-core machines.
+
+float32 (no bf16 units: bf16 runs 3-4x slower), eager mode (start in ~15-40 s instead
+of ~180 s), a small KV space, one in-process engine with as many OpenMP threads as
+cores, and tcmalloc, which makes the CPU build several times faster but can only be
+preloaded when a process starts (docs/architecture.md, "Environment facts").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+CPU_GPU_MEMORY_UTILIZATION = 0.3  # vLLM sizes its CPU KV space from VLLM_CPU_KVCACHE_SPACE
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def apply_cpu_defaults(kv_cache_gib: int) -> bool:
+    """Set the CPU build's environment unless the user set it; returns True on CPU."""
+    if on_gpu():
+        return False
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return True
+
+
+def reexec_with_tcmalloc() -> None:
+    """Restart this `relstream` command once with tcmalloc preloaded (a no-op when it is
+    missing or already loaded). Library users set LD_PRELOAD themselves."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    if not TCMALLOC.exists() or "tcmalloc" in preload:
+        return
+    env = {**os.environ, "LD_PRELOAD": f"{TCMALLOC} {preload}".strip()}
+    os.execve(sys.executable, [sys.executable, "-m", "relstream", *sys.argv[1:]], env)

@@ -1,0 +1,161 @@
+"""Kafka clients as every relstream process makes them: one place for broker-specific
+settings, topic creation, and the consume and produce loops.
+
+Everything here speaks the Kafka protocol through aiokafka and works against any broker
+given by its bootstrap address; `broker_kind` only adds what an embedded broker needs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+
+
+def client_settings(broker_kind: str | None) -> dict[str, object]:
+    """Consumer options a broker needs. Tansu takes half the session timeout to let a
+    member join, so its sessions are short (docs/architecture.md, "Brokers")."""
+    if broker_kind == "tansu":
+        return {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
+    return {}
+
+
+class Subscription:
+    """Messages of one topic, read by a consumer group from its committed offsets (from
+    the earliest for a new group), as an async context manager and iterator:
+
+        async with Subscription(bootstrap, topic) as messages:
+            async for message in messages: ...
+
+    `idle_seconds`: end after that long without a message (None: never). `timeout`: raise
+    TimeoutError after that long in all. `commit`: commit each batch once the caller has
+    handled it (asked for the next message). `on_poll` runs before every poll, e.g. to
+    check that the processes the caller waits on are alive.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        broker_kind: str | None = None,
+        group: str | None = None,
+        idle_seconds: float | None = None,
+        timeout: float | None = None,
+        commit: bool = False,
+        on_poll: Callable[[], None] | None = None,
+        poll_ms: int = 500,
+    ) -> None:
+        self._consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group or f"relstream-reader-{uuid.uuid4().hex[:8]}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            **client_settings(broker_kind),
+        )
+        self._idle_seconds = idle_seconds
+        self._timeout = timeout
+        self._commit = commit
+        self._on_poll = on_poll
+        self._poll_ms = poll_ms
+
+    async def __aenter__(self) -> Subscription:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._consumer.stop()
+
+    async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        started = last_message = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self._timeout is not None and now - started > self._timeout:
+                raise TimeoutError(f"no end of messages after {self._timeout:g} s")
+            if self._idle_seconds is not None and now - last_message >= self._idle_seconds:
+                return
+            if self._on_poll:
+                self._on_poll()
+            batches = await self._consumer.getmany(timeout_ms=self._poll_ms)
+            if not batches:
+                continue
+            last_message = time.monotonic()
+            for messages in batches.values():
+                for message in messages:
+                    yield message
+            if self._commit:
+                await self._consumer.commit()
+
+    async def take(self, count: int) -> list[ConsumerRecord]:
+        """The next `count` messages (fewer only if the subscription ends first)."""
+        taken: list[ConsumerRecord] = []
+        if count <= 0:
+            return taken
+        async for message in self:
+            taken.append(message)
+            if len(taken) == count:
+                break
+        return taken
+
+
+async def read_messages(
+    bootstrap: str, topic: str, count: int, broker_kind: str | None, timeout: float = 30.0
+) -> list[ConsumerRecord]:
+    """The first `count` messages of `topic`, read by a new group."""
+    async with Subscription(bootstrap, topic, broker_kind=broker_kind, timeout=timeout) as sub:
+        return await sub.take(count)
+
+
+async def produce(
+    bootstrap: str,
+    topic: str,
+    messages: Iterable[tuple[bytes | None, bytes]],
+    on_sent: Callable[[], None] | None = None,
+    **producer_options: Any,
+) -> int:
+    """Send (key, value) pairs to `topic` and wait until the broker has them all."""
+    sent = 0
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **producer_options)
+    await producer.start()
+    try:
+        for key, value in messages:
+            await producer.send(topic, value, key=key)
+            sent += 1
+            if on_sent:
+                on_sent()
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def metadata_ok(bootstrap: str) -> None:
+    """Raises unless a broker answers a metadata request at `bootstrap`."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    await admin.start()
+    await admin.close()
+
+
+async def create_topics(bootstrap: str, layout: dict[str, int]) -> None:
+    """Create missing topics with explicit partition counts (existing ones are kept)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name, num_partitions=count, replication_factor=1)
+            for name, count in layout.items()
+            if name not in existing
+        ]
+        if missing:
+            await admin.create_topics(missing)
+    finally:
+        await admin.close()

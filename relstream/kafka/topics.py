@@ -1,0 +1,49 @@
+"""Topic names under a common prefix, and the partition counts they are created with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names under a common prefix, with the partition counts they are created with."""
+
+    prefix: str = "relstream."
+    partitions: int = 4
+
+    def rows(self, table: str) -> str:
+        return f"{self.prefix}rows.{table}"
+
+    @property
+    def relqueries(self) -> str:
+        return f"{self.prefix}relqueries"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}results"
+
+    @property
+    def partial_results(self) -> str:
+        return f"{self.prefix}partial-results"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.prefix}metrics"
+
+    @property
+    def deadletter(self) -> str:
+        return f"{self.prefix}deadletter"
+
+    def layout(self, tables: tuple[str, ...] = ()) -> dict[str, int]:
+        """Every topic with its partition count. relQuery ids key the work topics, so more
+        partitions let more engine replicas share the load."""
+        layout = {
+            self.relqueries: self.partitions,
+            self.results: self.partitions,
+            self.partial_results: self.partitions,
+            self.metrics: 1,
+            self.deadletter: 1,
+        }
+        layout.update({self.rows(table): self.partitions for table in tables})
+        return layout

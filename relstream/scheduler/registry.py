@@ -1,0 +1,70 @@
+"""Every policy by name, and who decides its steps inside vLLM.
+
+`fcfs` and `sp` are what stock vLLM V1 does on its own (its "fcfs" and "priority"
+scheduling policies); inside vLLM the plug-in only observes them, so they are the honest
+baselines. Every other policy is decided by relstream's plug-in each step. On the
+simulator every policy runs as a `Policy` object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from relstream.scheduler.cost import CostModel
+from relstream.scheduler.policies import (
+    FCFS,
+    Policy,
+    RelServe,
+    RelServeDP,
+    RelServePP,
+    Sarathi,
+    StaticPriority,
+    StaticPriorityEvicting,
+)
+
+
+class VllmQueue(StrEnum):
+    """vLLM's own `scheduling_policy` values."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"  # a heap on (priority, arrival); requests carry static_priority
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    build: Callable[[CostModel], Policy]
+    # Set when stock vLLM decides this policy's steps itself with that queue; None when
+    # relstream's plug-in decides every step.
+    decided_by_vllm: VllmQueue | None = None
+
+    @property
+    def vllm_queue(self) -> VllmQueue:
+        """The queue vLLM keeps its waiting requests in for this policy."""
+        return self.decided_by_vllm or VllmQueue.FCFS
+
+
+_SPECS = (
+    PolicySpec(FCFS.name, FCFS, VllmQueue.FCFS),
+    PolicySpec(StaticPriority.name, StaticPriority, VllmQueue.PRIORITY),
+    PolicySpec(StaticPriorityEvicting.name, StaticPriorityEvicting),
+    PolicySpec(Sarathi.name, Sarathi),
+    PolicySpec(RelServe.name, RelServe),
+    PolicySpec(RelServePP.name, RelServePP),
+    PolicySpec(RelServeDP.name, RelServeDP),
+)
+POLICIES: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}
+
+
+def policy_spec(name: str) -> PolicySpec:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        known = ", ".join(POLICIES)
+        raise ValueError(f"unknown policy {name!r}; choose one of: {known}") from None
+
+
+def make_policy(name: str, cost: CostModel) -> Policy:
+    return policy_spec(name).build(cost)

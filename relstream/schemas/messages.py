@@ -1,0 +1,164 @@
+"""Every message relstream reads or writes, one typed definition per kind.
+
+Each definition gives the msgpack encoding, the validation on decode (whose error names
+the field) and the JSON Schema published for producers in other languages
+(`relstream/schemas/json/`, generated from these types). The `version` field is the
+struct tag: written on every message, required and checked on every decode.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+WIRE_VERSION = 1
+
+# Bounds every producer must respect; each is checked on decode.
+MAX_ID_CHARS = 256
+MAX_KEY_CHARS = 512
+MAX_TABLE_CHARS = 256
+MAX_TEMPLATE_CHARS = 65_536
+MAX_RELQUERY_ROWS = 100_000
+MAX_ROW_COLUMNS = 1024
+MAX_OUTPUT_TOKENS = 32_768
+
+Scalar = str | int | float | bool | None
+RowStatusName = Literal["ok", "error", "cancelled"]
+NonEmpty = Annotated[str, Meta(min_length=1)]
+RowKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_CHARS)]
+
+
+class Message(msgspec.Struct, tag_field="version", forbid_unknown_fields=True, kw_only=True):
+    """Common base: `kind` names the message in errors and in its JSON Schema."""
+
+    kind: ClassVar[str]
+
+
+class RowMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """One table row, produced to a rows topic (key: the row key). Values are scalars."""
+
+    kind: ClassVar[str] = "row"
+    table: Annotated[str, Meta(min_length=1, max_length=MAX_TABLE_CHARS)]
+    key: RowKey
+    values: Annotated[dict[str, Scalar], Meta(max_length=MAX_ROW_COLUMNS)]
+    produced_at: Annotated[float, Meta(description="seconds since the epoch")] | (
+        msgspec.UnsetType
+    ) = msgspec.UNSET
+
+
+class RelQueryRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One row of an ad-hoc or windowed relQuery."""
+
+    key: RowKey
+    values: dict[str, Scalar]
+
+
+class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """A prompt template over rows: one LLM request per row (key: the relQuery id)."""
+
+    kind: ClassVar[str] = "relquery"
+    id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    template: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=MAX_TEMPLATE_CHARS,
+            description="{column} placeholders; {{ and }} are literal braces",
+        ),
+    ]
+    rows: Annotated[list[RelQueryRow], Meta(min_length=1, max_length=MAX_RELQUERY_ROWS)]
+    system_prompt: Annotated[str, Meta(max_length=MAX_TEMPLATE_CHARS)] | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
+    submitted_at: Annotated[
+        float, Meta(description="seconds since the epoch; latency is measured from it")
+    ]
+
+
+class RelQueryHeader(Message, tag=WIRE_VERSION, kw_only=True):
+    """A relquery message with its rows left undecoded, so they can be decoded a slice at
+    a time (`relstream.schemas.codec.decode_relquery_stepwise`)."""
+
+    kind: ClassVar[str] = "relquery"
+    id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    template: Annotated[str, Meta(min_length=1, max_length=MAX_TEMPLATE_CHARS)]
+    rows: Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=MAX_RELQUERY_ROWS)]
+    system_prompt: Annotated[str, Meta(max_length=MAX_TEMPLATE_CHARS)] | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
+    submitted_at: float
+
+
+class Latency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Paper §2.1: waiting (arrival → first prefill), core (→ last prefill ends), tail
+    (→ last decode ends), in seconds."""
+
+    waiting: Annotated[float, Meta(ge=0)]
+    core: Annotated[float, Meta(ge=0)]
+    tail: Annotated[float, Meta(ge=0)]
+    total: Annotated[float, Meta(ge=0)]
+
+
+class ResultRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    key: str
+    status: RowStatusName
+    output: str | None = None  # the answer, when status is "ok"
+    error: str | None = None  # why not, naming the row, otherwise
+
+
+class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """Answer to one relQuery (key: the relQuery id). Rows in the relQuery's row order."""
+
+    kind: ClassVar[str] = "result"
+    id: NonEmpty
+    rows: list[ResultRow]
+    latency: Latency | None  # None when no row ran
+    policy: str
+    model: str
+    completed_at: Annotated[float, Meta(description="seconds since the epoch")]
+
+
+class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """One finished row of a relQuery, published as soon as it finishes (key: the relQuery
+    id)."""
+
+    kind: ClassVar[str] = "partial_result"
+    relquery_id: NonEmpty
+    row_index: Annotated[int, Meta(ge=0)]
+    key: str
+    status: RowStatusName
+    output: str | None = None
+    error: str | None = None
+
+
+class MetricMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """One measurement from a relstream process (key: the metric name)."""
+
+    kind: ClassVar[str] = "metric"
+    name: NonEmpty
+    value: float
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    at: float
+
+
+class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """A message relstream could not use, with why (key: the original key)."""
+
+    kind: ClassVar[str] = "dead_letter"
+    original: Annotated[bytes, Meta(description="the exact bytes received (msgpack bin)")]
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+    reason: NonEmpty
+    at: float
+
+
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    RowMessage,
+    RelQueryMessage,
+    ResultMessage,
+    PartialResultMessage,
+    MetricMessage,
+    DeadLetterMessage,
+)
+KINDS: dict[str, type[Message]] = {t.kind: t for t in MESSAGE_TYPES}

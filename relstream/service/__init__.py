@@ -1,0 +1,1 @@
+"""`relstream engine`: the relqueries topic served by a backend, results published."""

@@ -1,0 +1,109 @@
+"""`--backend sim`: the RelQueryBackend contract without a model, for instant runs and tests.
+
+Each row's output is its rendered prompt (so where an answer lands shows which row it
+came from); the latency breakdown is what the simulator predicts for the relQuery alone
+on a cost profile. Rows fail for the same reasons as on the real engine (`prepare_row`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from relstream.engine.tokenizer import chatml_prompt, encode_batch
+from relstream.model import (
+    LatencyBreakdown,
+    RelQuery,
+    RelQueryResult,
+    RowRequest,
+    RowResult,
+    RowStatus,
+    prepare_row,
+)
+from relstream.scheduler import make_policy
+from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
+from relstream.sim.kvcache import block_hashes
+from relstream.sim.profiles import get_profile
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    policy: str = "relserve"
+    profile: str = "cpu-smollm2"
+    time_scale: float = 0.0  # > 0: take this fraction of the simulated latency in real time
+
+
+class SimHandle:
+    """A relQuery on the simulated backend: the whole result arrives at once."""
+
+    def __init__(self, relquery_id: str, outcome: asyncio.Future[RelQueryResult]) -> None:
+        self._relquery_id = relquery_id
+        self._outcome = outcome
+
+    @property
+    def relquery_id(self) -> str:
+        return self._relquery_id
+
+    async def rows(self) -> AsyncIterator[RowResult]:
+        for row in (await self.result()).rows:
+            yield row
+
+    async def result(self) -> RelQueryResult:
+        return await self._outcome
+
+    async def cancel(self) -> None:
+        self._outcome.cancel()
+
+
+class SimRelQueryBackend:
+    model_name = "sim"
+
+    def __init__(self, settings: SimSettings | None = None) -> None:
+        self.settings = settings or SimSettings()
+        self.profile = get_profile(self.settings.profile)
+
+    async def submit(self, relquery: RelQuery) -> SimHandle:
+        return SimHandle(relquery.id, asyncio.ensure_future(self._serve_in_time(relquery)))
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+    async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
+        result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
+        if self.settings.time_scale > 0 and result.latency is not None:
+            await asyncio.sleep(result.latency.total * self.settings.time_scale)
+        return result
+
+    def _serve(self, relquery: RelQuery) -> RelQueryResult:
+        rows: list[RowResult] = []
+        runnable: list[RowRequest] = []
+        for index in range(len(relquery.rows)):
+            prepared = prepare_row(relquery, index)
+            if isinstance(prepared, RowRequest):
+                runnable.append(prepared)
+                rows.append(
+                    RowResult(index, prepared.row_key, RowStatus.OK, prepared.prompt, None, 1)
+                )
+            else:
+                rows.append(RowResult.failed(prepared))
+        latency = self._simulate(relquery, runnable) if runnable else None
+        return RelQueryResult(relquery.id, rows, latency, self.settings.policy, self.model_name)
+
+    def _simulate(self, relquery: RelQuery, runnable: list[RowRequest]) -> LatencyBreakdown:
+        ids = encode_batch([chatml_prompt(r.prompt, relquery.system_prompt) for r in runnable])
+        block = self.profile.limits.block_size
+        requests = [
+            SimRequest(
+                request.request_id,
+                len(tokens),
+                block_hashes(tokens, block),
+                relquery.max_output_tokens,
+            )
+            for request, tokens in zip(runnable, ids, strict=True)
+        ]
+        engine = SimulatedEngine(
+            self.profile, make_policy(self.settings.policy, self.profile.prior())
+        )
+        run = engine.run([SimRelQuery(relquery.id, 0.0, relquery.max_output_tokens, requests)])
+        return run.outcomes[0].latency

@@ -1,0 +1,23 @@
+import pytest
+
+from relstream.scheduler import POLICIES, VllmQueue, make_policy, policy_spec, static_priority
+
+
+def test_stock_vllm_decides_fcfs_and_sp_and_the_plug_in_decides_the_rest(cost):
+    assert policy_spec("fcfs").decided_by_vllm is VllmQueue.FCFS
+    assert policy_spec("sp").decided_by_vllm is VllmQueue.PRIORITY
+    plug_in = [name for name, spec in POLICIES.items() if spec.decided_by_vllm is None]
+    assert plug_in == ["sp-evict", "sarathi", "relserve", "relserve-pp", "relserve-dp"]
+    # Policies the plug-in decides keep vLLM's plain FCFS queue underneath.
+    assert {policy_spec(name).vllm_queue for name in plug_in} == {VllmQueue.FCFS}
+    assert all(make_policy(name, cost).name == name for name in POLICIES)
+
+
+def test_static_priority_is_prompt_tokens_plus_the_output_budget():
+    # Three rows of 100, 120 and 80 prompt tokens, 5 output tokens each: 300 + 3 × 5.
+    assert static_priority(prompt_tokens=300, requests=3, max_tokens=5) == 315
+
+
+def test_unknown_policies_are_named_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown policy 'lifo'; choose one of: fcfs, sp"):
+        policy_spec("lifo")
