@@ -194,10 +194,23 @@ def test_the_largest_relquery_decodes_in_slices_without_stalling_the_loop():
     assert len(gaps) > 50 and max(gaps) < 0.1, (len(gaps), max(gaps))
 
 
-def test_rows_past_the_limit_are_refused_naming_the_field():
-    rows = [{"key": f"k{i}", "values": {}} for i in range(100_001)]
-    with pytest.raises(MessageError, match="field rows: expected `array` of length <= 100000"):
-        decode(RelQueryMessage, msgpack.packb({**GOOD["relquery"], "rows": rows}))
+@pytest.mark.parametrize(
+    ("count", "reason"),
+    [(100_001, "field rows: expected `array` of length <= 100000"), (0, "length >= 1")],
+)
+def test_row_counts_out_of_bounds_are_refused_naming_the_field(count, reason):
+    rows = [{"key": f"k{i}", "values": {}} for i in range(count)]
+    data = msgpack.packb({**GOOD["relquery"], "rows": rows})
+    with pytest.raises(MessageError, match=reason):
+        decode(RelQueryMessage, data)
+    with pytest.raises(MessageError, match=reason):  # from the array header, before any row
+        asyncio.run(decode_relquery_stepwise(data))
+
+
+def test_rows_that_are_not_an_array_are_named_by_the_stepwise_decoder():
+    data = msgpack.packb({**GOOD["relquery"], "rows": {"key": "k"}})
+    with pytest.raises(MessageError, match="field rows: expected `array`, got `object`"):
+        asyncio.run(decode_relquery_stepwise(data))
 
 
 def test_struct_field_docs_reach_the_schema():

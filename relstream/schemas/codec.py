@@ -16,7 +16,13 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from relstream.schemas.messages import Message, RelQueryHeader, RelQueryMessage, RelQueryRow
+from relstream.schemas.messages import (
+    MAX_RELQUERY_ROWS,
+    Message,
+    RelQueryHeader,
+    RelQueryMessage,
+    RelQueryRow,
+)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # larger messages are refused before unpacking
 # Rows decoded between two yields to the event loop: ~1 ms of work on this project's CPUs.
@@ -70,19 +76,43 @@ async def decode_relquery_stepwise(data: bytes | None) -> RelQueryMessage:
     rows, so the largest message the limits allow never stalls a serving loop for more
     than a few milliseconds."""
     header = decode(RelQueryHeader, data)
+    _check_row_count(header.rows)
+    try:
+        raw_rows = _decoder(list[msgspec.Raw]).decode(header.rows)
+    except msgspec.ValidationError as exc:
+        raise MessageError("relquery", _nest(_field_reason(str(exc)), "rows")) from None
     rows: list[RelQueryRow] = []
     row_decoder = _decoder(RelQueryRow)
-    for start in range(0, len(header.rows), ROWS_PER_SLICE):
+    for start in range(0, len(raw_rows), ROWS_PER_SLICE):
         if start:
             await asyncio.sleep(0)
-        for index in range(start, min(start + ROWS_PER_SLICE, len(header.rows))):
+        for index in range(start, min(start + ROWS_PER_SLICE, len(raw_rows))):
             try:
-                rows.append(row_decoder.decode(header.rows[index]))
+                rows.append(row_decoder.decode(raw_rows[index]))
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
-                reason = _explain(bytes(header.rows[index]), exc)
+                reason = _explain(bytes(raw_rows[index]), exc)
                 raise MessageError("relquery", _nest(reason, f"rows[{index}]")) from None
     fields = {f: getattr(header, f) for f in header.__struct_fields__ if f != "rows"}
     return RelQueryMessage(**fields, rows=rows)
+
+
+def _check_row_count(rows: msgspec.Raw) -> None:
+    """Refuse too many rows (or none) from the msgpack array header alone, before a
+    single row is decoded; anything but an array is left to the typed decode to word."""
+    raw = memoryview(rows)
+    kind = raw[0]
+    if 0x90 <= kind <= 0x9F:  # fixarray: the count is in the low four bits
+        count = kind & 0x0F
+    elif kind in (0xDC, 0xDD):  # array 16 / array 32: a big-endian count follows
+        count = int.from_bytes(raw[1 : 3 if kind == 0xDC else 5], "big")
+    else:
+        return
+    if count < 1:
+        raise MessageError("relquery", "field rows: expected `array` of length >= 1")
+    if count > MAX_RELQUERY_ROWS:
+        raise MessageError(
+            "relquery", f"field rows: expected `array` of length <= {MAX_RELQUERY_ROWS}"
+        )
 
 
 def _check_size(kind: str, data: bytes | None) -> None:
@@ -135,4 +165,4 @@ def _nest(reason: str, prefix: str) -> str:
     """A row's reason, re-rooted at its place in the relQuery."""
     if reason.startswith("field "):
         return f"field {prefix}.{reason.removeprefix('field ')}"
-    return f"{prefix}: {reason}"
+    return f"field {prefix}: {reason}"

@@ -77,13 +77,14 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
 
 
 class RelQueryHeader(Message, tag=WIRE_VERSION, kw_only=True):
-    """A relquery message with its rows left undecoded, so they can be decoded a slice at
-    a time (`relstream.schemas.codec.decode_relquery_stepwise`)."""
+    """A relquery message with its rows left as undecoded bytes, so their count can be
+    checked first and they can be decoded a slice at a time
+    (`relstream.schemas.codec.decode_relquery_stepwise`)."""
 
     kind: ClassVar[str] = "relquery"
     id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     template: Annotated[str, Meta(min_length=1, max_length=MAX_TEMPLATE_CHARS)]
-    rows: Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=MAX_RELQUERY_ROWS)]
+    rows: msgspec.Raw
     system_prompt: Annotated[str, Meta(max_length=MAX_TEMPLATE_CHARS)] | None = None
     max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
     submitted_at: float
