@@ -50,14 +50,14 @@ demo: setup
 
 bench-vllm: setup
 	$(BIN)/relstream bench --backend vllm --model smollm2 \
-		--policies fcfs,sp,relserve,relserve-pp,relserve-dp --load 0.5,1.0,1.5
+		--policies v1-fcfs,v1-priority,relserve,relserve-pp,relserve-dp --load 0.5,1.0,1.5
 
 bench-sim: setup
 	$(BIN)/relstream bench --backend sim --profile a100-opt13b \
-		--policies fcfs,sp,sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
+		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
 		--rates 0.25,0.5,0.75,1.0,1.25,1.5,2.0
 	$(BIN)/relstream bench --backend sim --profile cpu-smollm2 \
-		--policies fcfs,sp,sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
+		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
 		--rates 0.025,0.05,0.075,0.1,0.15,0.2
 
 # Rewrite the committed JSON Schemas from the message types (a test fails on drift).

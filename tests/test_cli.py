@@ -18,7 +18,7 @@ def test_bench_writes_every_output(tmp_path):
             "--rates",
             "0.5,2",
             "--policies",
-            "fcfs,relserve",
+            "v1-fcfs,relserve",
             "--no-decision-benchmark",
             "--out",
             str(out),
@@ -27,19 +27,19 @@ def test_bench_writes_every_output(tmp_path):
     assert result.exit_code == 0, result.output
     document = json.loads((out / "results.json").read_text())
     assert {(r["policy"], r["rate"]) for r in document["runs"]} == {
-        (p, r) for p in ("fcfs", "relserve") for r in (0.5, 2.0)
+        (p, r) for p in ("v1-fcfs", "relserve") for r in (0.5, 2.0)
     }
     assert all(r["relqueries"] == 6 for r in document["runs"])
     assert (out / "latency_vs_rate.png").stat().st_size > 1000
     assert (out / "breakdown.png").stat().st_size > 1000
-    command = "relstream bench --backend sim --profile a100-opt13b --policies fcfs,relserve"
+    command = "relstream bench --backend sim --profile a100-opt13b --policies v1-fcfs,relserve"
     assert command in (out / "README.md").read_text()
     assert document["command"].startswith(command)
 
 
 def test_bench_rejects_unknown_policies_and_bad_rates():
     runner = CliRunner()
-    result = runner.invoke(main, ["bench", "--policies", "fcfs,lifo"])
+    result = runner.invoke(main, ["bench", "--policies", "v1-fcfs,lifo"])
     assert result.exit_code != 0 and "unknown lifo" in result.output
     result = runner.invoke(main, ["bench", "--rates", "1,-2"])
     assert result.exit_code != 0 and "positive" in result.output

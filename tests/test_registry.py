@@ -3,11 +3,19 @@ import pytest
 from relstream.scheduler import POLICIES, VllmQueue, make_policy, policy_spec, static_priority
 
 
-def test_stock_vllm_decides_fcfs_and_sp_and_the_plug_in_decides_the_rest(cost):
-    assert policy_spec("fcfs").decided_by_vllm is VllmQueue.FCFS
-    assert policy_spec("sp").decided_by_vllm is VllmQueue.PRIORITY
+def test_stock_vllm_decides_its_own_policies_and_the_plug_in_decides_the_rest(cost):
+    assert policy_spec("v1-fcfs").decided_by_vllm is VllmQueue.FCFS
+    assert policy_spec("v1-priority").decided_by_vllm is VllmQueue.PRIORITY
     plug_in = [name for name, spec in POLICIES.items() if spec.decided_by_vllm is None]
-    assert plug_in == ["sp-evict", "sarathi", "relserve", "relserve-pp", "relserve-dp"]
+    assert plug_in == [
+        "v0-fcfs",
+        "v0-sp",
+        "v0-sp-evict",
+        "sarathi",
+        "relserve",
+        "relserve-pp",
+        "relserve-dp",
+    ]
     # Policies the plug-in decides keep vLLM's plain FCFS queue underneath.
     assert {policy_spec(name).vllm_queue for name in plug_in} == {VllmQueue.FCFS}
     assert all(make_policy(name, cost).name == name for name in POLICIES)
@@ -19,5 +27,5 @@ def test_static_priority_is_prompt_tokens_plus_the_output_budget():
 
 
 def test_unknown_policies_are_named_with_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown policy 'lifo'; choose one of: fcfs, sp"):
+    with pytest.raises(ValueError, match=r"unknown policy 'lifo'; choose one of: v1-fcfs, v1-priority"):
         policy_spec("lifo")

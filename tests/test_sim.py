@@ -44,8 +44,8 @@ def test_every_policy_finishes_every_relquery(name):
 def test_static_priority_removes_waiting_head_of_line_blocking():
     big = relquery("big", 0.0, rows=100, max_tokens=50)
     small = relquery("small", 0.01, rows=2, max_tokens=5)
-    fcfs = serve(make_policy("fcfs", PROFILE.prior()), [big, small])
-    sp = serve(make_policy("sp", PROFILE.prior()), [big, small])
+    fcfs = serve(make_policy("v0-fcfs", PROFILE.prior()), [big, small])
+    sp = serve(make_policy("v0-sp", PROFILE.prior()), [big, small])
     # Under FCFS the small relQuery queues behind every prefill of the big one.
     assert fcfs["small"].waiting > 2.0
     assert sp["small"].waiting < 0.2 * fcfs["small"].waiting
@@ -118,7 +118,7 @@ def small_cache_profile(kv_tokens):
 def test_decodes_that_outgrow_the_cache_preempt_the_newest_and_still_finish():
     profile = small_cache_profile(16 * 60)  # 60 blocks: room for ~6 prompts and little output
     relqueries = [relquery(f"q{i}", 0.0, rows=8, max_tokens=100) for i in range(3)]
-    engine = SimulatedEngine(profile, make_policy("fcfs", profile.prior()))
+    engine = SimulatedEngine(profile, make_policy("v0-fcfs", profile.prior()))
     run = engine.run(relqueries)
     assert run.preemptions > 0
     assert len(run.outcomes) == 3
@@ -131,11 +131,11 @@ def test_only_sp_evict_evicts_running_requests_for_a_better_ranked_newcomer():
         relquery("small", 0.5, rows=3, max_tokens=5),
     ]
     results = {}
-    for name in ("sp", "sp-evict"):
+    for name in ("v0-sp", "v0-sp-evict"):
         engine = SimulatedEngine(profile, make_policy(name, profile.prior()))
         run = engine.run(workload)
         results[name] = (run.preemptions, {o.relquery_id: o.latency for o in run.outcomes})
-    evictions_sp, latency_sp = results["sp"]
-    evictions_evict, latency_evict = results["sp-evict"]
+    evictions_sp, latency_sp = results["v0-sp"]
+    evictions_evict, latency_evict = results["v0-sp-evict"]
     assert evictions_evict > evictions_sp
     assert latency_evict["small"].waiting < latency_sp["small"].waiting

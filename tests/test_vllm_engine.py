@@ -22,7 +22,7 @@ CAPITALS = {
     "Japan": "Tokyo",
     "Spain": "Madrid",
 }
-POLICIES = ("fcfs", "sp", "relserve")
+POLICIES = ("v1-fcfs", "v1-priority", "relserve")
 
 
 def capitals_relquery() -> RelQuery:
@@ -78,7 +78,7 @@ def test_every_answer_belongs_to_its_row(served):
 
 
 def test_greedy_outputs_are_byte_identical_across_policies(served):
-    reference = served["fcfs"]
+    reference = served["v1-fcfs"]
     for policy in POLICIES[1:]:
         for relquery_id in ("capitals", "describe"):
             assert served[policy][relquery_id].outputs == reference[relquery_id].outputs, policy

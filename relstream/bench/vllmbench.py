@@ -40,6 +40,7 @@ class ReplayResult:
     outcomes: list[Measured]
     window: tuple[float, float]  # monotonic start and end, to cut the step log
     row_errors: int
+    output_tokens: dict[str, list[int]]  # relQuery id -> tokens each row generated
 
 
 async def replay(
@@ -54,13 +55,14 @@ async def replay(
             if delay > 0:
                 await asyncio.sleep(delay)
         handles.append((entry, await engine.submit(entry.relquery)))
-    outcomes, errors = [], 0
+    outcomes, errors, output_tokens = [], 0, {}
     for entry, handle in handles:
         result = await handle.result()
         errors += sum(1 for row in result.rows if row.status != "ok")
+        output_tokens[result.relquery_id] = [row.output_tokens for row in result.rows]
         if result.latency is not None:
             outcomes.append(Measured(result.latency, entry.query_type))
-    return ReplayResult(outcomes, (started, time.monotonic()), errors)
+    return ReplayResult(outcomes, (started, time.monotonic()), errors, output_tokens)
 
 
 def read_step_log(path: Path) -> tuple[dict, list[dict]]:
@@ -144,7 +146,9 @@ def run_vllm_benchmark(
     entries = generate_relqueries(options.trace, load_datasets(options.datasets_dir))
     capacity_log = out / "steps-capacity.jsonl"
     capacity_log.unlink(missing_ok=True)
-    (capacity_run,) = asyncio.run(_serve_policy(options, "fcfs", entries, [None], capacity_log))
+    (capacity_run,) = asyncio.run(
+        _serve_policy(options, "v1-fcfs", entries, [None], capacity_log)
+    )
     capacity = len(entries) / (capacity_run.window[1] - capacity_run.window[0])
     rates = [fraction * capacity for fraction in options.load_fractions]
     if on_run:
@@ -186,6 +190,9 @@ def run_vllm_benchmark(
         "fitted_cost_model": coefficients,
         "limits": asdict(limits),
         "entries": entries,
+        # Greedy decoding makes these the same under every policy: the simulator's
+        # replay takes each row's real length from here.
+        "output_tokens": capacity_run.output_tokens,
     }
 
 

@@ -82,6 +82,7 @@ def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
         "fitted_cost_model": measured["fitted_cost_model"],
         "limits": measured["limits"],
         "simulator_prediction": predictions,
+        "output_tokens": measured["output_tokens"],
     }
     out.mkdir(parents=True, exist_ok=True)
     write_fitted_profile(out / FITTED_PROFILE_FILE, measured, str(out))

@@ -107,7 +107,7 @@ def bench(**opts) -> None:
     opts["relqueries"] = opts["relqueries"] or default_size
     opts["max_rows"] = opts["max_rows"] or default_size
     if opts["policies"] is None:
-        defaults = {"sim": tuple(POLICIES), "vllm": ("fcfs", "sp", "relserve")}
+        defaults = {"sim": tuple(POLICIES), "vllm": ("v1-fcfs", "v1-priority", "relserve")}
         opts["policies"] = defaults.get(backend, ("relserve",))
     bundled = _use_bundled(opts["bundled"], opts["datasets"])
     if bundled and not opts["bundled"]:

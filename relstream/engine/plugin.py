@@ -211,12 +211,27 @@ class RelstreamScheduler(Scheduler, EngineView):
                 self.tracker.record_progress(seq, request.num_computed_tokens - seq.computed_tokens)
 
     def _composition(self, output) -> dict[str, Any]:
-        uncached = decodes = 0
+        """What the step computes, for the cost fit and the step log: prompt tokens and
+        the requests they belong to, decodes, and the KV context each side attends to."""
+        uncached = decodes = prefills = decode_context = prefill_context = 0
         for request_id, tokens in output.num_scheduled_tokens.items():
             seq = self.tracker.running.get(request_id)
+            request = self.requests.get(request_id)
+            # schedule() has already advanced num_computed_tokens past this step's tokens.
+            context = request.num_computed_tokens - tokens if request is not None else 0
             if seq is not None and seq.prefill_done and tokens == 1:
                 decodes += 1
+                decode_context += context
             else:
                 uncached += tokens
+                prefills += 1
+                prefill_context += context
         kind = StepKind.of(bool(uncached), bool(decodes))
-        return {"kind": kind, "uncached_tokens": uncached, "decode_requests": decodes}
+        return {
+            "kind": kind,
+            "uncached_tokens": uncached,
+            "decode_requests": decodes,
+            "prefill_requests": prefills,
+            "decode_context_tokens": decode_context,
+            "prefill_context_tokens": prefill_context,
+        }

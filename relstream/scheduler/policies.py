@@ -60,9 +60,9 @@ def _prefill_or_decode(
 
 
 class FCFS(Policy):
-    """vLLM's default: requests in arrival order, prefill prioritised, never mixed."""
+    """vLLM V0's default: requests in arrival order, prefill prioritised, never mixed."""
 
-    name = "fcfs"
+    name = "v0-fcfs"
 
     def plan_step(self, view: EngineView) -> StepPlan:
         chunks = prefill_candidate(view, view.tracker.waiting.values())
@@ -80,7 +80,7 @@ class StaticPriority(Policy):
     request_priority with identity L1, L2); prefill first as in vLLM. Like RelServe, whose
     code base the paper's vLLM-SP shares, it never evicts a running request to admit one."""
 
-    name = "sp"
+    name = "v0-sp"
     evicts = False
 
     def __init__(self, cost: CostModel) -> None:
@@ -126,7 +126,7 @@ class StaticPriorityEvicting(StaticPriority):
     """Static priority on vLLM V0's priority policy, which also evicts (by recompute)
     running requests ranked below a waiting one that cannot be admitted."""
 
-    name = "sp-evict"
+    name = "v0-sp-evict"
     evicts = True
 
 

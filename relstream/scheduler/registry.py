@@ -1,9 +1,10 @@
 """Every policy by name, and who decides its steps inside vLLM.
 
-`fcfs` and `sp` are what stock vLLM V1 does on its own (its "fcfs" and "priority"
-scheduling policies); inside vLLM the plug-in only observes them, so they are the honest
-baselines. Every other policy is decided by relstream's plug-in each step. On the
-simulator every policy runs as a `Policy` object.
+`v1-fcfs` and `v1-priority` are what stock vLLM V1 does on its own (its "fcfs" and
+"priority" scheduling policies): inside vLLM the plug-in only observes them, so they are
+the honest baselines, and on the simulator `stock_v1` models them. `v0-*` are the
+paper's vLLM V0 baselines (prefill first, never mixed). Every other policy is decided by
+relstream's plug-in each step. On the simulator every policy runs as a `Policy` object.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from relstream.scheduler.policies import (
     StaticPriority,
     StaticPriorityEvicting,
 )
+from relstream.scheduler.stock_v1 import StockV1FCFS, StockV1Priority
 
 
 class VllmQueue(StrEnum):
@@ -47,8 +49,10 @@ class PolicySpec:
 
 
 _SPECS = (
-    PolicySpec(FCFS.name, FCFS, VllmQueue.FCFS),
-    PolicySpec(StaticPriority.name, StaticPriority, VllmQueue.PRIORITY),
+    PolicySpec(StockV1FCFS.name, StockV1FCFS, VllmQueue.FCFS),
+    PolicySpec(StockV1Priority.name, StockV1Priority, VllmQueue.PRIORITY),
+    PolicySpec(FCFS.name, FCFS),
+    PolicySpec(StaticPriority.name, StaticPriority),
     PolicySpec(StaticPriorityEvicting.name, StaticPriorityEvicting),
     PolicySpec(Sarathi.name, Sarathi),
     PolicySpec(RelServe.name, RelServe),

@@ -160,6 +160,14 @@ class EngineView(ABC):
         total_blocks = -(-seq.uncomputed_tokens // block)
         return (total_blocks - cached_tokens // block) * block
 
+    def growth_kv_tokens(self, seq: SeqInfo, new_tokens: int) -> int:
+        """KV tokens a running request must newly take to compute `new_tokens` more
+        (whole blocks). This default assumes it holds exactly the blocks of its computed
+        tokens; engines that know better override it."""
+        block = self.limits.block_size
+        held = -(-seq.computed_tokens // block)
+        return max(-(-(seq.computed_tokens + new_tokens) // block) - held, 0) * block
+
     def releasable_kv_tokens(self, seq: SeqInfo) -> int:
         """KV tokens that evicting a running request gives back (an upper bound here:
         engines that know which blocks are shared override it)."""

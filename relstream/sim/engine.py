@@ -112,6 +112,10 @@ class SimulatedEngine(EngineView):
         )
         return blocks * self.limits.block_size
 
+    def growth_kv_tokens(self, seq: SeqInfo, new_tokens: int) -> int:
+        missing = self.kv.missing_blocks(seq.request_id, seq.computed_tokens + new_tokens)
+        return missing * self.limits.block_size
+
     def releasable_kv_tokens(self, seq: SeqInfo) -> int:
         return self.kv.releasable_blocks(seq.request_id) * self.limits.block_size
 

@@ -87,6 +87,11 @@ class PrefixCachedKV:
             cached[request_id] = len(holding.hashed) * self.block_size
         return cached
 
+    def missing_blocks(self, request_id: str, tokens: int) -> int:
+        """Blocks a request must take to hold `tokens` (0 when it holds enough)."""
+        holding = self._holdings[request_id]
+        return max(-(-tokens // self.block_size) - len(holding.hashed) - holding.plain, 0)
+
     def ensure_capacity(self, request_id: str, tokens: int) -> bool:
         """Grow a request's blocks to hold `tokens`; False when the cache is full."""
         holding = self._holdings[request_id]
