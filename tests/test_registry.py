@@ -27,5 +27,6 @@ def test_static_priority_is_prompt_tokens_plus_the_output_budget():
 
 
 def test_unknown_policies_are_named_with_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown policy 'lifo'; choose one of: v1-fcfs, v1-priority"):
+    known = r"unknown policy 'lifo'; choose one of: v1-fcfs, v1-priority"
+    with pytest.raises(ValueError, match=known):
         policy_spec("lifo")

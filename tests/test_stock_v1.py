@@ -1,0 +1,97 @@
+"""The stock vLLM V1 model on scripted cases whose steps are worked out by hand from V1's
+rules (running first under the token budget, chunked prompts, admission only when the
+whole sequence fits and nothing was preempted, the last running request preempted)."""
+
+from relstream.scheduler import EngineLimits, StepKind, make_policy
+from relstream.scheduler.view import PrefillChunk
+from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
+from relstream.sim.kvcache import block_hashes
+from relstream.sim.profiles import LinearProfile
+
+
+def engine(policy: str, budget: int, kv_tokens: int, seats: int = 8) -> SimulatedEngine:
+    limits = EngineLimits(
+        max_num_seqs=seats,
+        max_num_batched_tokens=budget,
+        kv_capacity_tokens=kv_tokens,
+        block_size=4,
+    )
+    profile = LinearProfile("tiny", limits, 0.001, 0.01, 0.001, 0.01)
+    return SimulatedEngine(profile, make_policy(policy, profile.prior()))
+
+
+def relquery(name: str, prompts: list[int], max_tokens: int, outputs: int, first_token: int):
+    """Prompts of distinct token ids (no prefix sharing), each ending after `outputs`."""
+    requests = []
+    for row, length in enumerate(prompts):
+        ids = list(range(first_token + 1000 * row, first_token + 1000 * row + length))
+        requests.append(SimRequest(f"{name}#{row}", length, block_hashes(ids, 4), outputs))
+    return SimRelQuery(name, 0.0, max_tokens, requests)
+
+
+def step(sim: SimulatedEngine):
+    plan = sim.policy.plan(sim)
+    sim.execute(plan)
+    return plan
+
+
+def test_prompts_are_chunked_to_the_budget_and_mixed_into_decode_steps():
+    sim = engine("v1-fcfs", budget=8, kv_tokens=64)
+    sim.admit(relquery("A", [6, 6], max_tokens=3, outputs=3, first_token=0))
+    # Step 1: nothing runs; A#0 takes 6 tokens, A#1 the 2 left of the budget.
+    plan = step(sim)
+    assert plan.prefill == (PrefillChunk("A#0", 6), PrefillChunk("A#1", 2)) and not plan.decode
+    # Step 2: running first: A#0 decodes (1 token), A#1 finishes its prompt (4 tokens).
+    plan = step(sim)
+    assert plan.decode == ("A#0",) and plan.prefill == (PrefillChunk("A#1", 4),)
+    assert plan.kind is StepKind.MIXED
+    # A#1 sampled its first token in the step that finished its prompt: both decode now.
+    assert step(sim).decode == ("A#0", "A#1")
+
+
+def test_a_full_cache_preempts_the_last_running_request_and_admits_nobody():
+    # 16 KV tokens = 4 blocks of 4. Two prompts of 7 take 2 blocks each.
+    sim = engine("v1-fcfs", budget=16, kv_tokens=16)
+    sim.admit(relquery("A", [7, 7], max_tokens=6, outputs=6, first_token=0))
+    sim.admit(relquery("B", [3], max_tokens=2, outputs=2, first_token=50))
+    plan = step(sim)  # both prompts admitted (8 tokens each fit); B does not fit: 0 left
+    assert [c.request_id for c in plan.prefill] == ["A#0", "A#1"]
+    assert step(sim).decode == ("A#0", "A#1")  # token 8 still fits in 2 blocks
+    # Token 9 of A#0 needs a third block; none is free, so the last running request
+    # (A#1) is preempted by recompute, and no waiting request is admitted this step.
+    plan = step(sim)
+    assert plan.preempt == ("A#1",) and plan.decode == ("A#0",) and not plan.prefill
+    assert next(iter(sim.tracker.waiting)) == "A#1"  # back at the front of the queue
+    # A#1 must recompute 7 + 2 tokens (3 blocks); only 1 block is free: it waits.
+    plan = step(sim)
+    assert plan.decode == ("A#0",) and not plan.prefill and not plan.preempt
+
+
+def test_the_priority_queue_admits_the_smaller_static_priority_first():
+    # B: 6 prompt tokens + 10 output budget = 16; C: 5 + 2 = 7. One seat.
+    for policy, first in (("v1-fcfs", "B#0"), ("v1-priority", "C#0")):
+        sim = engine(policy, budget=16, kv_tokens=64, seats=1)
+        sim.admit(relquery("B", [6], max_tokens=10, outputs=10, first_token=0))
+        sim.admit(relquery("C", [5], max_tokens=2, outputs=2, first_token=100))
+        assert [c.request_id for c in step(sim).prefill] == [first], policy
+
+
+def test_priority_preempts_the_worst_ranked_running_request_fcfs_the_last():
+    # KV 16 tokens. B (7 prompt + 5 output budget = 12) runs first; C (7 + 3 = 10, a
+    # better rank) arrives after B's prompt. Both fit (2 blocks each). When B's 9th
+    # token needs a third block, FCFS evicts the last running request (C) and B decodes;
+    # priority evicts the worst-ranked one, B itself, which ends the running pass.
+    evicted = {}
+    for policy in ("v1-fcfs", "v1-priority"):
+        sim = engine(policy, budget=16, kv_tokens=16)
+        sim.admit(relquery("B", [7], max_tokens=5, outputs=5, first_token=0))
+        assert [c.request_id for c in step(sim).prefill] == ["B#0"]
+        late = relquery("C", [7], max_tokens=3, outputs=3, first_token=100)
+        late.arrival_time = sim.clock
+        sim.admit(late)
+        plan = step(sim)  # B decodes (token 8 fits), C is admitted into the 2 free blocks
+        assert plan.decode == ("B#0",) and [c.request_id for c in plan.prefill] == ["C#0"]
+        evicted[policy] = step(sim)
+    assert evicted["v1-fcfs"].preempt == ("C#0",) and evicted["v1-fcfs"].decode == ("B#0",)
+    assert evicted["v1-priority"].preempt == ("B#0",)
+    assert not evicted["v1-priority"].decode and not evicted["v1-priority"].prefill
