@@ -21,7 +21,7 @@ from relstream.bench.runner import Measured, RunSummary, summarize_outcomes
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
 from relstream.scheduler import EngineLimits
-from relstream.sim.profiles import LinearProfile, fit_line
+from relstream.sim.profiles import fit_line
 
 
 @dataclass(frozen=True)
@@ -110,17 +110,6 @@ def fit_cost_model(steps: Sequence[dict]) -> dict:
     }
 
 
-def fitted_profile(name: str, coefficients: dict, limits: EngineLimits) -> LinearProfile:
-    return LinearProfile(
-        name=name,
-        limits=limits,
-        prefill_per_token=coefficients["alpha_p"],
-        prefill_base=coefficients["beta_p"],
-        decode_per_request=coefficients["alpha_d"],
-        decode_base=coefficients["beta_d"],
-    )
-
-
 async def _serve_policy(
     options: VllmBenchOptions,
     policy: str,
@@ -190,6 +179,7 @@ def run_vllm_benchmark(
         "fitted_cost_model": coefficients,
         "limits": asdict(limits),
         "entries": entries,
+        "steps": all_steps,
         # Greedy decoding makes these the same under every policy: the simulator's
         # replay takes each row's real length from here.
         "output_tokens": capacity_run.output_tokens,

@@ -4,6 +4,7 @@ model next to the simulator's profiles, and the simulator's prediction of each r
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from relstream.bench.report import (
@@ -17,38 +18,30 @@ from relstream.bench.report import (
     write_report,
 )
 from relstream.bench.runner import RunSummary, run_grid
-from relstream.bench.vllmbench import VllmBenchOptions, fitted_profile, mean_overhead_fraction
-from relstream.bench.workload import tokenize_trace
-from relstream.scheduler import EngineLimits
+from relstream.bench.stepfit import fit_step_costs, profile_document
+from relstream.bench.vllmbench import (
+    VllmBenchOptions,
+    fit_cost_model,
+    mean_overhead_fraction,
+    read_step_log,
+)
+from relstream.bench.workload import (
+    TraceConfig,
+    generate_relqueries,
+    load_datasets,
+    tokenize_trace,
+)
+from relstream.sim.profiles import CostProfile, profile_from_document
 
 FITTED_PROFILE_FILE = "fitted_profile.json"
 
 
-def write_fitted_profile(path: Path, measured: dict, source: str) -> None:
-    """The fitted cost model as a simulator profile document (`relstream.sim.profiles`)."""
-    cost = measured["fitted_cost_model"]
-    document = {
-        "name": "cpu-smollm2",
-        "kind": "linear",
-        "description": "fitted by `relstream bench --backend vllm` from its step logs (pure "
-        "prefill and pure decode steps).",
-        "source": source,
-        "limits": measured["limits"],
-        "prefill_per_token": cost["alpha_p"],
-        "prefill_base": cost["beta_p"],
-        "decode_per_request": cost["alpha_d"],
-        "decode_base": cost["beta_d"],
-        "fitted_from": {key: cost[key] for key in ("prefill_steps", "decode_steps")},
-    }
-    path.write_text(json.dumps(document, indent=2) + "\n")
-
-
-def simulate_same_runs(measured: dict, options: VllmBenchOptions) -> dict[str, dict[str, float]]:
-    """The simulator on the fitted profile, same trace and rates: predicted vs real mean."""
-    profile = fitted_profile(
-        "cpu-smollm2", measured["fitted_cost_model"], EngineLimits(**measured["limits"])
-    )
-    trace = tokenize_trace(measured["entries"], options.trace)
+def simulate_same_runs(
+    measured: dict, trace_config: TraceConfig, profile: CostProfile
+) -> dict[str, dict[str, float]]:
+    """The simulator replaying each run on `profile`: the same relQueries and arrival
+    rate, each row ending where it ended on the real engine."""
+    trace = tokenize_trace(measured["entries"], trace_config, measured["output_tokens"])
     predictions: dict[str, dict[str, float]] = {}
     for summary in measured["summaries"]:
         rate = measured["rates"][f"{summary.rate:g}"]
@@ -64,7 +57,9 @@ def simulate_same_runs(measured: dict, options: VllmBenchOptions) -> dict[str, d
 def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
     out = options.out_dir
     summaries: list[RunSummary] = measured["summaries"]
-    predictions = simulate_same_runs(measured, options)
+    step_fit = fit_step_costs(measured["steps"])
+    fitted = profile_document(step_fit, measured["limits"], "cpu-smollm2", str(out))
+    predictions = simulate_same_runs(measured, options.trace, profile_from_document(fitted))
     top = max(options.load_fractions)
     document = {
         "command": options.command,
@@ -80,12 +75,13 @@ def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
         "ratios_vs_relserve_at_top_load": ratios_at(summaries, top, "relserve"),
         "scheduling_overhead": measured["overhead"],
         "fitted_cost_model": measured["fitted_cost_model"],
+        "step_cost_fit": step_fit,
         "limits": measured["limits"],
         "simulator_prediction": predictions,
         "output_tokens": measured["output_tokens"],
     }
     out.mkdir(parents=True, exist_ok=True)
-    write_fitted_profile(out / FITTED_PROFILE_FILE, measured, str(out))
+    (out / FITTED_PROFILE_FILE).write_text(json.dumps(fitted, indent=2) + "\n")
     title = f"vLLM CPU, {options.model}"
     plot_latency_vs_rate(
         summaries, out / "latency_vs_rate.png", title, "load (fraction of capacity)"
@@ -118,6 +114,7 @@ def _body(document: dict, summaries: list[RunSummary], top: float) -> list[str]:
         for key, p in document["simulator_prediction"].items()
     ]
     cost = document["fitted_cost_model"]
+    fit = document["step_cost_fit"]
     return [
         f"## At the highest load ({top:g} of capacity)",
         "",
@@ -155,12 +152,60 @@ def _body(document: dict, summaries: list[RunSummary], top: float) -> list[str]:
         f"From the step logs (`steps-*.jsonl`): L_prefill = {cost['alpha_p'] * 1e3:.3f} ms × "
         f"uncached tokens + {cost['beta_p'] * 1e3:.1f} ms ({cost['prefill_steps']} prefill "
         f"steps); L_decode = {cost['alpha_d'] * 1e3:.3f} ms × requests + "
-        f"{cost['beta_d'] * 1e3:.1f} ms ({cost['decode_steps']} decode steps). Committed as "
-        f"`{FITTED_PROFILE_FILE}` beside these results, in the format of the simulator's "
-        "profiles: copy it to `relstream/sim/data/cpu-smollm2.json` to adopt it.",
+        f"{cost['beta_d'] * 1e3:.1f} ms ({cost['decode_steps']} decode steps): the paper's "
+        "form, pure steps only.",
+        "",
+        f"All {fit['steps']} steps at once, mixed ones included (`relstream.bench.stepfit`): "
+        f"{fit['base'] * 1e3:.1f} ms + {fit['per_uncached_token'] * 1e3:.3f} ms × uncached "
+        f"tokens + {fit['per_decode_request'] * 1e3:.3f} ms × decodes + "
+        f"{fit['per_context_token'] * 1e6:.3f} µs × decode context tokens; predicted / real "
+        "busy time "
+        + ", ".join(
+            f"{kind} {v['busy_ratio']:.2f} (mean error {v['mean_abs_error']:.0%}, {v['steps']})"
+            for kind, v in fit["by_kind"].items()
+        )
+        + f". The simulator replays each run on it, rows ending where they really ended. "
+        f"Committed as `{FITTED_PROFILE_FILE}`, a simulator profile: copy it to "
+        "`relstream/sim/data/cpu-smollm2.json` to adopt it.",
         "",
         "| policy@load | real mean (s) | simulated mean (s) | error |",
         "|---|---|---|---|",
         *prediction_rows,
         "",
     ]
+
+
+def rebuild_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
+    """The report of a finished run rebuilt from its results.json and step logs (after a
+    change to the fit or the simulator), without running the engine again."""
+    document = json.loads((out / "results.json").read_text())
+    trace_fields = {f.name for f in fields(TraceConfig)}
+    trace = TraceConfig(**{k: v for k, v in document["trace"].items() if k in trace_fields})
+    runs = [RunSummary(**run) for run in document["runs"]]
+    steps = [
+        step
+        for path in sorted(out.glob("steps-*.jsonl"))
+        if path.name != "steps-capacity.jsonl"
+        for step in read_step_log(path)[1]
+    ]
+    options = VllmBenchOptions(
+        model=document["model"],
+        policies=tuple(dict.fromkeys(run.policy for run in runs)),
+        load_fractions=tuple(float(key) for key in document["rates_relqueries_per_s"]),
+        trace=trace,
+        datasets_dir=datasets_dir,
+        out_dir=out,
+        command=document["command"],
+    )
+    measured = {
+        "capacity_relqueries_per_s": document["capacity_relqueries_per_s"],
+        "rates": document["rates_relqueries_per_s"],
+        "summaries": runs,
+        "overhead": document["scheduling_overhead"],
+        "fitted_cost_model": fit_cost_model(steps),
+        "limits": document["limits"],
+        "entries": generate_relqueries(trace, load_datasets(datasets_dir)),
+        "steps": steps,
+        "output_tokens": document["output_tokens"],
+    }
+    return write_vllm_report(measured, options)

@@ -4,7 +4,7 @@ and query types, arriving as a Poisson (or bursty gamma) process."""
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,9 +140,15 @@ class TokenizedTrace:
         return out
 
 
-def tokenize_trace(entries: list[TraceEntry], config: TraceConfig) -> TokenizedTrace:
-    """Render every row through the chat template and tokenize it; sample where each
-    request's end-of-sequence falls (geometric, capped at max tokens)."""
+def tokenize_trace(
+    entries: list[TraceEntry],
+    config: TraceConfig,
+    output_tokens: Mapping[str, Sequence[int]] | None = None,
+) -> TokenizedTrace:
+    """Render every row through the chat template and tokenize it. Each request ends
+    where a real run's row ended when `output_tokens` (relQuery id -> tokens per row) is
+    given (replay), else where a geometric draw puts its end-of-sequence; never past max
+    tokens."""
     rng = random.Random(config.seed + 104729)
     token_ids: dict[str, list[list[int]]] = {}
     lengths: dict[str, list[int]] = {}
@@ -153,10 +159,14 @@ def tokenize_trace(entries: list[TraceEntry], config: TraceConfig) -> TokenizedT
             raise ValueError(f"{relquery.id}: {failures[0].reason}")
         prompts = [chatml_prompt(r.prompt, relquery.system_prompt) for r in requests]
         token_ids[relquery.id] = encode_batch(prompts)
-        lengths[relquery.id] = [
+        sampled = [
             _sample_output_length(rng, relquery.max_output_tokens, config.eos_per_token)
             for _ in requests
         ]
+        if output_tokens is not None:
+            real = output_tokens[relquery.id]
+            sampled = [min(max(real[r.row_index], 1), relquery.max_output_tokens) for r in requests]
+        lengths[relquery.id] = sampled
     return TokenizedTrace(entries, token_ids, lengths)
 
 

@@ -87,6 +87,12 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--decision-benchmark/--no-decision-benchmark", default=True)
 @click.option(
+    "--report-only",
+    is_flag=True,
+    help="vllm: rebuild the report (fit, simulator prediction, README) from the results "
+    "and step logs already in --out, without running the engine.",
+)
+@click.option(
     "--rows",
     default=100_000,
     show_default=True,
@@ -182,6 +188,14 @@ def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comman
 
 
 def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
+    if opts["report_only"]:
+        from relstream.bench.vllmreport import rebuild_vllm_report
+
+        out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
+        document = rebuild_vllm_report(out_dir, datasets_dir)
+        _print_top_rate(document, max(float(k) for k in document["rates_relqueries_per_s"]))
+        console.print(f"rewrote {out_dir}/results.json, README.md, fitted_profile.json")
+        return
     reexec_with_tcmalloc()
     from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
     from relstream.bench.vllmreport import write_vllm_report
