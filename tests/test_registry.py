@@ -15,6 +15,7 @@ def test_stock_vllm_decides_its_own_policies_and_the_plug_in_decides_the_rest(co
         "relserve",
         "relserve-pp",
         "relserve-dp",
+        "relstream",
     ]
     # Policies the plug-in decides keep vLLM's plain FCFS queue underneath.
     assert {policy_spec(name).vllm_queue for name in plug_in} == {VllmQueue.FCFS}

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 
 from relstream.bench.workload import TokenizedTrace
 from relstream.model import LatencyBreakdown
-from relstream.scheduler import CostModel, OnlineCostModel, make_policy
+from relstream.scheduler import CostModel, OnlineCostModel
 from relstream.sim.engine import SimRun, SimulatedEngine
+from relstream.sim.policies import make_sim_policy
 from relstream.sim.profiles import CostProfile
 
 
@@ -121,7 +122,7 @@ def run_grid(
     for rate in rates:
         relqueries = trace.at_rate(rate, profile.limits.block_size)
         for name in policies:
-            policy = make_policy(name, make_cost_model(cost_model, profile))
+            policy = make_sim_policy(name, make_cost_model(cost_model, profile))
             run = SimulatedEngine(profile, policy).run(relqueries)
             summary = summarize(name, rate, run)
             summaries.append(summary)

@@ -14,7 +14,7 @@ from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
 from relstream.cli.common import console, progress
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS
-from relstream.scheduler import POLICIES
+from relstream.sim.policies import SIM_POLICIES
 from relstream.sim.profiles import PROFILE_NAMES
 
 
@@ -34,9 +34,10 @@ def _policies(
     if value is None:
         return None
     names = _csv_list(str, value)
-    unknown = [name for name in names if name not in POLICIES]
+    unknown = [name for name in names if name not in SIM_POLICIES]
     if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+        known = ", ".join(SIM_POLICIES)
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {known}")
     return names
 
 
@@ -113,7 +114,7 @@ def bench(**opts) -> None:
     opts["relqueries"] = opts["relqueries"] or default_size
     opts["max_rows"] = opts["max_rows"] or default_size
     if opts["policies"] is None:
-        defaults = {"sim": tuple(POLICIES), "vllm": ("v1-fcfs", "v1-priority", "relserve")}
+        defaults = {"sim": SIM_POLICIES, "vllm": ("v1-fcfs", "v1-priority", "relserve")}
         opts["policies"] = defaults.get(backend, ("relserve",))
     bundled = _use_bundled(opts["bundled"], opts["datasets"])
     if bundled and not opts["bundled"]:

@@ -24,6 +24,7 @@ from relstream.scheduler.policies import (
     StaticPriority,
     StaticPriorityEvicting,
 )
+from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.stock_v1 import StockV1FCFS, StockV1Priority
 
 
@@ -58,6 +59,7 @@ _SPECS = (
     PolicySpec(RelServe.name, RelServe),
     PolicySpec(RelServePP.name, RelServePP),
     PolicySpec(RelServeDP.name, RelServeDP),
+    PolicySpec(Relstream.name, Relstream),
 )
 POLICIES: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}
 

@@ -112,6 +112,11 @@ class SimulatedEngine(EngineView):
         )
         return blocks * self.limits.block_size
 
+    def true_remaining_output(self, seq: SeqInfo) -> int:
+        """Tokens `seq` will still generate: known to the simulator alone, for the
+        clairvoyant reference."""
+        return max(self._requests[seq.request_id].output_length - seq.output_tokens, 1)
+
     def growth_kv_tokens(self, seq: SeqInfo, new_tokens: int) -> int:
         missing = self.kv.missing_blocks(seq.request_id, seq.computed_tokens + new_tokens)
         return missing * self.limits.block_size

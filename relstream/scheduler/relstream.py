@@ -1,0 +1,316 @@
+"""relstream's own policy: RelServe's ordering, fitted to an engine that mixes steps.
+
+Each step, with the online step cost L = b + a_p·tokens + a_d·decodes (`stepcost`):
+
+1. **Order.** relQueries are ranked by the remaining work they add to the engine:
+
+       W(R) = a_p·P(R) + (a_d + b/n)·O(R)
+
+   P: prompt tokens still to compute; O: output tokens still expected (`remaining`);
+   n: requests in the running batch. The step base b is shared by the n requests of a
+   step, so each output token carries b/n of it, not b (PEM charges every relQuery
+   OL(R)·b whole, as if it ran alone). A relQuery waiting longer than the paper's
+   starvation threshold (seconds per request of R_0) goes first.
+2. **Run.** Every running request decodes; unfinished prompts continue in rank order,
+   chunked to the token budget, mixed into the decode step as vLLM V1 does.
+3. **Admit** (only in a step that preempted nothing), in rank order, while seats, token
+   budget and KV last. KV is counted for each request's whole sequence plus its expected
+   output (and kept for the running requests' expected outputs), so admission does not
+   thrash. A relQuery already started is always continued; the next one is admitted
+   only when the Δ of doing so now, rather than after the running set S, is negative:
+
+       Δ+ = |S|·a_p·P(p) + a_d·m(p)·Σ_{R∈S} min(L(p), L(R))     delay it puts on S
+       Δ- = T(S) − a_d·Σ_{R∈S} min(O(R), m(R)·L(p))              what p saves itself
+            + |Q|·b·min(L(p), max L(S))                          saved steps, for the queue
+
+   with m: rows, L: decode steps left, T(S) = a_p·ΣP + b·max L + a_d·ΣO the time S would
+   still take alone, Q the relQueries ranked after p. On a base-bound engine (GPU) the
+   queue's saved steps dominate and batches fill; on a per-request-bound one (this CPU)
+   the delay to S does, and the running set stays small. The regime comes from the
+   fitted coefficients; there is no per-machine knob.
+4. **Preempt** only when a running request's next tokens find no KV: the last row of the
+   worst-ranked running relQuery, by recompute, as vLLM would.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass
+
+from relstream.scheduler.cost import CostModel
+from relstream.scheduler.policies import Policy
+from relstream.scheduler.remaining import Oracle, Remaining, expected_output, remaining
+from relstream.scheduler.stepcost import OnlineStepCost
+from relstream.scheduler.view import (
+    IDLE,
+    EngineView,
+    PrefillChunk,
+    RelQueryInfo,
+    SeqInfo,
+    StepFeedback,
+    StepPlan,
+)
+
+Rank = tuple[int, float, float, str]  # (0 when starving else 1, W, arrival, id)
+RESORT_EVERY = 64  # steps between re-ranking every waiting relQuery on fresh coefficients
+
+
+@dataclass(frozen=True)
+class RelstreamConfig:
+    starvation_threshold: float = 10.0  # seconds of waiting per request of R_0
+    reserve_outputs: float = 1.0  # share of expected output KV kept free at admission
+    gate: bool = True  # admit the next relQuery only when Δ < 0
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    base: float
+    per_token: float
+    per_decode: float
+    batch: int  # requests running now (at least 1)
+
+    def work(self, left: Remaining) -> float:
+        """W(R): the engine time R adds, its share of every step's base included."""
+        return self.per_token * left.prompt_tokens + (
+            self.per_decode + self.base / self.batch
+        ) * left.output_tokens
+
+
+class Relstream(Policy):
+    name = "relstream"
+
+    def __init__(
+        self, cost: CostModel, config: RelstreamConfig | None = None, oracle: Oracle | None = None
+    ) -> None:
+        super().__init__(cost)
+        self.config = config or RelstreamConfig()
+        self.step_cost = OnlineStepCost.from_prior(cost)
+        self.oracle = oracle
+        self._rank: dict[str, Rank] = {}  # relQueries with no running request
+        self._order: list[Rank] = []  # the same, sorted
+        self._left: dict[str, Remaining] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        self._starving: set[str] = set()
+        self._steps = 0
+
+    def observe(self, feedback: StepFeedback) -> None:
+        super().observe(feedback)
+        self.step_cost.observe(feedback)
+
+    def plan(self, view: EngineView) -> StepPlan:
+        return self.plan_step(view)  # unfinished prompts continue inside the step itself
+
+    def plan_step(self, view: EngineView) -> StepPlan:
+        tracker = view.tracker
+        base, per_token, per_decode = self.step_cost.coefficients()
+        coefficients = Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
+        self._refresh(view, coefficients)
+        active = sorted(
+            tracker.active_relqueries.values(),
+            key=lambda info: self._rank_of(info, coefficients),
+        )
+        step = _Step(view, self.oracle, self.config.reserve_outputs)
+        step.run(active)
+        if not step.preempted:
+            gate = self.config.gate and not batching_is_free(view, coefficients)
+            self._admit(view, step, active, coefficients, gate)
+        return step.plan()
+
+    # ranking
+    def _rank_of(self, info: RelQueryInfo, coefficients: Coefficients) -> Rank:
+        left = remaining(info, self.oracle)
+        self._left[info.relquery_id] = left
+        starving = 0 if info.relquery_id in self._starving else 1
+        return (starving, coefficients.work(left), info.arrival_time, info.relquery_id)
+
+    def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
+        """Re-rank what changed; the rest keeps its rank (a fully waiting relQuery's
+        remaining work does not change), re-ranked on fresh coefficients now and then."""
+        tracker = view.tracker
+        changed = tracker.drain_changed()
+        now = view.now()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, relquery_id = heapq.heappop(self._deadlines)
+            if relquery_id in tracker.relqueries:
+                self._starving.add(relquery_id)
+                changed.add(relquery_id)
+        self._steps += 1
+        if self._steps % RESORT_EVERY == 0:
+            changed |= set(self._rank)
+        for relquery_id in changed | (set(self._rank) - set(tracker.relqueries)):
+            self._unrank(relquery_id)
+            info = tracker.relqueries.get(relquery_id)
+            if info is None:
+                self._starving.discard(relquery_id)
+                self._left.pop(relquery_id, None)
+                continue
+            if relquery_id not in self._left:
+                deadline = info.arrival_time + self.config.starvation_threshold * (
+                    info.total_requests
+                )
+                heapq.heappush(self._deadlines, (deadline, relquery_id))
+            rank = self._rank_of(info, coefficients)
+            if not info.running:
+                self._rank[relquery_id] = rank
+                bisect.insort(self._order, rank)
+
+    def _unrank(self, relquery_id: str) -> None:
+        rank = self._rank.pop(relquery_id, None)
+        if rank is not None:
+            del self._order[bisect.bisect_left(self._order, rank)]
+
+    # admission
+    def _admit(
+        self,
+        view: EngineView,
+        step: _Step,
+        active: list[RelQueryInfo],
+        coefficients: Coefficients,
+        gate: bool,
+    ) -> None:
+        started = [info for info in active if info.waiting]
+        candidates = started + [view.tracker.relqueries[rank[3]] for rank in self._order]
+        running_set = [self._left[info.relquery_id] for info in active]
+        for position, info in enumerate(candidates):
+            left = self._left[info.relquery_id]
+            if not info.running and gate:
+                behind = len(candidates) - position - 1
+                if not admission_pays(running_set, left, behind, coefficients):
+                    return
+            if not step.admit(info):
+                return  # out of seats, budget or KV: nothing ranked lower goes first
+            running_set.append(left)
+
+
+def batching_is_free(view: EngineView, c: Coefficients) -> bool:
+    """The regime, from the fitted step cost: a batch as full as seats and KV allow costs
+    less per-request time than one step's base (a GPU reading its weights), so every
+    request added to a step rides nearly free and the batch should be filled."""
+    tracker = view.tracker
+    seqs = list(tracker.running.values())[:64] or list(tracker.waiting.values())[:64]
+    if not seqs:
+        return False
+    mean_tokens = sum(seq.prompt_tokens + seq.max_tokens for seq in seqs) / len(seqs)
+    full_batch = min(view.limits.max_num_seqs, view.limits.kv_capacity_tokens / mean_tokens)
+    return c.per_decode * full_batch < c.base
+
+
+def admission_pays(
+    running_set: list[Remaining], candidate: Remaining, behind: int, c: Coefficients
+) -> bool:
+    """Δ < 0: admitting `candidate` now beats admitting it after the running set."""
+    if not running_set:
+        return True
+    longest = max(left.steps for left in running_set)
+    overlap = sum(min(candidate.steps, left.steps) for left in running_set)
+    increase = (
+        len(running_set) * c.per_token * candidate.prompt_tokens
+        + c.per_decode * candidate.rows * overlap
+    )
+    running_alone = (
+        c.per_token * sum(left.prompt_tokens for left in running_set)
+        + c.base * longest
+        + c.per_decode * sum(left.output_tokens for left in running_set)
+    )
+    shared = c.per_decode * sum(
+        min(left.output_tokens, left.rows * candidate.steps) for left in running_set
+    )
+    reduction = running_alone - shared + behind * c.base * min(candidate.steps, longest)
+    return increase - reduction < 0
+
+
+class _Step:
+    """One step being composed: budget, seats and KV left, and what it will run."""
+
+    def __init__(self, view: EngineView, oracle: Oracle | None, reserve: float) -> None:
+        self.view = view
+        self.oracle = oracle
+        self.reserve = reserve
+        self.budget = view.limits.max_num_batched_tokens
+        self.seats = view.limits.max_num_seqs - len(view.tracker.running)
+        self.free = view.free_kv_tokens()
+        self.reserved = 0  # KV the running requests' expected outputs will still take
+        self.decode: list[str] = []
+        self.prefill: list[PrefillChunk] = []
+        self.preempted: list[str] = []
+
+    def run(self, active: list[RelQueryInfo]) -> None:
+        """Decode every running request (each takes one token of the budget first), then
+        continue unfinished prompts in rank order; on a KV shortfall preempt the
+        worst-ranked relQuery's last row."""
+        rows = [seq for info in active for seq in info.running.values()]
+        expected = {info.relquery_id: expected_output(info) for info in active}
+        self.budget -= sum(1 for seq in rows if seq.prefill_done)
+        scheduled: dict[str, tuple[int, int]] = {}  # request id -> (tokens, KV taken)
+        for seq in list(rows):
+            if seq.request_id in self.preempted:
+                continue
+            tokens = 1 if seq.prefill_done else min(seq.uncomputed_tokens, self.budget)
+            if tokens <= 0:
+                continue
+            need = self.view.growth_kv_tokens(seq, tokens)
+            if not self._make_room(rows, seq, need, scheduled):
+                break
+            self.free -= need
+            if not seq.prefill_done:
+                self.budget -= tokens
+            scheduled[seq.request_id] = (tokens, need)
+            left = self._output_left(seq, expected[seq.relquery_id])
+            later = self.view.growth_kv_tokens(seq, tokens + left) - need
+            self.reserved += int(later * self.reserve)
+        running = self.view.tracker.running
+        for request_id, (tokens, _) in scheduled.items():
+            if running[request_id].prefill_done:
+                self.decode.append(request_id)
+            else:
+                self.prefill.append(PrefillChunk(request_id, tokens))
+
+    def _make_room(
+        self, rows: list[SeqInfo], seq: SeqInfo, need: int, scheduled: dict[str, tuple[int, int]]
+    ) -> bool:
+        """Preempt from the end of the ranked rows until `need` KV is free; False when
+        `seq` itself had to go."""
+        while need > self.free:
+            victim = rows.pop()
+            self.preempted.append(victim.request_id)
+            self.free += self.view.releasable_kv_tokens(victim)
+            tokens, taken = scheduled.pop(victim.request_id, (0, 0))
+            self.free += taken
+            self.budget += 1 if victim.prefill_done else tokens
+            if victim is seq:
+                return False
+        return True
+
+    def admit(self, info: RelQueryInfo) -> bool:
+        """Admit R's waiting rows while seats, budget and KV last; False once one ran out."""
+        block = self.view.limits.block_size
+        expected = expected_output(info)
+        for seq in list(info.waiting.values()):
+            if self.seats <= 0 or self.budget <= 0:
+                return False
+            cached = self.view.cached_prompt_tokens(seq)
+            need = self.view.admission_kv_tokens(seq, cached)
+            total = seq.uncomputed_tokens + self._output_left(seq, expected)
+            growth = (-(-total // block) - -(-seq.uncomputed_tokens // block)) * block
+            growth = int(growth * self.reserve)
+            if need + growth > self.free - self.reserved:
+                return False
+            tokens = min(seq.uncomputed_tokens - cached, self.budget)
+            self.prefill.append(PrefillChunk(seq.request_id, tokens))
+            self.free -= need
+            self.reserved += growth
+            self.budget -= tokens
+            self.seats -= 1
+        return True
+
+    def _output_left(self, seq: SeqInfo, expected: int) -> int:
+        if self.oracle is not None:
+            return self.oracle(seq)
+        return max(1, min(seq.max_tokens, expected) - seq.output_tokens)
+
+    def plan(self) -> StepPlan:
+        plan = StepPlan(
+            prefill=tuple(self.prefill), decode=tuple(self.decode), preempt=tuple(self.preempted)
+        )
+        return plan if plan.prefill or plan.decode or plan.preempt else IDLE

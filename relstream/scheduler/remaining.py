@@ -1,0 +1,50 @@
+"""What is left of a relQuery, estimated the way a real engine can: without knowing where
+any row's output will end.
+
+A row is expected to generate as many tokens as the finished rows of its relQuery did on
+average (rows of one template tend to answer alike: a label, a digit, a sentence), or
+its whole budget OL(R) before any row has finished. A clairvoyant reference passes the
+true remaining length of each row instead (`oracle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from relstream.scheduler.view import RelQueryInfo, SeqInfo
+
+Oracle = Callable[[SeqInfo], int]  # a row's true remaining output tokens
+
+
+@dataclass(frozen=True)
+class Remaining:
+    rows: int  # requests not finished
+    prompt_tokens: int  # prompt (and recomputed output) tokens still to compute
+    output_tokens: int  # tokens still to generate, all rows together
+    steps: int  # decode steps until its last row ends: L(R)
+
+
+def expected_output(info: RelQueryInfo) -> int:
+    """Tokens one row of R is expected to generate in all."""
+    if info.finished:
+        mean = info.finished_output_tokens / info.finished
+        return max(1, min(info.max_tokens, round(mean)))
+    return info.max_tokens
+
+
+def row_remaining_output(seq: SeqInfo, expected: int) -> int:
+    """Tokens a row still generates: at least one while it runs, never past its budget."""
+    return max(1, min(seq.max_tokens, expected) - seq.output_tokens)
+
+
+def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
+    expected = expected_output(info)
+    prompt = outputs = steps = 0
+    for rows in (info.running.values(), info.waiting.values()):
+        for seq in rows:
+            left = oracle(seq) if oracle else row_remaining_output(seq, expected)
+            prompt += seq.uncomputed_tokens if not seq.prefill_done else 0
+            outputs += left
+            steps = max(steps, left)
+    return Remaining(len(info.running) + len(info.waiting), prompt, outputs, steps)

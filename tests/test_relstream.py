@@ -1,0 +1,92 @@
+"""relstream's policy: its Δ, its work estimate and its regime test on cases computed by
+hand, the step-cost fit, and whole runs on the simulator."""
+
+import pytest
+from helpers import ScriptedView
+
+from relstream.scheduler import CostModel, EngineLimits, Linear, StepFeedback, StepKind
+from relstream.scheduler.relstream import (
+    Coefficients,
+    Relstream,
+    admission_pays,
+    batching_is_free,
+)
+from relstream.scheduler.remaining import Remaining, expected_output, remaining
+from relstream.scheduler.stepcost import OnlineStepCost
+
+# b = 20 ms per step, 1 ms per prompt token, 2 ms per decode; 10 requests running.
+C = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=10)
+RUNNING = [Remaining(rows=10, prompt_tokens=0, output_tokens=100, steps=10)]
+CANDIDATE = Remaining(rows=5, prompt_tokens=500, output_tokens=50, steps=10)
+
+
+def test_work_charges_each_output_token_its_share_of_the_step_base():
+    # 1 ms × 500 prompt tokens + (2 ms + 20 ms / 10 running) × 50 output tokens = 0.7 s
+    assert C.work(CANDIDATE) == pytest.approx(0.7)
+
+
+def test_delta_keeps_the_running_set_alone_when_nobody_waits_behind():
+    # Δ+ = 1 running relQuery × 0.5 s of prefill + 2 ms × 5 rows × 10 shared steps = 0.6
+    # Δ- = 0.4 s the running set still takes alone − 0.2 s p would share = 0.2
+    assert not admission_pays(RUNNING, CANDIDATE, behind=0, c=C)
+
+
+def test_delta_admits_when_the_saved_steps_reach_the_queue():
+    # Three relQueries behind p each save 10 shared steps × 20 ms = 0.6 s: Δ = 0.6 − 0.8
+    assert admission_pays(RUNNING, CANDIDATE, behind=3, c=C)
+
+
+def test_an_idle_engine_always_admits():
+    assert admission_pays([], CANDIDATE, behind=0, c=C)
+
+
+def test_rows_are_expected_to_answer_like_their_finished_siblings():
+    view = ScriptedView(EngineLimits(8, 100, 1000, 4))
+    ids = view.add_relquery("q", [10, 10, 10, 10], max_tokens=10)
+    info = view.tracker.relqueries["q"]
+    assert expected_output(info) == 10  # nothing finished yet: the whole budget
+    for request_id, generated in zip(ids[:2], (3, 4), strict=True):
+        view.start(request_id)
+        view.tracker.record_progress(view.tracker.running[request_id], generated=generated - 1)
+        view.tracker.finish(request_id)
+    assert expected_output(info) == 4  # (3 + 4) / 2 = 3.5, rounded half to even
+    left = remaining(info)
+    assert (left.rows, left.prompt_tokens, left.output_tokens, left.steps) == (2, 20, 8, 4)
+
+
+def test_the_regime_comes_from_the_fitted_cost_and_the_limits():
+    limits = EngineLimits(
+        max_num_seqs=256, max_num_batched_tokens=2048, kv_capacity_tokens=10_000, block_size=16
+    )
+    view = ScriptedView(limits)
+    view.add_relquery("q", [80, 80], max_tokens=20)  # 100 tokens a request: 100 fit in KV
+    gpu = Coefficients(base=0.021, per_token=0.0002, per_decode=0.0001, batch=1)
+    cpu = Coefficients(base=0.025, per_token=0.001, per_decode=0.0025, batch=1)
+    assert batching_is_free(view, gpu)  # 100 × 0.1 ms = 10 ms < 21 ms
+    assert not batching_is_free(view, cpu)  # 100 × 2.5 ms = 250 ms > 25 ms
+
+
+def test_the_step_cost_learns_a_line_from_mixed_steps():
+    cost = OnlineStepCost(base=0.1, per_token=0.0, per_decode=0.0)
+    for step in range(200):
+        tokens, decodes = (step * 37) % 1500, (step * 11) % 90
+        duration = 0.025 + 0.001 * tokens + 0.002 * decodes
+        kind = StepKind.of(bool(tokens), bool(decodes))
+        cost.observe(StepFeedback(kind, tokens, decodes, duration))
+    base, per_token, per_decode = cost.coefficients()
+    assert (base, per_token, per_decode) == pytest.approx((0.025, 0.001, 0.002), rel=1e-3)
+
+
+def test_relstream_finishes_the_smaller_relquery_first():
+    # Per-request-bound costs (this CPU's regime): the 2-row relQuery arriving second
+    # is admitted before the 20-row one, which keeps waiting: Δ+ = 1 s of its prefill
+    # + 2.5 ms × 20 rows × 20 shared steps = 2 s against Δ- = 0.7 − 0.1 = 0.6 s.
+    limits = EngineLimits(
+        max_num_seqs=64, max_num_batched_tokens=512, kv_capacity_tokens=100_000, block_size=16
+    )
+    view = ScriptedView(limits)
+    view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
+    view.add_relquery("small", [50] * 2, max_tokens=20, arrival=0.1)
+    cost = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
+    plan = Relstream(cost).plan(view)
+    assert [chunk.request_id for chunk in plan.prefill] == ["small#0", "small#1"]
