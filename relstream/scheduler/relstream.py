@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from dataclasses import dataclass
 
 from relstream.scheduler.cost import CostModel
@@ -106,9 +107,10 @@ class Relstream(Policy):
         base, per_token, per_decode = self.step_cost.coefficients()
         coefficients = Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
         self._refresh(view, coefficients)
+        # Active relQueries changed this step, so _refresh has just estimated them afresh.
         active = sorted(
             tracker.active_relqueries.values(),
-            key=lambda info: self._rank_of(info, coefficients),
+            key=lambda info: self._ranked(info, coefficients),
         )
         step = _Step(view, self.oracle, self.config.reserve_outputs)
         step.run(active)
@@ -119,10 +121,14 @@ class Relstream(Policy):
 
     # ranking
     def _rank_of(self, info: RelQueryInfo, coefficients: Coefficients) -> Rank:
-        left = remaining(info, self.oracle)
-        self._left[info.relquery_id] = left
+        self._left[info.relquery_id] = remaining(info, self.oracle)
+        return self._ranked(info, coefficients)
+
+    def _ranked(self, info: RelQueryInfo, coefficients: Coefficients) -> Rank:
+        """The rank of R from its last estimate of remaining work."""
         starving = 0 if info.relquery_id in self._starving else 1
-        return (starving, coefficients.work(left), info.arrival_time, info.relquery_id)
+        work = coefficients.work(self._left[info.relquery_id])
+        return (starving, work, info.arrival_time, info.relquery_id)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
         """Re-rank what changed; the rest keeps its rank (a fully waiting relQuery's
@@ -137,8 +143,13 @@ class Relstream(Policy):
                 changed.add(relquery_id)
         self._steps += 1
         if self._steps % RESORT_EVERY == 0:
-            changed |= set(self._rank)
-        for relquery_id in changed | (set(self._rank) - set(tracker.relqueries)):
+            # Fully waiting relQueries did not change: only the coefficients did.
+            unchanged = [rid for rid in self._rank if rid not in changed]
+            self._rank.update(
+                (rid, self._ranked(tracker.relqueries[rid], coefficients)) for rid in unchanged
+            )
+            self._order = sorted(self._rank.values())
+        for relquery_id in changed | (self._rank.keys() - tracker.relqueries.keys()):
             self._unrank(relquery_id)
             info = tracker.relqueries.get(relquery_id)
             if info is None:
@@ -170,12 +181,14 @@ class Relstream(Policy):
         gate: bool,
     ) -> None:
         started = [info for info in active if info.waiting]
-        candidates = started + [view.tracker.relqueries[rank[3]] for rank in self._order]
+        relqueries = view.tracker.relqueries
+        candidates = itertools.chain(started, (relqueries[rank[3]] for rank in self._order))
+        queued = len(started) + len(self._order)
         running_set = [self._left[info.relquery_id] for info in active]
         for position, info in enumerate(candidates):
             left = self._left[info.relquery_id]
             if not info.running and gate:
-                behind = len(candidates) - position - 1
+                behind = queued - position - 1
                 if not admission_pays(running_set, left, behind, coefficients):
                     return
             if not step.admit(info):
@@ -257,7 +270,9 @@ class _Step:
                 self.budget -= tokens
             scheduled[seq.request_id] = (tokens, need)
             left = self._output_left(seq, expected[seq.relquery_id])
-            later = self.view.growth_kv_tokens(seq, tokens + left) - need
+            block = self.view.limits.block_size
+            after = seq.computed_tokens + tokens
+            later = (-(-(after + left) // block) - -(-after // block)) * block
             self.reserved += int(later * self.reserve)
         running = self.view.tracker.running
         for request_id, (tokens, _) in scheduled.items():

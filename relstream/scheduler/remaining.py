@@ -44,7 +44,9 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
     for rows in (info.running.values(), info.waiting.values()):
         for seq in rows:
             left = oracle(seq) if oracle else row_remaining_output(seq, expected)
-            prompt += seq.uncomputed_tokens if not seq.prefill_done else 0
+            uncomputed = seq.uncomputed_tokens
+            if seq.output_tokens == 0 or uncomputed > 1:  # not decoding yet (prefill_done)
+                prompt += uncomputed
             outputs += left
             steps = max(steps, left)
     return Remaining(len(info.running) + len(info.waiting), prompt, outputs, steps)
