@@ -6,6 +6,7 @@ belong to its row, and bad rows must fail alone while the engine keeps serving.
 """
 
 import asyncio
+import json
 
 import pytest
 
@@ -22,7 +23,8 @@ CAPITALS = {
     "Japan": "Tokyo",
     "Spain": "Madrid",
 }
-POLICIES = ("v1-fcfs", "v1-priority", "relserve")
+POLICIES = ("v1-fcfs", "v1-priority", "relserve", "relstream")
+THINGS = ["the sea", "a forest", "snow", "bread", "a river", "the moon", "a city", "rain"]
 
 
 def capitals_relquery() -> RelQuery:
@@ -50,22 +52,50 @@ def faulty_relquery() -> RelQuery:
     return RelQuery("faulty", template, rows, max_output_tokens=8)
 
 
-async def serve(policy: str) -> dict:
-    engine = await RelQueryEngine.start(EngineSettings(policy=policy))
+def sized_relquery(name: str, rows: int) -> RelQuery:
+    things = [Row(f"{name}{i}", {"thing": THINGS[i % len(THINGS)]}) for i in range(rows)]
+    return RelQuery(name, Template("Describe {thing} in one short sentence."), things, 16)
+
+
+async def serve(policy: str, step_log) -> dict:
+    engine = await RelQueryEngine.start(EngineSettings(policy=policy, step_log=step_log))
     try:
         handles = [await engine.submit(rq) for rq in (capitals_relquery(), descriptions_relquery())]
         results = {h.relquery_id: await h.result() for h in handles}
         if policy == "relserve":
             results["faulty"] = await run(engine, faulty_relquery())
             results["after"] = await run(engine, capitals_relquery())  # still serving
+        if policy in ("v1-fcfs", "relstream"):
+            # Submitted at once, largest first: 30, 10 and 2 rows.
+            trio = [await engine.submit(sized_relquery(n, k)) for n, k in ORDER_TRIO]
+            results.update({h.relquery_id: await h.result() for h in trio})
         return results
     finally:
         engine.shutdown()
 
 
+ORDER_TRIO = (("A", 30), ("B", 10), ("C", 2))
+
+
 @pytest.fixture(scope="module")
-def served() -> dict[str, dict]:
-    return {policy: asyncio.run(serve(policy)) for policy in POLICIES}
+def served(tmp_path_factory) -> dict[str, dict]:
+    logs = tmp_path_factory.mktemp("steps")
+    results = {}
+    for policy in POLICIES:
+        log = logs / f"{policy}.jsonl"
+        results[policy] = asyncio.run(serve(policy, log))
+        results[policy]["steps"] = [
+            json.loads(line) for line in log.read_text().splitlines() if '"kind"' in line
+        ]
+    return results
+
+
+def admission_order(steps: list[dict], relqueries: set[str]) -> list[str]:
+    """The order in which the step log first admits each of `relqueries`."""
+    order: list[str] = []
+    for step in steps:
+        order += [rq for rq in step["admitted"] if rq in relqueries and rq not in order]
+    return order
 
 
 def test_every_answer_belongs_to_its_row(served):
@@ -99,3 +129,32 @@ def test_bad_rows_fail_alone_and_the_engine_keeps_serving(served):
     assert faulty["no-column"].status == "error" and "{country}" in faulty["no-column"].error
     assert faulty["too-long"].status == "error" and "tokens" in faulty["too-long"].error
     assert served["relserve"]["after"].outputs == served["relserve"]["capitals"].outputs
+
+
+def test_the_plug_in_keeps_async_scheduling_where_vllm_has_it():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from relstream.engine.plugin import RelstreamPlugin, scheduler_class
+
+    on_gpu, on_cpu = scheduler_class(True), scheduler_class(False)
+    assert issubclass(on_gpu, AsyncScheduler) and issubclass(on_gpu, RelstreamPlugin)
+    assert not issubclass(on_cpu, AsyncScheduler) and issubclass(on_cpu, RelstreamPlugin)
+
+
+def test_the_plug_in_decides_relstreams_order_where_stock_vllm_would_not(served):
+    """Three relQueries submitted at once, the largest first. Stock V1 admits them in
+    arrival order within its first steps; relstream ranks them by remaining work, admits
+    the 2-row one first and holds the 30-row one back until the others are done (its Δ:
+    on this CPU a running request costs more than a step's base). With vLLM deciding
+    (the plug-in off) the relstream half of this test fails."""
+    trio = {name for name, _ in ORDER_TRIO}
+    stock, ours = served["v1-fcfs"], served["relstream"]
+    assert admission_order(stock["steps"], trio) == ["A", "B", "C"]
+    assert admission_order(ours["steps"], trio) == ["C", "B", "A"]
+    assert stock["A"].latency.waiting < 0.2 * stock["C"].latency.total
+    held_back = max(ours["B"].latency.total, ours["C"].latency.total)
+    assert ours["A"].latency.waiting > 0.8 * held_back
+    finished = sorted(trio, key=lambda name: ours[name].latency.total)
+    assert finished[-1] == "A"  # the largest finishes last
+    for name in trio:  # the same answers either way
+        assert ours[name].outputs == stock[name].outputs

@@ -1,4 +1,5 @@
-"""The relstream policy inside vLLM V1: a `Scheduler` subclass (engine arg `scheduler_cls`).
+"""The relstream policy inside vLLM V1 (engine arg `scheduler_cls`): a subclass of vLLM's
+Scheduler, or of its AsyncScheduler where vLLM schedules ahead (`relstream_scheduler`).
 
 vLLM's own `schedule()` still does all the work (KV allocation, prefix caching, chunking,
 preemption); this class only decides *which* requests it may touch each step. A plan is
@@ -9,8 +10,9 @@ requests, calling `super().schedule()`, and putting everything else back:
   prefill-only  running = unfinished prefills in the plan, waiting = the planned requests
   mixed         both (sarathi)
 
-Policies that stock vLLM decides itself (`relstream.scheduler.registry`: `fcfs`, and
-`sp` on vLLM's "priority" queue with each request's static priority) are only observed.
+Policies that stock vLLM decides itself (`relstream.scheduler.registry`: `v1-fcfs`, and
+`v1-priority` on vLLM's "priority" queue with each request's static priority) are only
+observed.
 Configuration arrives in `additional_config["relstream"]`: {"policy": name,
 "step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"}}.
 """
@@ -22,6 +24,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
@@ -45,7 +48,8 @@ from relstream.scheduler import (
 # measured on the CPU build (docs/architecture.md, "Environment facts").
 DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}
 EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
-PLUGIN_CLASS = f"{__name__}.RelstreamScheduler"  # the engine arg `scheduler_cls`
+PLUGIN_CLASS = f"{__name__}.relstream_scheduler"  # the engine arg `scheduler_cls`
+MAX_PENDING_STEPS = 4
 
 
 def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
@@ -53,7 +57,21 @@ def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
     return {EXTRA_ARGS_KEY: {"relquery_id": relquery_id, "relquery_size": size}}
 
 
-class RelstreamScheduler(Scheduler, EngineView):
+def relstream_scheduler(*, vllm_config, **kwargs) -> Scheduler:
+    """What vLLM calls as `scheduler_cls`: the plug-in on vLLM's AsyncScheduler where
+    vLLM schedules the next step while the current one runs (GPUs), on the plain
+    Scheduler where it does not (the CPU platform turns async scheduling off)."""
+    plugin = scheduler_class(bool(vllm_config.scheduler_config.async_scheduling))
+    return plugin(vllm_config=vllm_config, **kwargs)
+
+
+def scheduler_class(async_scheduling: bool) -> type[Scheduler]:
+    return RelstreamAsyncScheduler if async_scheduling else RelstreamScheduler
+
+
+class RelstreamPlugin(EngineView):
+    """The plug-in's behaviour, mixed into one of vLLM's scheduler classes below."""
+
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         settings = dict((vllm_config.additional_config or {}).get("relstream", {}))
@@ -78,7 +96,9 @@ class RelstreamScheduler(Scheduler, EngineView):
         if self._step_log:
             header = {"event": "start", "policy": self.policy_name, "limits": asdict(self.limits)}
             self._step_log.write(json.dumps(header) + "\n")
-        self._pending: dict[str, Any] | None = None
+        # Steps scheduled and not yet reported back, by their SchedulerOutput: one at a
+        # time on the plain Scheduler, two when async scheduling plans a step ahead.
+        self._pending: dict[int, dict[str, Any]] = {}
 
     # EngineView
     def now(self) -> float:
@@ -126,15 +146,19 @@ class RelstreamScheduler(Scheduler, EngineView):
             plan = self.relstream_policy.plan(self)
             decided = time.perf_counter()
             output = self._schedule_plan(plan, throttle_prefills)
-        self._sync_membership(output)
-        self._pending = self._composition(output)
-        self._pending["decision_s"] = decided - started
-        self._pending["adapter_s"] = time.perf_counter() - started - (decided - started)
-        self._pending["started"] = time.perf_counter()
+        admitted = self._sync_membership(output)
+        pending = self._composition(output)
+        pending["admitted"] = admitted
+        pending["decision_s"] = decided - started
+        pending["adapter_s"] = time.perf_counter() - started - (decided - started)
+        pending["started"] = time.perf_counter()
+        self._pending[id(output)] = pending
+        while len(self._pending) > MAX_PENDING_STEPS:  # a step vLLM never reported back
+            del self._pending[next(iter(self._pending))]
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        pending, self._pending = self._pending, None
+        pending = self._pending.pop(id(scheduler_output), None)
         if pending is not None and scheduler_output.total_num_scheduled_tokens:
             duration = time.perf_counter() - pending.pop("started")
             feedback = StepFeedback(
@@ -199,16 +223,20 @@ class RelstreamScheduler(Scheduler, EngineView):
                     seq, computed - seq.computed_tokens, generated - seq.output_tokens
                 )
 
-    def _sync_membership(self, output) -> None:
-        """Mirror vLLM's admissions and preemptions into the tracker."""
+    def _sync_membership(self, output) -> list[str]:
+        """Mirror vLLM's admissions and preemptions into the tracker; returns the
+        relQueries that had a request admitted this step, in admission order."""
         for request_id in output.preempted_req_ids or ():
             if request_id in self.tracker.running:
                 self.tracker.requeue(request_id)
+        admitted: dict[str, None] = {}
         for request_id in output.num_scheduled_tokens:
             if request_id in self.tracker.waiting:
                 seq = self.tracker.start(request_id)
                 request = self.requests[request_id]
                 self.tracker.record_progress(seq, request.num_computed_tokens - seq.computed_tokens)
+                admitted[seq.relquery_id] = None
+        return list(admitted)
 
     def _composition(self, output) -> dict[str, Any]:
         """What the step computes, for the cost fit and the step log: prompt tokens and
@@ -235,3 +263,11 @@ class RelstreamScheduler(Scheduler, EngineView):
             "decode_context_tokens": decode_context,
             "prefill_context_tokens": prefill_context,
         }
+
+
+class RelstreamScheduler(RelstreamPlugin, Scheduler):
+    """The plug-in on vLLM's synchronous Scheduler."""
+
+
+class RelstreamAsyncScheduler(RelstreamPlugin, AsyncScheduler):
+    """The plug-in on vLLM's AsyncScheduler (scheduling overlapped with the forward pass)."""
