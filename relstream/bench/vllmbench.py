@@ -1,9 +1,13 @@
-"""`relstream bench --backend vllm`: the paper-style trace on the real engine.
+"""`relstream bench --backend vllm`: the paper-style trace on the real engine, as a
+campaign that can decide between policies.
 
-Load is a fraction of this engine's measured capacity (relQueries/s when the whole trace
-is submitted at once under fcfs), so the same command means the same on any machine.
-Each policy runs in its own engine with a step log; from the logs come the scheduling
-overhead, a fitted cost model, and the simulator's prediction of the same runs.
+Capacity is measured first: the first trace submitted all at once to stock vLLM V1
+(`v1-fcfs`), relQueries divided by the time to answer them all, i.e. the throughput of
+the engine kept saturated. Every load is a fraction of it, so the same command means the
+same on any machine. Traces differ by arrival process (Poisson, bursty gamma) and seed;
+the loads in `seeded_loads` run on every seed, the others on the first. Each policy runs
+in its own engine per trace, with a step log; every finished (policy, trace) is
+checkpointed, so a campaign of hours resumes where it stopped (`resume`).
 """
 
 from __future__ import annotations
@@ -13,14 +17,13 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from relstream.backend import RelQueryBackend
-from relstream.bench.runner import Measured, RunSummary, summarize_outcomes
+from relstream.bench.runner import Measured, summarize_outcomes
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
-from relstream.scheduler import EngineLimits
 from relstream.sim.profiles import fit_line
 
 
@@ -29,10 +32,33 @@ class VllmBenchOptions:
     model: str
     policies: tuple[str, ...]
     load_fractions: tuple[float, ...]
-    trace: TraceConfig
+    trace: TraceConfig  # size and output draws; arrival and seed vary per trace below
     datasets_dir: Path | None
     out_dir: Path
     command: str = ""
+    seeds: tuple[int, ...] = (0,)  # one trace per seed (and arrival)
+    seeded_loads: tuple[float, ...] = ()  # loads run on every seed; the rest on the first
+    arrivals: tuple[str, ...] = ("poisson",)
+    burstiness: float = 2.0  # the gamma arrivals' coefficient of variation
+    resume: bool = False  # keep the runs already checkpointed in out_dir
+
+    def traces(self) -> list[TraceConfig]:
+        """Every trace of the campaign, the capacity trace first."""
+        return [
+            replace(
+                self.trace,
+                arrival=arrival,
+                seed=seed,
+                burstiness=self.burstiness if arrival == "gamma" else 1.0,
+            )
+            for arrival in self.arrivals
+            for seed in self.seeds
+        ]
+
+    def loads_for(self, trace: TraceConfig) -> tuple[float, ...]:
+        if trace.seed == self.seeds[0]:
+            return self.load_fractions
+        return tuple(load for load in self.load_fractions if load in self.seeded_loads)
 
 
 @dataclass
@@ -127,65 +153,121 @@ async def _serve_policy(
         engine.shutdown()
 
 
+def trace_name(trace: TraceConfig) -> str:
+    return f"{trace.arrival}-s{trace.seed}"
+
+
+class Checkpoint:
+    """What a campaign has finished, on disk in its out_dir, so an interrupted campaign
+    (a session ends, a machine restarts) resumes where it stopped: the capacity, every
+    finished run (one JSON line each), and each trace's real output lengths."""
+
+    def __init__(self, out: Path, resume: bool) -> None:
+        self.out = out
+        self.runs_path = out / "runs.jsonl"
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for path in (*out.glob("steps-*.jsonl"), *out.glob("outputs-*.json")):
+                path.unlink()
+            self.runs_path.unlink(missing_ok=True)
+            (out / "capacity.json").unlink(missing_ok=True)
+
+    def capacity(self) -> float | None:
+        path = self.out / "capacity.json"
+        return json.loads(path.read_text())["relqueries_per_s"] if path.exists() else None
+
+    def save_capacity(self, capacity: float, trace: TraceConfig) -> None:
+        document = {"relqueries_per_s": capacity, "trace": asdict(trace)}
+        (self.out / "capacity.json").write_text(json.dumps(document, indent=2) + "\n")
+
+    def runs(self) -> list[dict]:
+        if not self.runs_path.exists():
+            return []
+        return [json.loads(line) for line in self.runs_path.read_text().splitlines() if line]
+
+    def done(self, policy: str, trace: TraceConfig) -> bool:
+        return any(
+            r["policy"] == policy and r["arrival"] == trace.arrival and r["seed"] == trace.seed
+            for r in self.runs()
+        )
+
+    def add_runs(self, records: list[dict]) -> None:
+        with self.runs_path.open("a") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+
+    def save_outputs(self, trace: TraceConfig, output_tokens: dict[str, list[int]]) -> None:
+        path = self.out / f"outputs-{trace_name(trace)}.json"
+        if not path.exists():
+            path.write_text(json.dumps(output_tokens) + "\n")
+
+
 def run_vllm_benchmark(
     options: VllmBenchOptions, on_run: Callable[[str], None] | None = None
-) -> dict:
-    out = options.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    entries = generate_relqueries(options.trace, load_datasets(options.datasets_dir))
-    capacity_log = out / "steps-capacity.jsonl"
-    capacity_log.unlink(missing_ok=True)
-    (capacity_run,) = asyncio.run(
-        _serve_policy(options, "v1-fcfs", entries, [None], capacity_log)
+) -> None:
+    """Every (policy, trace, load) of the campaign on the real engine, each policy in its
+    own engine per trace, checkpointed as it goes. The report reads the checkpoint."""
+    say = on_run or (lambda _message: None)
+    checkpoint = Checkpoint(options.out_dir, options.resume)
+    datasets = load_datasets(options.datasets_dir)
+    traces = options.traces()
+    capacity = checkpoint.capacity()
+    if capacity is None:
+        entries = generate_relqueries(traces[0], datasets)
+        log = options.out_dir / "steps-capacity.jsonl"
+        (run,) = asyncio.run(_serve_policy(options, "v1-fcfs", entries, [None], log))
+        capacity = len(entries) / (run.window[1] - run.window[0])
+        checkpoint.save_capacity(capacity, traces[0])
+        checkpoint.save_outputs(traces[0], run.output_tokens)
+    say(f"capacity {capacity:.4f} relQueries/s")
+    for trace in traces:
+        entries = generate_relqueries(trace, datasets)
+        loads = options.loads_for(trace)
+        for policy in options.policies:
+            if checkpoint.done(policy, trace):
+                continue
+            log = options.out_dir / f"steps-{policy}-{trace_name(trace)}.jsonl"
+            log.unlink(missing_ok=True)
+            rates = [load * capacity for load in loads]
+            runs = asyncio.run(_serve_policy(options, policy, entries, rates, log))
+            checkpoint.save_outputs(trace, runs[0].output_tokens)
+            _, steps = read_step_log(log)
+            records = [
+                _record(policy, trace, load, run, steps)
+                for load, run in zip(loads, runs, strict=True)
+            ]
+            checkpoint.add_runs(records)
+            for record in records:
+                say(
+                    f"{policy} {trace_name(trace)} at {record['rate']:g} of capacity: "
+                    f"mean {record['mean']:.2f} s"
+                )
+
+
+def _record(policy: str, trace: TraceConfig, load: float, run: ReplayResult, steps) -> dict:
+    window = [s for s in steps if run.window[0] <= s["t"] <= run.window[1]]
+    stats = step_stats(window)
+    summary = summarize_outcomes(
+        policy,
+        load,
+        run.outcomes,
+        [s["decision_s"] + s["adapter_s"] for s in window],
+        makespan=run.window[1] - run.window[0],
+        steps=stats["steps"],
+        cost_coefficients={},
+        preemptions=0,
     )
-    capacity = len(entries) / (capacity_run.window[1] - capacity_run.window[0])
-    rates = [fraction * capacity for fraction in options.load_fractions]
-    if on_run:
-        on_run(f"capacity {capacity:.4f} relQueries/s")
-    summaries: list[RunSummary] = []
-    all_steps: list[dict] = []
-    header: dict = {}
-    overhead: dict[str, dict] = {}
-    for policy in options.policies:
-        log = out / f"steps-{policy}.jsonl"
-        log.unlink(missing_ok=True)
-        runs = asyncio.run(_serve_policy(options, policy, entries, rates, log))
-        header, steps = read_step_log(log)
-        all_steps += steps
-        for fraction, run in zip(options.load_fractions, runs, strict=True):
-            window = [s for s in steps if run.window[0] <= s["t"] <= run.window[1]]
-            stats = step_stats(window)
-            overhead[f"{policy}@{fraction:g}"] = stats
-            summary = summarize_outcomes(
-                policy,
-                fraction,
-                run.outcomes,
-                [s["decision_s"] + s["adapter_s"] for s in window],
-                makespan=run.window[1] - run.window[0],
-                steps=stats["steps"],
-                cost_coefficients={},
-                preemptions=0,
-            )
-            summaries.append(summary)
-            if on_run:
-                on_run(f"{policy} at {fraction:g} of capacity: mean {summary.mean:.2f} s")
-    coefficients = fit_cost_model(all_steps)
-    limits = EngineLimits(**header["limits"])
     return {
-        "capacity_relqueries_per_s": capacity,
-        "rates": dict(zip((f"{f:g}" for f in options.load_fractions), rates, strict=True)),
-        "summaries": summaries,
-        "overhead": overhead,
-        "fitted_cost_model": coefficients,
-        "limits": asdict(limits),
-        "entries": entries,
-        "steps": all_steps,
-        # Greedy decoding makes these the same under every policy: the simulator's
-        # replay takes each row's real length from here.
-        "output_tokens": capacity_run.output_tokens,
+        **summary.as_dict(),
+        "seed": trace.seed,
+        "arrival": trace.arrival,
+        "row_errors": run.row_errors,
+        "step_stats": stats,
     }
 
 
-def mean_overhead_fraction(overhead: dict[str, dict], policy: str) -> float:
-    fractions = [v["overhead_fraction"] for k, v in overhead.items() if k.startswith(f"{policy}@")]
-    return statistics.fmean(fractions) if fractions else float("nan")
+def mean_overhead_fraction(runs: Sequence[dict], policy: str) -> float:
+    """Scheduling overhead as a share of busy step time, over all of a policy's runs."""
+    mine = [r["step_stats"] for r in runs if r["policy"] == policy]
+    busy = sum(s["busy_s"] for s in mine)
+    return sum(s["scheduling_overhead_s"] for s in mine) / busy if busy else float("nan")

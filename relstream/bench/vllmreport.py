@@ -1,211 +1,253 @@
-"""Writing the real-engine benchmark: results.json, plots, README.md, the fitted cost
-model next to the simulator's profiles, and the simulator's prediction of each run."""
+"""The real-engine campaign's report, built from its checkpoint (`runs.jsonl`, step
+logs, output lengths): results.json, plots, README.md, the fitted step-cost profile, and
+the simulator's replay of every run."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+import statistics
+from dataclasses import asdict
 from pathlib import Path
 
-from relstream.bench.report import (
-    machine_description,
-    markdown_by_query_type,
-    markdown_rates,
-    markdown_summary,
-    plot_breakdown,
-    plot_latency_vs_rate,
-    ratios_at,
-    write_report,
-)
-from relstream.bench.runner import RunSummary, run_grid
+from relstream.bench.report import machine_description, write_report
+from relstream.bench.runner import run_grid
 from relstream.bench.stepfit import fit_step_costs, profile_document
 from relstream.bench.vllmbench import (
+    Checkpoint,
     VllmBenchOptions,
     fit_cost_model,
     mean_overhead_fraction,
     read_step_log,
+    trace_name,
 )
-from relstream.bench.workload import (
-    TraceConfig,
-    generate_relqueries,
-    load_datasets,
-    tokenize_trace,
-)
-from relstream.sim.profiles import CostProfile, profile_from_document
+from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
+from relstream.sim.profiles import profile_from_document
 
 FITTED_PROFILE_FILE = "fitted_profile.json"
+OURS = "relstream"
+BASELINES = ("v1-fcfs", "v1-priority", "relserve")
+FIDELITY_TARGET = 0.15
 
 
-def simulate_same_runs(
-    measured: dict, trace_config: TraceConfig, profile: CostProfile
-) -> dict[str, dict[str, float]]:
-    """The simulator replaying each run on `profile`: the same relQueries and arrival
-    rate, each row ending where it ended on the real engine."""
-    trace = tokenize_trace(measured["entries"], trace_config, measured["output_tokens"])
-    predictions: dict[str, dict[str, float]] = {}
-    for summary in measured["summaries"]:
-        rate = measured["rates"][f"{summary.rate:g}"]
-        (predicted,) = run_grid(trace, profile, [summary.policy], [rate], "online")
-        predictions[f"{summary.policy}@{summary.rate:g}"] = {
-            "real_mean": summary.mean,
-            "predicted_mean": predicted.mean,
-            "error": predicted.mean / summary.mean - 1.0,
-        }
-    return predictions
-
-
-def write_vllm_report(measured: dict, options: VllmBenchOptions) -> dict:
-    out = options.out_dir
-    summaries: list[RunSummary] = measured["summaries"]
-    step_fit = fit_step_costs(measured["steps"])
-    fitted = profile_document(step_fit, measured["limits"], "cpu-smollm2", str(out))
-    predictions = simulate_same_runs(measured, options.trace, profile_from_document(fitted))
-    top = max(options.load_fractions)
+def save_campaign(options: VllmBenchOptions) -> None:
+    """What the campaign runs, for the report and for a resumed run."""
     document = {
         "command": options.command,
-        "machine": machine_description(),
         "model": options.model,
-        "trace": {
-            **{k: v for k, v in vars(options.trace).items()},
-            "relqueries": len(measured["entries"]),
-        },
-        "capacity_relqueries_per_s": measured["capacity_relqueries_per_s"],
-        "rates_relqueries_per_s": measured["rates"],
-        "runs": [s.as_dict() for s in summaries],
-        "ratios_vs_relserve_at_top_load": ratios_at(summaries, top, "relserve"),
-        "scheduling_overhead": measured["overhead"],
-        "fitted_cost_model": measured["fitted_cost_model"],
-        "step_cost_fit": step_fit,
-        "limits": measured["limits"],
-        "simulator_prediction": predictions,
-        "output_tokens": measured["output_tokens"],
+        "policies": options.policies,
+        "loads": options.load_fractions,
+        "seeds": options.seeds,
+        "seeded_loads": options.seeded_loads,
+        "arrivals": options.arrivals,
+        "burstiness": options.burstiness,
+        "trace": asdict(options.trace),
     }
-    out.mkdir(parents=True, exist_ok=True)
+    (options.out_dir / "campaign.json").write_text(json.dumps(document, indent=2) + "\n")
+
+
+def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
+    campaign = json.loads((out / "campaign.json").read_text())
+    checkpoint = Checkpoint(out, resume=True)
+    capacity = checkpoint.capacity()
+    runs = checkpoint.runs()
+    steps, limits = _steps(out)
+    fit = fit_step_costs(steps)
+    fitted = profile_document(fit, limits, "cpu-smollm2", str(out))
     (out / FITTED_PROFILE_FILE).write_text(json.dumps(fitted, indent=2) + "\n")
-    title = f"vLLM CPU, {options.model}"
-    plot_latency_vs_rate(
-        summaries, out / "latency_vs_rate.png", title, "load (fraction of capacity)"
+    _predict(runs, out, campaign, capacity, fitted, datasets_dir)
+    document = {
+        "command": campaign["command"],
+        "machine": machine_description(),
+        "model": campaign["model"],
+        "campaign": campaign,
+        "capacity_relqueries_per_s": capacity,
+        "runs": runs,
+        "ratios": ratios(runs),
+        "fidelity": fidelity(runs),
+        "scheduling_overhead": {
+            policy: mean_overhead_fraction(runs, policy) for policy in campaign["policies"]
+        },
+        "step_cost_fit": fit,
+        "fitted_cost_model": fit_cost_model(steps),
+        "limits": limits,
+    }
+    _plot(runs, out, campaign)
+    setting = (
+        f"Capacity, measured first with the whole first trace submitted at once to stock "
+        f"vLLM V1 (`v1-fcfs`): {capacity:.4f} relQueries/s; every load is a fraction of "
+        "it. Greedy decoding; each policy in its own engine per trace."
     )
-    plot_breakdown(summaries, top, out / "breakdown.png", title, "of capacity")
     write_report(
-        out,
-        f"Real-engine benchmark: vLLM CPU build, {document['model']}",
-        document,
-        f"Capacity measured first (whole trace submitted at once, stock vLLM): "
-        f"{document['capacity_relqueries_per_s']:.4f} relQueries/s; loads are fractions of "
-        "it. Greedy decoding; each policy in its own engine.",
-        _body(document, summaries, top),
+        out, f"Real-engine benchmark: vLLM CPU build, {campaign['model']}", document, setting,
+        _body(document),
     )
     return document
 
 
-def _batch(stats: dict) -> str:
-    batch = stats.get("mean_decode_batch")
-    return "–" if batch is None else f"{batch:.1f}"
+def _steps(out: Path) -> tuple[list[dict], dict]:
+    steps: list[dict] = []
+    limits: dict = {}
+    for path in sorted(out.glob("steps-*.jsonl")):
+        header, logged = read_step_log(path)
+        limits = header.get("limits", limits)
+        steps += logged
+    return steps, limits
 
 
-def _body(document: dict, summaries: list[RunSummary], top: float) -> list[str]:
-    policies = list(dict.fromkeys(s.policy for s in summaries))
-    overhead_line = ", ".join(
-        f"{p} {mean_overhead_fraction(document['scheduling_overhead'], p):.2%}" for p in policies
-    )
-    prediction_rows = [
-        f"| {key} | {p['real_mean']:.2f} | {p['predicted_mean']:.2f} | {p['error']:+.0%} |"
-        for key, p in document["simulator_prediction"].items()
-    ]
-    cost = document["fitted_cost_model"]
-    fit = document["step_cost_fit"]
-    return [
-        f"## At the highest load ({top:g} of capacity)",
+def _predict(
+    runs: list[dict],
+    out: Path,
+    campaign: dict,
+    capacity: float,
+    fitted: dict,
+    datasets_dir: Path | None,
+) -> None:
+    """The simulator replays every run: same relQueries and arrival rate, each row ending
+    where it ended on the real engine, steps timed by the fitted profile."""
+    profile = profile_from_document(fitted)
+    datasets = load_datasets(datasets_dir)
+    traces: dict[str, object] = {}
+    for run in runs:
+        config = TraceConfig(
+            **{**campaign["trace"], "arrival": run["arrival"], "seed": run["seed"],
+               "burstiness": campaign["burstiness"] if run["arrival"] == "gamma" else 1.0}
+        )
+        name = trace_name(config)
+        if name not in traces:
+            outputs = json.loads((out / f"outputs-{name}.json").read_text())
+            traces[name] = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
+        rate = run["rate"] * capacity
+        (predicted,) = run_grid(traces[name], profile, [run["policy"]], [rate], "online")
+        run["predicted_mean"] = predicted.mean
+        run["prediction_error"] = predicted.mean / run["mean"] - 1.0
+
+
+def ratios(runs: list[dict]) -> list[dict]:
+    """Per trace and load: each baseline's mean over relstream's (above 1: relstream is
+    faster), and relstream's max over stock V1's max."""
+    rows = []
+    keyed = {(r["arrival"], r["seed"], r["rate"], r["policy"]): r for r in runs}
+    for arrival, seed, load, policy in sorted(keyed):
+        if policy != OURS:
+            continue
+        ours = keyed[(arrival, seed, load, OURS)]
+        row = {"arrival": arrival, "seed": seed, "rate": load}
+        for baseline in BASELINES:
+            other = keyed.get((arrival, seed, load, baseline))
+            if other:
+                row[baseline] = other["mean"] / ours["mean"]
+        fcfs = keyed.get((arrival, seed, load, "v1-fcfs"))
+        if fcfs:
+            row["max_vs_v1_fcfs"] = ours["max"] / fcfs["max"]
+        rows.append(row)
+    return rows
+
+
+def fidelity(runs: list[dict]) -> dict:
+    errors = [abs(r["prediction_error"]) for r in runs if "prediction_error" in r]
+    return {
+        "target": FIDELITY_TARGET,
+        "runs": len(errors),
+        "within_target": sum(1 for e in errors if e <= FIDELITY_TARGET),
+        "max_abs_error": max(errors, default=float("nan")),
+    }
+
+
+def _spread(runs: list[dict], arrival: str, load: float, policy: str) -> str:
+    means = [r["mean"] for r in runs if (r["arrival"], r["rate"], r["policy"]) == (arrival,
+             load, policy)]
+    if not means:
+        return "–"
+    if len(means) == 1:
+        return f"{means[0]:.1f}"
+    return f"{statistics.fmean(means):.1f} ({min(means):.1f}–{max(means):.1f})"
+
+
+def _body(document: dict) -> list[str]:
+    runs, campaign = document["runs"], document["campaign"]
+    policies = campaign["policies"]
+    lines = []
+    for arrival in campaign["arrivals"]:
+        loads = sorted({r["rate"] for r in runs if r["arrival"] == arrival})
+        lines += [
+            f"## Mean relQuery latency (s), {arrival} arrivals: mean over seeds (min–max)",
+            "",
+            "| load | " + " | ".join(policies) + " |",
+            "|---" * (len(policies) + 1) + "|",
+            *[
+                f"| {load:g} | "
+                + " | ".join(_spread(runs, arrival, load, p) for p in policies)
+                + " |"
+                for load in loads
+            ],
+            "",
+        ]
+    lines += [
+        "## relstream against each baseline, per trace (baseline mean / relstream mean)",
         "",
-        *markdown_summary(summaries, top),
-        "",
-        "Mean latency relative to relserve (same run): "
-        + ", ".join(f"{p} {r:.2f}x" for p, r in document["ratios_vs_relserve_at_top_load"].items())
-        + ".",
-        "",
-        "Scheduling overhead (policy decision + adapter) as a share of busy step time: "
-        f"{overhead_line}.",
-        "",
-        *markdown_by_query_type(summaries, top),
-        "",
-        "Step composition from the step logs (busy = summed step time):",
-        "",
-        "| policy@load | prefill | decode | mixed | mean decode batch | busy (s) | overhead |",
-        "|---|---|---|---|---|---|---|",
+        "| arrival | seed | load | " + " | ".join(BASELINES) + " | max vs v1-fcfs |",
+        "|---" * (len(BASELINES) + 4) + "|",
         *[
-            f"| {key} | {v['steps'].get('prefill', 0)} | {v['steps'].get('decode', 0)} | "
-            f"{v['steps'].get('mixed', 0)} | {_batch(v)} | "
-            f"{v['busy_s']:.1f} | "
-            f"{v['overhead_fraction']:.2%} |"
-            for key, v in document["scheduling_overhead"].items()
+            f"| {r['arrival']} | {r['seed']} | {r['rate']:g} | "
+            + " | ".join(f"{r[b]:.2f}x" if b in r else "–" for b in BASELINES)
+            + f" | {r.get('max_vs_v1_fcfs', float('nan')):.2f}x |"
+            for r in document["ratios"]
         ],
         "",
-        "## Mean relQuery latency (s) per load",
+        "## Every run: p50, p99, max, and the simulator's replay",
         "",
-        *markdown_rates(summaries),
+        "| policy | arrival | seed | load | mean | p50 | p99 | max | simulated | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *[
+            f"| {r['policy']} | {r['arrival']} | {r['seed']} | {r['rate']:g} | "
+            f"{r['mean']:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | "
+            f"{r.get('predicted_mean', float('nan')):.2f} | "
+            f"{r.get('prediction_error', float('nan')):+.0%} |"
+            for r in runs
+        ],
         "",
-        "![latency vs load](latency_vs_rate.png) ![breakdown](breakdown.png)",
-        "",
-        "## Fitted cost model and the simulator's prediction",
-        "",
-        f"From the step logs (`steps-*.jsonl`): L_prefill = {cost['alpha_p'] * 1e3:.3f} ms × "
-        f"uncached tokens + {cost['beta_p'] * 1e3:.1f} ms ({cost['prefill_steps']} prefill "
-        f"steps); L_decode = {cost['alpha_d'] * 1e3:.3f} ms × requests + "
-        f"{cost['beta_d'] * 1e3:.1f} ms ({cost['decode_steps']} decode steps): the paper's "
-        "form, pure steps only.",
-        "",
-        f"All {fit['steps']} steps at once, mixed ones included (`relstream.bench.stepfit`): "
+    ]
+    fid, fit = document["fidelity"], document["step_cost_fit"]
+    lines += [
+        f"Simulator fidelity: {fid['within_target']} of {fid['runs']} runs within "
+        f"{fid['target']:.0%}; largest error {fid['max_abs_error']:.0%}. Step costs, "
+        f"fitted over all {fit['steps']} logged steps (mixed ones included): "
         f"{fit['base'] * 1e3:.1f} ms + {fit['per_uncached_token'] * 1e3:.3f} ms × uncached "
         f"tokens + {fit['per_decode_request'] * 1e3:.3f} ms × decodes + "
-        f"{fit['per_context_token'] * 1e6:.3f} µs × decode context tokens; predicted / real "
-        "busy time "
-        + ", ".join(
-            f"{kind} {v['busy_ratio']:.2f} (mean error {v['mean_abs_error']:.0%}, {v['steps']})"
-            for kind, v in fit["by_kind"].items()
-        )
-        + f". The simulator replays each run on it, rows ending where they really ended. "
-        f"Committed as `{FITTED_PROFILE_FILE}`, a simulator profile: copy it to "
-        "`relstream/sim/data/cpu-smollm2.json` to adopt it.",
+        f"{fit['per_context_token'] * 1e6:.3f} µs × decode context tokens "
+        f"(`{FITTED_PROFILE_FILE}`, a simulator profile).",
         "",
-        "| policy@load | real mean (s) | simulated mean (s) | error |",
-        "|---|---|---|---|",
-        *prediction_rows,
+        "Scheduling overhead (policy decision + adapter) as a share of busy step time: "
+        + ", ".join(f"{p} {v:.2%}" for p, v in document["scheduling_overhead"].items())
+        + ".",
+        "",
+        *[f"![{a}](latency_vs_load-{a}.png)" for a in campaign["arrivals"]],
         "",
     ]
+    return lines
 
 
-def rebuild_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
-    """The report of a finished run rebuilt from its results.json and step logs (after a
-    change to the fit or the simulator), without running the engine again."""
-    document = json.loads((out / "results.json").read_text())
-    trace_fields = {f.name for f in fields(TraceConfig)}
-    trace = TraceConfig(**{k: v for k, v in document["trace"].items() if k in trace_fields})
-    runs = [RunSummary(**run) for run in document["runs"]]
-    steps = [
-        step
-        for path in sorted(out.glob("steps-*.jsonl"))
-        if path.name != "steps-capacity.jsonl"
-        for step in read_step_log(path)[1]
-    ]
-    options = VllmBenchOptions(
-        model=document["model"],
-        policies=tuple(dict.fromkeys(run.policy for run in runs)),
-        load_fractions=tuple(float(key) for key in document["rates_relqueries_per_s"]),
-        trace=trace,
-        datasets_dir=datasets_dir,
-        out_dir=out,
-        command=document["command"],
-    )
-    measured = {
-        "capacity_relqueries_per_s": document["capacity_relqueries_per_s"],
-        "rates": document["rates_relqueries_per_s"],
-        "summaries": runs,
-        "overhead": document["scheduling_overhead"],
-        "fitted_cost_model": fit_cost_model(steps),
-        "limits": document["limits"],
-        "entries": generate_relqueries(trace, load_datasets(datasets_dir)),
-        "steps": steps,
-        "output_tokens": document["output_tokens"],
-    }
-    return write_vllm_report(measured, options)
+def _plot(runs: list[dict], out: Path, campaign: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for arrival in campaign["arrivals"]:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for policy in campaign["policies"]:
+            mine = [r for r in runs if r["policy"] == policy and r["arrival"] == arrival]
+            loads = sorted({r["rate"] for r in mine})
+            means = [[r["mean"] for r in mine if r["rate"] == load] for load in loads]
+            centre = [statistics.fmean(m) for m in means]
+            low = [c - min(m) for c, m in zip(centre, means, strict=True)]
+            high = [max(m) - c for c, m in zip(centre, means, strict=True)]
+            ax.errorbar(loads, centre, yerr=[low, high], marker="o", capsize=3, label=policy)
+        ax.set_xlabel("load (fraction of measured capacity)")
+        ax.set_ylabel("mean relQuery latency (s)")
+        ax.set_title(f"vLLM CPU, {campaign['model']}, {arrival} arrivals")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"latency_vs_load-{arrival}.png", dpi=120)
+        plt.close(fig)

@@ -88,10 +88,23 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--decision-benchmark/--no-decision-benchmark", default=True)
 @click.option(
+    "--seeds", default=None, callback=lambda _c, _p, v: _csv_list(int, v) if v else None,
+    help="vllm: comma-separated trace seeds [--seed].",
+)
+@click.option(
+    "--seeded-loads", default="", callback=lambda _c, _p, v: _csv_list(float, v) if v else (),
+    help="vllm: loads run on every seed (the others on the first seed only).",
+)
+@click.option(
+    "--arrivals", default=None, callback=lambda _c, _p, v: _csv_list(str, v) if v else None,
+    help="vllm: comma-separated arrival processes, poisson and/or gamma [--arrival].",
+)
+@click.option("--resume", is_flag=True, help="vllm: keep the runs already checkpointed in --out.")
+@click.option(
     "--report-only",
     is_flag=True,
-    help="vllm: rebuild the report (fit, simulator prediction, README) from the results "
-    "and step logs already in --out, without running the engine.",
+    help="vllm: rebuild the report (fit, simulator replay, README) from the campaign "
+    "checkpoint already in --out, without running the engine.",
 )
 @click.option(
     "--rows",
@@ -136,6 +149,7 @@ def bench(**opts) -> None:
             else {"load": ",".join(f"{r:g}" for r in opts["load"])}
         ),
         **({"rows": opts["rows"], "broker": opts["broker"]} if backend == "streaming" else {}),
+        **(_campaign_options(opts) if backend == "vllm" else {}),
         relqueries=opts["relqueries"],
         max_rows=opts["max_rows"],
         arrival=opts["arrival"],
@@ -188,42 +202,58 @@ def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comman
     console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
 
 
-def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
-    if opts["report_only"]:
-        from relstream.bench.vllmreport import rebuild_vllm_report
+def _campaign_options(opts: dict) -> dict:
+    """The campaign's own options, filled from the single-trace ones when not given."""
+    opts["seeds"] = opts["seeds"] or (opts["seed"],)
+    opts["arrivals"] = opts["arrivals"] or (opts["arrival"],)
+    unknown = set(opts["arrivals"]) - {"poisson", "gamma"}
+    if unknown:
+        raise click.BadParameter(f"unknown {', '.join(sorted(unknown))}", param_hint="--arrivals")
+    return {
+        "seeds": ",".join(str(seed) for seed in opts["seeds"]),
+        "seeded_loads": ",".join(f"{load:g}" for load in opts["seeded_loads"]),
+        "arrivals": ",".join(opts["arrivals"]),
+    }
 
-        out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
-        document = rebuild_vllm_report(out_dir, datasets_dir)
-        _print_top_rate(document, max(float(k) for k in document["rates_relqueries_per_s"]))
-        console.print(f"rewrote {out_dir}/results.json, README.md, fitted_profile.json")
-        return
-    reexec_with_tcmalloc()
-    from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
-    from relstream.bench.vllmreport import write_vllm_report
+
+def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
+    from relstream.bench.vllmreport import save_campaign, write_vllm_report
 
     out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
-    options = VllmBenchOptions(
-        model=opts["model"],
-        policies=opts["policies"],
-        load_fractions=opts["load"],
-        trace=trace,
-        datasets_dir=datasets_dir,
-        out_dir=out_dir,
-        command=command,
-    )
-    runs = 1 + len(options.policies) * len(options.load_fractions)
-    with progress() as bar:
-        task = bar.add_task("measuring capacity (stock vLLM, whole trace at once)", total=runs)
+    if not opts["report_only"]:
+        reexec_with_tcmalloc()
+        from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
 
-        def on_run(message: str) -> None:
-            bar.advance(task)
-            bar.update(task, description=message)
-            bar.console.print(f"  {message}")
+        options = VllmBenchOptions(
+            model=opts["model"],
+            policies=opts["policies"],
+            load_fractions=opts["load"],
+            trace=trace,
+            datasets_dir=datasets_dir,
+            out_dir=out_dir,
+            command=command,
+            seeds=opts["seeds"],
+            seeded_loads=opts["seeded_loads"],
+            arrivals=opts["arrivals"],
+            burstiness=opts["burstiness"],
+            resume=opts["resume"],
+        )
+        runs = sum(len(options.policies) * len(options.loads_for(t)) for t in options.traces())
+        with progress() as bar:
+            task = bar.add_task("capacity (stock vLLM, whole trace at once)", total=runs)
 
-        measured = run_vllm_benchmark(options, on_run)
-    document = write_vllm_report(measured, options)
-    _print_top_rate(document, max(options.load_fractions))
-    console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
+            def on_run(message: str) -> None:
+                bar.advance(task)
+                bar.update(task, description=message)
+                bar.console.print(f"  {message}")
+
+            if not options.resume or not (out_dir / "campaign.json").exists():
+                out_dir.mkdir(parents=True, exist_ok=True)
+                save_campaign(options)
+            run_vllm_benchmark(options, on_run)
+    document = write_vllm_report(out_dir, datasets_dir)
+    _print_top_rate(document, max(run["rate"] for run in document["runs"]))
+    console.print(f"wrote {out_dir}/results.json, README.md, plots, {out_dir.name} checkpoint")
 
 
 def _bench_streaming(
