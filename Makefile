@@ -48,16 +48,20 @@ test: setup lint
 demo: setup
 	RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(BIN)/relstream demo $(DEMO_ARGS)
 
+# The real-engine campaign: hours on 2 cores. `make bench-vllm BENCH_ARGS=--resume`
+# continues an interrupted one from its checkpoint in the out folder.
 bench-vllm: setup
 	$(BIN)/relstream bench --backend vllm --model smollm2 \
-		--policies v1-fcfs,v1-priority,relserve,relserve-pp,relserve-dp --load 0.5,1.0,1.5
+		--policies v1-fcfs,v1-priority,relserve,relstream --load 0.3,0.75,1,1.3 \
+		--seeds 0,1,2 --seeded-loads 0.75,1.3 --arrivals poisson,gamma --burstiness 2 \
+		--relqueries 48 --max-rows 48 --out docs/benchmarks/vllm-campaign $(BENCH_ARGS)
 
 bench-sim: setup
 	$(BIN)/relstream bench --backend sim --profile a100-opt13b \
-		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
+		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp,relstream,clairvoyant \
 		--rates 0.25,0.5,0.75,1.0,1.25,1.5,2.0
 	$(BIN)/relstream bench --backend sim --profile cpu-smollm2 \
-		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp \
+		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp,relstream,clairvoyant \
 		--rates 0.025,0.05,0.075,0.1,0.15,0.2
 
 # Rewrite the committed JSON Schemas from the message types (a test fails on drift).

@@ -1,6 +1,8 @@
 """relstream's policy: its Δ, its work estimate and its regime test on cases computed by
 hand, the step-cost fit, and whole runs on the simulator."""
 
+from dataclasses import replace
+
 import pytest
 from helpers import ScriptedView
 
@@ -20,9 +22,11 @@ RUNNING = [Remaining(rows=10, prompt_tokens=0, output_tokens=100, steps=10)]
 CANDIDATE = Remaining(rows=5, prompt_tokens=500, output_tokens=50, steps=10)
 
 
-def test_work_charges_each_output_token_its_share_of_the_step_base():
-    # 1 ms × 500 prompt tokens + (2 ms + 20 ms / 10 running) × 50 output tokens = 0.7 s
-    assert C.work(CANDIDATE) == pytest.approx(0.7)
+def test_work_shares_the_step_base_only_where_batching_is_free():
+    # Batching free (a GPU): 1 ms × 500 prompt tokens + (2 ms + 20 ms / 10) × 50 = 0.7 s
+    assert replace(C, batching_free=True).work(CANDIDATE) == pytest.approx(0.7)
+    # Held apart by the gate: 0.5 s of prompt + 20 ms × its own 10 steps + 2 ms × 50 = 0.8 s
+    assert C.work(CANDIDATE) == pytest.approx(0.8)
 
 
 def test_delta_keeps_the_running_set_alone_when_nobody_waits_behind():

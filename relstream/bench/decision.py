@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from relstream.bench.runner import percentile
-from relstream.scheduler import EngineLimits, make_policy
+from relstream.scheduler import DEFAULT_POLICY, EngineLimits, make_policy
 from relstream.scheduler.view import StepKind
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
@@ -52,7 +52,7 @@ def _crowd(relqueries: int, rows: int, seed: int, block_size: int) -> list[SimRe
 
 
 def run_decision_benchmark(
-    policy_name: str = "relserve", relqueries: int = 1000, rows: int = 50, seed: int = 0
+    policy_name: str = DEFAULT_POLICY, relqueries: int = 1000, rows: int = 50, seed: int = 0
 ) -> DecisionBenchmark:
     base = get_profile("a100-opt13b")
     assert isinstance(base, RooflineProfile)

@@ -14,6 +14,7 @@ from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
 from relstream.cli.common import console, progress
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS
+from relstream.scheduler import DEFAULT_POLICY
 from relstream.sim.policies import SIM_POLICIES
 from relstream.sim.profiles import PROFILE_NAMES
 
@@ -127,8 +128,9 @@ def bench(**opts) -> None:
     opts["relqueries"] = opts["relqueries"] or default_size
     opts["max_rows"] = opts["max_rows"] or default_size
     if opts["policies"] is None:
-        defaults = {"sim": SIM_POLICIES, "vllm": ("v1-fcfs", "v1-priority", "relserve")}
-        opts["policies"] = defaults.get(backend, ("relserve",))
+        stock_and_ours = ("v1-fcfs", "v1-priority", "relserve", DEFAULT_POLICY)
+        defaults = {"sim": SIM_POLICIES, "vllm": stock_and_ours}
+        opts["policies"] = defaults.get(backend, (DEFAULT_POLICY,))
     bundled = _use_bundled(opts["bundled"], opts["datasets"])
     if bundled and not opts["bundled"]:
         console.print(f"[yellow]{opts['datasets']} not found: using the bundled sample table[/]")
@@ -269,7 +271,7 @@ def _bench_streaming(
     out_dir = opts["out"] or Path("docs/benchmarks") / "streaming"
     options = StreamBenchOptions(
         model=opts["model"],
-        policy=opts["policies"][0] if opts["policies"] else "relserve",
+        policy=opts["policies"][0] if opts["policies"] else DEFAULT_POLICY,
         load=max(opts["load"]),
         rate=None,
         trace=trace,

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from relstream.kafka.brokers import BROKERS
-from relstream.scheduler import POLICIES
+from relstream.scheduler import DEFAULT_POLICY, POLICIES
 
 console = Console()
 
@@ -25,7 +25,7 @@ broker_kind_option = click.option(
     help="The embedded broker in use, for its client settings.",
 )
 policy_option = click.option(
-    "--policy", type=click.Choice(list(POLICIES)), default="relserve", show_default=True
+    "--policy", type=click.Choice(list(POLICIES)), default=DEFAULT_POLICY, show_default=True
 )
 
 

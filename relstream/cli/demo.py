@@ -24,6 +24,7 @@ from relstream.connectors.sources import read_rows
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import Subscription, produce
 from relstream.kafka.topics import Topics
+from relstream.scheduler import DEFAULT_POLICY
 from relstream.schemas import ResultMessage, RowMessage, decode, encode
 from relstream.stream.launch import relstream_command, spawn_logged, start_worker
 
@@ -50,7 +51,7 @@ max_output_tokens = 24
 @dataclass(frozen=True)
 class DemoOptions:
     backend: str = "vllm"
-    policy: str = "relserve"
+    policy: str = DEFAULT_POLICY
     # Tansu: noida-db's idle consumers spin (85 % of a core each), starving the engine.
     broker: str = "tansu"
     timeout: float = 600.0

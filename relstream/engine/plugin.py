@@ -30,6 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from relstream.scheduler import (
+    DEFAULT_POLICY,
     CostModel,
     EngineLimits,
     EngineView,
@@ -75,7 +76,7 @@ class RelstreamPlugin(EngineView):
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         settings = dict((vllm_config.additional_config or {}).get("relstream", {}))
-        self.policy_name = settings.get("policy", "relserve")
+        self.policy_name = settings.get("policy", DEFAULT_POLICY)
         self.decided_by_vllm = policy_spec(self.policy_name).decided_by_vllm is not None
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
         cost = OnlineCostModel(

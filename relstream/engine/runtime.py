@@ -30,13 +30,13 @@ from relstream.model import (
     RowStatus,
     prepare_row,
 )
-from relstream.scheduler import VllmQueue, policy_spec, static_priority
+from relstream.scheduler import DEFAULT_POLICY, VllmQueue, policy_spec, static_priority
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     model: str = "smollm2"  # a known model name or a local Hugging Face folder
-    policy: str = "relserve"
+    policy: str = DEFAULT_POLICY
     max_model_len: int = 2048
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

@@ -3,6 +3,7 @@
 from relstream.scheduler.cost import CostModel, Linear, OnlineCostModel
 from relstream.scheduler.policies import Policy, static_priority
 from relstream.scheduler.registry import (
+    DEFAULT_POLICY,
     POLICIES,
     PolicySpec,
     VllmQueue,
@@ -22,6 +23,7 @@ from relstream.scheduler.view import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
     "POLICIES",
     "CostModel",
     "EngineLimits",

@@ -62,6 +62,7 @@ _SPECS = (
     PolicySpec(Relstream.name, Relstream),
 )
 POLICIES: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}
+DEFAULT_POLICY = Relstream.name  # what `relstream engine`, the demo and the benchmarks run
 
 
 def policy_spec(name: str) -> PolicySpec:

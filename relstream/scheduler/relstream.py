@@ -16,8 +16,10 @@ Each step, with the online step cost L = b + a_p·tokens + a_d·decodes (`stepco
 3. **Admit** (only in a step that preempted nothing), in rank order, while seats, token
    budget and KV last. KV is counted for each request's whole sequence plus its expected
    output (and kept for the running requests' expected outputs), so admission does not
-   thrash. A relQuery already started is always continued; the next one is admitted
-   only when the Δ of doing so now, rather than after the running set S, is negative:
+   thrash. A relQuery already started is always continued, and one with less work left
+   than every running relQuery is admitted at once (shortest first: the paper's
+   m+ > m-); any other is admitted only when the Δ of doing so now, rather than after
+   the running set S, is negative:
 
        Δ+ = |S|·a_p·P(p) + a_d·m(p)·Σ_{R∈S} min(L(p), L(R))     delay it puts on S
        Δ- = T(S) − a_d·Σ_{R∈S} min(O(R), m(R)·L(p))              what p saves itself
@@ -37,7 +39,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy
@@ -70,12 +72,16 @@ class Coefficients:
     per_token: float
     per_decode: float
     batch: int  # requests running now (at least 1)
+    batching_free: bool = False  # the regime (`batching_is_free`)
 
     def work(self, left: Remaining) -> float:
-        """W(R): the engine time R adds, its share of every step's base included."""
-        return self.per_token * left.prompt_tokens + (
-            self.per_decode + self.base / self.batch
-        ) * left.output_tokens
+        """W(R): the engine time R adds. Where batching is free, steps are shared by the
+        whole batch and each output token carries b/n of a step's base; otherwise R, held
+        mostly apart by the Δ gate, pays the base of each of its own L(R) steps."""
+        prompt = self.per_token * left.prompt_tokens
+        if self.batching_free:
+            return prompt + (self.per_decode + self.base / self.batch) * left.output_tokens
+        return prompt + self.base * left.steps + self.per_decode * left.output_tokens
 
 
 class Relstream(Policy):
@@ -106,6 +112,8 @@ class Relstream(Policy):
         tracker = view.tracker
         base, per_token, per_decode = self.step_cost.coefficients()
         coefficients = Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
+        free = batching_is_free(view, coefficients)
+        coefficients = replace(coefficients, batching_free=free)
         self._refresh(view, coefficients)
         # Active relQueries changed this step, so _refresh has just estimated them afresh.
         active = sorted(
@@ -115,8 +123,7 @@ class Relstream(Policy):
         step = _Step(view, self.oracle, self.config.reserve_outputs)
         step.run(active)
         if not step.preempted:
-            gate = self.config.gate and not batching_is_free(view, coefficients)
-            self._admit(view, step, active, coefficients, gate)
+            self._admit(view, step, active, coefficients, self.config.gate and not free)
         return step.plan()
 
     # ranking
@@ -185,9 +192,12 @@ class Relstream(Policy):
         candidates = itertools.chain(started, (relqueries[rank[3]] for rank in self._order))
         queued = len(started) + len(self._order)
         running_set = [self._left[info.relquery_id] for info in active]
+        best_running = min((coefficients.work(left) for left in running_set), default=0.0)
         for position, info in enumerate(candidates):
             left = self._left[info.relquery_id]
-            if not info.running and gate:
+            # Less work left than every running relQuery: shortest first, as ABA's m+ > m-.
+            shortest = coefficients.work(left) < best_running
+            if not info.running and gate and not shortest:
                 behind = queued - position - 1
                 if not admission_pays(running_set, left, behind, coefficients):
                     return

@@ -21,7 +21,7 @@ from relstream.model import (
     RowStatus,
     prepare_row,
 )
-from relstream.scheduler import make_policy
+from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
@@ -29,7 +29,7 @@ from relstream.sim.profiles import get_profile
 
 @dataclass(frozen=True)
 class SimSettings:
-    policy: str = "relserve"
+    policy: str = DEFAULT_POLICY
     profile: str = "cpu-smollm2"
     time_scale: float = 0.0  # > 0: take this fraction of the simulated latency in real time
 
