@@ -1,4 +1,4 @@
-"""Timing one DPU+ABA decision on a crowded engine: 1,000 waiting relQueries of ~50
+"""Timing one scheduling decision on a crowded engine: 1,000 waiting relQueries of ~50
 requests (≈50,000 requests) and 256 running requests."""
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from relstream.sim.profiles import RooflineProfile, get_profile
 
 @dataclass(frozen=True)
 class DecisionBenchmark:
-    """Timings of relserve's plan(); the crowd sizes are medians over the timed steps."""
+    """Timings of a policy's plan(); the crowd sizes are medians over the timed steps."""
 
+    policy: str
     waiting_relqueries: int
     waiting_requests: int
     running_requests: int
     timed_decisions: int
     median_us: float
     p99_us: float
-    first_decision_ms: float  # computes every newcomer's PEM once
+    first_decision_ms: float  # ranks every newcomer once
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +82,7 @@ def run_decision_benchmark(
         plan = engine.policy.plan(engine)
         timings.append(time.perf_counter() - started)
     return DecisionBenchmark(
+        policy=policy_name,
         waiting_relqueries=int(statistics.median(c[2] for c in crowd)),
         waiting_requests=int(statistics.median(c[1] for c in crowd)),
         running_requests=int(statistics.median(c[0] for c in crowd)),
