@@ -52,7 +52,7 @@ demo: setup
 # continues an interrupted one from its checkpoint in the out folder.
 bench-vllm: setup
 	$(BIN)/relstream bench --backend vllm --model smollm2 \
-		--policies v1-fcfs,v1-priority,relserve,relstream --load 0.3,0.75,1,1.3 \
+		--policies relstream,v1-fcfs,v1-priority,relserve --load 0.4,0.75,1,1.3 \
 		--seeds 0,1,2 --seeded-loads 0.75,1.3 --arrivals poisson,gamma --burstiness 2 \
 		--relqueries 48 --max-rows 48 --out docs/benchmarks/vllm-campaign $(BENCH_ARGS)
 
