@@ -52,9 +52,10 @@ def faulty_relquery() -> RelQuery:
     return RelQuery("faulty", template, rows, max_output_tokens=8)
 
 
-def sized_relquery(name: str, rows: int) -> RelQuery:
+def sized_relquery(name: str, rows: int, max_output_tokens: int = 16) -> RelQuery:
     things = [Row(f"{name}{i}", {"thing": THINGS[i % len(THINGS)]}) for i in range(rows)]
-    return RelQuery(name, Template("Describe {thing} in one short sentence."), things, 16)
+    template = Template("Describe {thing} in one short sentence.")
+    return RelQuery(name, template, things, max_output_tokens)
 
 
 async def serve(policy: str, step_log) -> dict:
@@ -66,15 +67,16 @@ async def serve(policy: str, step_log) -> dict:
             results["faulty"] = await run(engine, faulty_relquery())
             results["after"] = await run(engine, capitals_relquery())  # still serving
         if policy in ("v1-fcfs", "relstream"):
-            # Submitted at once, largest first: 30, 10 and 2 rows.
+            # While a 4-row relQuery runs, three arrive together, largest first.
+            blocker = await engine.submit(sized_relquery("Z", 4, max_output_tokens=32))
             trio = [await engine.submit(sized_relquery(n, k)) for n, k in ORDER_TRIO]
-            results.update({h.relquery_id: await h.result() for h in trio})
+            results.update({h.relquery_id: await h.result() for h in (blocker, *trio)})
         return results
     finally:
         engine.shutdown()
 
 
-ORDER_TRIO = (("A", 30), ("B", 10), ("C", 2))
+ORDER_TRIO = (("A", 40), ("B", 10), ("C", 2))
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +144,12 @@ def test_the_plug_in_keeps_async_scheduling_where_vllm_has_it():
 
 
 def test_the_plug_in_decides_relstreams_order_where_stock_vllm_would_not(served):
-    """Three relQueries submitted at once, the largest first. Stock V1 admits them in
-    arrival order within its first steps; relstream ranks them by remaining work, admits
-    the 2-row one first and holds the 30-row one back until the others are done (its Δ:
-    on this CPU a running request costs more than a step's base). With vLLM deciding
-    (the plug-in off) the relstream half of this test fails."""
+    """While a 4-row relQuery runs, three arrive together, the largest (40 rows) first.
+    Stock V1 admits them in arrival order at once; relstream ranks them by remaining work,
+    admits the 2-row one first and holds the 40-row one back until the others are done
+    (its Δ: on this CPU a running request costs more than a step's base, and the 40-row
+    prompt would stall every running row). With vLLM deciding (the plug-in off) the
+    relstream half of this test fails."""
     trio = {name for name, _ in ORDER_TRIO}
     stock, ours = served["v1-fcfs"], served["relstream"]
     assert admission_order(stock["steps"], trio) == ["A", "B", "C"]
