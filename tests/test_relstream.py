@@ -70,15 +70,29 @@ def test_the_regime_comes_from_the_fitted_cost_and_the_limits():
     assert not batching_is_free(view, cpu)  # 100 × 2.5 ms = 250 ms > 25 ms
 
 
+def true_step(tokens: int, decodes: int, context: int) -> float:
+    return 0.025 + 0.001 * tokens + 0.002 * decodes + 0.000005 * context
+
+
 def test_the_step_cost_learns_a_line_from_mixed_steps():
     cost = OnlineStepCost(base=0.1, per_token=0.0, per_decode=0.0)
     for step in range(200):
         tokens, decodes = (step * 37) % 1500, (step * 11) % 90
-        duration = 0.025 + 0.001 * tokens + 0.002 * decodes
+        context = decodes * ((step * 7) % 300)
         kind = StepKind.of(bool(tokens), bool(decodes))
-        cost.observe(StepFeedback(kind, tokens, decodes, duration))
-    base, per_token, per_decode = cost.coefficients()
-    assert (base, per_token, per_decode) == pytest.approx((0.025, 0.001, 0.002), rel=1e-3)
+        duration = true_step(tokens, decodes, context)
+        cost.observe(StepFeedback(kind, tokens, decodes, duration, context))
+    assert cost.coefficients() == pytest.approx((0.025, 0.001, 0.002, 0.000005), rel=0.02)
+
+
+def test_steps_that_cannot_tell_costs_apart_leave_the_fit_alone():
+    cost = OnlineStepCost(base=0.025, per_token=0.001, per_decode=0.002, per_context=0.000005)
+    for step in range(600):  # one batch size, one context: base and per-decode collinear
+        noise = 0.003 * ((step * 7919) % 11 - 5) / 5
+        duration = true_step(0, 40, 8000) + noise
+        cost.observe(StepFeedback(StepKind.DECODE, 0, 40, duration, 8000))
+    base, _, per_decode, _ = cost.coefficients()
+    assert base == pytest.approx(0.025, rel=0.2) and per_decode == pytest.approx(0.002, rel=0.2)
 
 
 def test_relstream_finishes_the_smaller_relquery_first():

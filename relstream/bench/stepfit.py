@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from relstream.scheduler.stepcost import nonnegative_lstsq
+
 FEATURES = ("uncached_tokens", "decode_requests", "decode_context_tokens")
 
 
@@ -25,15 +27,7 @@ def fit_step_costs(steps: Sequence[dict]) -> dict:
         raise ValueError(f"{len(usable)} step records with {', '.join(FEATURES)}: too few")
     design = np.array([[1.0, *(s[f] for f in FEATURES)] for s in usable])
     durations = np.array([s["duration_s"] for s in usable])
-    kept = list(range(len(FEATURES) + 1))
-    while True:
-        fitted, *_ = np.linalg.lstsq(design[:, kept], durations, rcond=None)
-        negative = [k for k, c in zip(kept, fitted, strict=True) if c < 0 and k > 0]
-        if not negative:
-            break
-        kept.remove(negative[0])  # a cost that falls as work grows: the feature explains noise
-    coefficients = np.zeros(len(FEATURES) + 1)
-    coefficients[kept] = fitted
+    coefficients = nonnegative_lstsq(design, durations)
     predicted = design @ coefficients
     base, per_token, per_decode, per_context = (float(c) for c in coefficients)
     by_kind: dict[str, dict[str, float]] = {}

@@ -163,7 +163,11 @@ class RelstreamPlugin(EngineView):
         if pending is not None and scheduler_output.total_num_scheduled_tokens:
             duration = time.perf_counter() - pending.pop("started")
             feedback = StepFeedback(
-                pending["kind"], pending["uncached_tokens"], pending["decode_requests"], duration
+                pending["kind"],
+                pending["uncached_tokens"],
+                pending["decode_requests"],
+                duration,
+                pending["decode_context_tokens"],
             )
             self.relstream_policy.observe(feedback)
             if self._step_log:

@@ -110,7 +110,12 @@ class Relstream(Policy):
 
     def plan_step(self, view: EngineView) -> StepPlan:
         tracker = view.tracker
-        base, per_token, per_decode = self.step_cost.coefficients()
+        base, per_token, per_decode, per_context = self.step_cost.coefficients()
+        # A decode costs its own share plus attention over its context: priced at the
+        # running requests' mean context (their prompts' when nothing runs).
+        rows = list(tracker.running.values())[:64] or list(tracker.waiting.values())[:64]
+        context = sum(seq.computed_tokens or seq.prompt_tokens for seq in rows) / max(len(rows), 1)
+        per_decode += per_context * context
         coefficients = Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
         free = batching_is_free(view, coefficients)
         coefficients = replace(coefficients, batching_free=free)

@@ -1,64 +1,107 @@
 """One cost line for every step, learned online from all of them, mixed steps included:
 
     L_step = base + per_token · uncached prompt tokens + per_decode · decode requests
+                  + per_context · KV tokens the decodes attend to
 
 V1-style engines mix prompt chunks into decode steps, so the paper's two separate lines
 (fitted on pure steps only) would rarely see a step to learn from. The ratio
 base / per_decode says which regime the engine is in: a GPU pays mostly `base` (batching
 is nearly free), this project's CPU mostly `per_decode` (every request costs).
+
+The fit is least squares over the last `window` steps, redone every `refit_every` steps.
+Recursive least squares with forgetting was tried first: on the real engine its
+covariance wound up through long runs of similar decode steps and its coefficients swung
+from 0 to twice their value within a minute (base 0-50 ms), flipping the regime.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.view import StepFeedback
 
+MIN_STEPS = 32  # below this many steps the prior stands
+PIN_WEIGHT = 4.0  # how many steps' worth of evidence holds each coefficient to its last fit
+
+
+def nonnegative_lstsq(
+    design: np.ndarray, durations: np.ndarray, previous: np.ndarray | None = None
+) -> np.ndarray:
+    """Least squares whose per-feature costs (every column but the first, the base) are
+    not negative: a cost that falls as work grows means the feature explains noise, so it
+    is dropped and the rest refitted. With `previous`, each coefficient is held weakly to
+    it (ridge), so a stretch of steps that cannot tell two costs apart (many decode steps
+    of one batch size) leaves them where they were instead of splitting them at random."""
+    if previous is not None:
+        scale = np.sqrt(PIN_WEIGHT) * np.sqrt(np.mean(design**2, axis=0)) + 1e-12
+        design = np.vstack([design, np.diag(scale)])
+        durations = np.concatenate([durations, scale * previous])
+    kept = list(range(design.shape[1]))
+    while True:
+        fitted, *_ = np.linalg.lstsq(design[:, kept], durations, rcond=None)
+        negative = [k for k, c in zip(kept, fitted, strict=True) if c < 0 and k > 0]
+        if not negative:
+            break
+        kept.remove(negative[0])
+    coefficients = np.zeros(design.shape[1])
+    coefficients[kept] = fitted
+    return coefficients
+
 
 @dataclass
 class OnlineStepCost:
-    """Recursive least squares over φ = (1, uncached tokens, decode requests) with
-    exponential forgetting, starting from a prior the first few dozen steps override."""
-
     base: float
     per_token: float
     per_decode: float
-    forgetting: float = 0.995
-    prior_variance: float = 1e3
+    per_context: float = 0.0
+    window: int = 512
+    refit_every: int = 16
     samples: int = 0
-    _covariance: list[list[float]] = field(init=False, repr=False)
+    _steps: deque = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        v = self.prior_variance
-        self._covariance = [[v, 0.0, 0.0], [0.0, v, 0.0], [0.0, 0.0, v]]
+        self._steps = deque(maxlen=self.window)
 
     @classmethod
     def from_prior(cls, cost: CostModel) -> OnlineStepCost:
         """The paper's two lines as a prior: decode's intercept is the step base."""
         return cls(cost.decode.intercept, cost.prefill.slope, cost.decode.slope)
 
-    def step_time(self, uncached_tokens: float, decode_requests: float) -> float:
-        return self.base + self.per_token * uncached_tokens + self.per_decode * decode_requests
+    def step_time(self, uncached_tokens: float, decode_requests: float, context: float) -> float:
+        return (
+            self.base
+            + self.per_token * uncached_tokens
+            + self.per_decode * decode_requests
+            + self.per_context * context
+        )
 
     def observe(self, feedback: StepFeedback) -> None:
-        phi = (1.0, float(feedback.uncached_tokens), float(feedback.decode_requests))
-        p = self._covariance
-        p_phi = [sum(p[i][j] * phi[j] for j in range(3)) for i in range(3)]
-        denominator = self.forgetting + sum(phi[i] * p_phi[i] for i in range(3))
-        gain = [value / denominator for value in p_phi]
-        error = feedback.duration - self.step_time(phi[1], phi[2])
-        self.base += gain[0] * error
-        self.per_token += gain[1] * error
-        self.per_decode += gain[2] * error
-        # P ← (P − k·φᵀ·P) / λ; φᵀ·P equals p_phi because P is symmetric
-        self._covariance = [
-            [(p[i][j] - gain[i] * p_phi[j]) / self.forgetting for j in range(3)]
-            for i in range(3)
-        ]
+        phi = (
+            1.0,
+            float(feedback.uncached_tokens),
+            float(feedback.decode_requests),
+            float(feedback.context_tokens),
+        )
+        self._steps.append((phi, feedback.duration))
         self.samples += 1
+        if self.samples >= MIN_STEPS and self.samples % self.refit_every == 0:
+            design = np.array([phi for phi, _ in self._steps])
+            durations = np.array([duration for _, duration in self._steps])
+            previous = np.array(self.coefficients())
+            fitted = nonnegative_lstsq(design, durations, previous)
+            self.base, self.per_token, self.per_decode, self.per_context = (
+                float(c) for c in fitted
+            )
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """(base, per_token, per_decode), never negative: a line fitted on a narrow range
-        can extrapolate below zero; durations cannot."""
-        return max(self.base, 0.0), max(self.per_token, 0.0), max(self.per_decode, 0.0)
+    def coefficients(self) -> tuple[float, float, float, float]:
+        """(base, per_token, per_decode, per_context), none negative."""
+        return (
+            max(self.base, 0.0),
+            max(self.per_token, 0.0),
+            max(self.per_decode, 0.0),
+            max(self.per_context, 0.0),
+        )

@@ -221,3 +221,4 @@ class StepFeedback:
     uncached_tokens: int
     decode_requests: int
     duration: float
+    context_tokens: int = 0  # KV tokens the step's decodes attend to

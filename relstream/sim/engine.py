@@ -201,7 +201,7 @@ class SimulatedEngine(EngineView):
             raise SimulationStalled(f"policy {self.policy.name} planned a step that cannot run")
         kind = StepKind.of(bool(prefills), bool(decodes))
         self._steps[kind.value] += 1
-        self.policy.observe(StepFeedback(kind, uncached, len(decodes), duration))
+        self.policy.observe(StepFeedback(kind, uncached, len(decodes), duration, context))
         done: list[str] = []
         for seq, compute in prefills:
             self.tracker.record_progress(seq, computed=compute)
