@@ -43,7 +43,13 @@ from dataclasses import dataclass, replace
 
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.remaining import Oracle, Remaining, expected_output, remaining
+from relstream.scheduler.remaining import (
+    Oracle,
+    Remaining,
+    expected_output,
+    remaining,
+    row_remaining_output,
+)
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import (
     IDLE,
@@ -284,7 +290,7 @@ class _Step:
             if not seq.prefill_done:
                 self.budget -= tokens
             scheduled[seq.request_id] = (tokens, need)
-            left = self._output_left(seq, expected[seq.relquery_id])
+            left = row_remaining_output(seq, expected[seq.relquery_id], self.oracle)
             block = self.view.limits.block_size
             after = seq.computed_tokens + tokens
             later = (-(-(after + left) // block) - -(-after // block)) * block
@@ -321,7 +327,7 @@ class _Step:
                 return False
             cached = self.view.cached_prompt_tokens(seq)
             need = self.view.admission_kv_tokens(seq, cached)
-            total = seq.uncomputed_tokens + self._output_left(seq, expected)
+            total = seq.uncomputed_tokens + row_remaining_output(seq, expected, self.oracle)
             growth = (-(-total // block) - -(-seq.uncomputed_tokens // block)) * block
             growth = int(growth * self.reserve)
             if need + growth > self.free - self.reserved:
@@ -333,11 +339,6 @@ class _Step:
             self.budget -= tokens
             self.seats -= 1
         return True
-
-    def _output_left(self, seq: SeqInfo, expected: int) -> int:
-        if self.oracle is not None:
-            return self.oracle(seq)
-        return max(1, min(seq.max_tokens, expected) - seq.output_tokens)
 
     def plan(self) -> StepPlan:
         plan = StepPlan(

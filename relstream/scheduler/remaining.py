@@ -33,8 +33,11 @@ def expected_output(info: RelQueryInfo) -> int:
     return info.max_tokens
 
 
-def row_remaining_output(seq: SeqInfo, expected: int) -> int:
-    """Tokens a row still generates: at least one while it runs, never past its budget."""
+def row_remaining_output(seq: SeqInfo, expected: int, oracle: Oracle | None = None) -> int:
+    """Tokens a row still generates: the oracle's answer when there is one, else at least
+    one while it runs, never past its budget."""
+    if oracle is not None:
+        return oracle(seq)
     return max(1, min(seq.max_tokens, expected) - seq.output_tokens)
 
 
@@ -43,7 +46,7 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
     prompt = outputs = steps = 0
     for rows in (info.running.values(), info.waiting.values()):
         for seq in rows:
-            left = oracle(seq) if oracle else row_remaining_output(seq, expected)
+            left = row_remaining_output(seq, expected, oracle)
             uncomputed = seq.uncomputed_tokens
             if seq.output_tokens == 0 or uncomputed > 1:  # not decoding yet (prefill_done)
                 prompt += uncomputed
