@@ -78,7 +78,10 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
         "it. Greedy decoding; each policy in its own engine per trace."
     )
     write_report(
-        out, f"Real-engine benchmark: vLLM CPU build, {campaign['model']}", document, setting,
+        out,
+        f"Real-engine benchmark: vLLM CPU build, {campaign['model']}",
+        document,
+        setting,
         _body(document),
     )
     return document
@@ -109,8 +112,12 @@ def _predict(
     traces: dict[str, object] = {}
     for run in runs:
         config = TraceConfig(
-            **{**campaign["trace"], "arrival": run["arrival"], "seed": run["seed"],
-               "burstiness": campaign["burstiness"] if run["arrival"] == "gamma" else 1.0}
+            **{
+                **campaign["trace"],
+                "arrival": run["arrival"],
+                "seed": run["seed"],
+                "burstiness": campaign["burstiness"] if run["arrival"] == "gamma" else 1.0,
+            }
         )
         name = trace_name(config)
         if name not in traces:
@@ -154,8 +161,9 @@ def fidelity(runs: list[dict]) -> dict:
 
 
 def _spread(runs: list[dict], arrival: str, load: float, policy: str) -> str:
-    means = [r["mean"] for r in runs if (r["arrival"], r["rate"], r["policy"]) == (arrival,
-             load, policy)]
+    means = [
+        r["mean"] for r in runs if (r["arrival"], r["rate"], r["policy"]) == (arrival, load, policy)
+    ]
     if not means:
         return "–"
     if len(means) == 1:

@@ -89,15 +89,21 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--decision-benchmark/--no-decision-benchmark", default=True)
 @click.option(
-    "--seeds", default=None, callback=lambda _c, _p, v: _csv_list(int, v) if v else None,
+    "--seeds",
+    default=None,
+    callback=lambda _c, _p, v: _csv_list(int, v) if v else None,
     help="vllm: comma-separated trace seeds [--seed].",
 )
 @click.option(
-    "--seeded-loads", default="", callback=lambda _c, _p, v: _csv_list(float, v) if v else (),
+    "--seeded-loads",
+    default="",
+    callback=lambda _c, _p, v: _csv_list(float, v) if v else (),
     help="vllm: loads run on every seed (the others on the first seed only).",
 )
 @click.option(
-    "--arrivals", default=None, callback=lambda _c, _p, v: _csv_list(str, v) if v else None,
+    "--arrivals",
+    default=None,
+    callback=lambda _c, _p, v: _csv_list(str, v) if v else None,
     help="vllm: comma-separated arrival processes, poisson and/or gamma [--arrival].",
 )
 @click.option("--resume", is_flag=True, help="vllm: keep the runs already checkpointed in --out.")
@@ -184,14 +190,10 @@ def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comman
         command=command,
     )
     with progress() as bar:
-        task = bar.add_task(
-            "tokenizing trace", total=len(options.policies) * len(options.rates)
-        )
+        task = bar.add_task("tokenizing trace", total=len(options.policies) * len(options.rates))
 
         def on_trace(count: int, requests: int) -> None:
-            bar.update(
-                task, description=f"simulating {count} relQueries ({requests} requests)"
-            )
+            bar.update(task, description=f"simulating {count} relQueries ({requests} requests)")
 
         def on_run(summary: RunSummary) -> None:
             bar.advance(task)

@@ -193,7 +193,14 @@ class RelstreamPlugin(EngineView):
             for chunk in plan.prefill
             if chunk.request_id in self.tracker.waiting and chunk.request_id in self.requests
         ]
-        kept = [r for r in self.running if r.request_id in planned]
+        # vLLM computes running requests in list order: give it the plan's order, so
+        # that the budget goes to the prompts the policy ranked first.
+        order = [*plan.decode, *(chunk.request_id for chunk in plan.prefill)]
+        position = {request_id: i for i, request_id in enumerate(order)}
+        kept = sorted(
+            (r for r in self.running if r.request_id in planned),
+            key=lambda r: position[r.request_id],
+        )
         held = [r for r in self.running if r.request_id not in planned]
         waiting, kv_holding = self.waiting, self.kv_holding_waiting
         waiting.remove_requests(chosen)

@@ -11,15 +11,19 @@ Each step, with the online step cost L = b + a_p·tokens + a_d·decodes (`stepco
    step, so each output token carries b/n of it, not b (PEM charges every relQuery
    OL(R)·b whole, as if it ran alone). A relQuery waiting longer than the paper's
    starvation threshold (seconds per request of R_0) goes first.
-2. **Run.** Every running request decodes; unfinished prompts continue in rank order,
-   chunked to the token budget, mixed into the decode step as vLLM V1 does.
-3. **Admit** (only in a step that preempted nothing), in rank order, while seats, token
-   budget and KV last. KV is counted for each request's whole sequence plus its expected
-   output (and kept for the running requests' expected outputs), so admission does not
-   thrash. A relQuery already started is always continued, and one with less work left
-   than every running relQuery is admitted at once (shortest first: the paper's
-   m+ > m-); any other is admitted only when the Δ of doing so now, rather than after
-   the running set S, is negative:
+2. **Decode.** Every running request decodes, mixed with prompt chunks in one step as
+   vLLM V1 does.
+3. **Prompts and admission** (admission only in a step that preempted nothing), one
+   rank order over started and waiting relQueries alike, while seats, token budget and
+   KV last: a relQuery ranked ahead of one still computing its prompts gets its own
+   computed first. vLLM computes running prompts before it admits anyone, so a running
+   prompt ranked after this step's admissions continues only where it fits whole. KV is
+   counted for each request's whole sequence plus its expected output (and kept for the
+   running requests' prompts and expected outputs), so admission does not thrash. Once
+   a relQuery is held back, nobody ranked after it is admitted. A relQuery already
+   started passes, and one with less work left than every running relQuery is admitted
+   at once (shortest first: the paper's m+ > m-); any other is admitted only when the Δ
+   of doing so now, rather than after the running set S, is negative:
 
        Δ+ = |S|·a_p·P(p) + a_d·m(p)·Σ_{R∈S} min(L(p), L(R))     delay it puts on S
        Δ- = T(S) − a_d·Σ_{R∈S} min(O(R), m(R)·L(p))              what p saves itself
@@ -38,28 +42,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 from dataclasses import dataclass, replace
 
+from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.remaining import (
-    Oracle,
-    Remaining,
-    expected_output,
-    remaining,
-    row_remaining_output,
-)
+from relstream.scheduler.remaining import Oracle, Remaining, remaining
 from relstream.scheduler.stepcost import OnlineStepCost
-from relstream.scheduler.view import (
-    IDLE,
-    EngineView,
-    PrefillChunk,
-    RelQueryInfo,
-    SeqInfo,
-    StepFeedback,
-    StepPlan,
-)
+from relstream.scheduler.view import EngineView, RelQueryInfo, StepFeedback, StepPlan
 
 Rank = tuple[int, float, float, str]  # (0 when starving else 1, W, arrival, id)
 RESORT_EVERY = 64  # steps between re-ranking every waiting relQuery on fresh coefficients
@@ -131,10 +121,13 @@ class Relstream(Policy):
             tracker.active_relqueries.values(),
             key=lambda info: self._ranked(info, coefficients),
         )
-        step = _Step(view, self.oracle, self.config.reserve_outputs)
-        step.run(active)
-        if not step.preempted:
-            self._admit(view, step, active, coefficients, self.config.gate and not free)
+        step = StepComposer(view, self.oracle, self.config.reserve_outputs)
+        step.decode(active)
+        if step.preempted:
+            for info in active:
+                step.continue_prompts(info)
+        else:
+            self._fill(view, step, active, coefficients, self.config.gate and not free)
         return step.plan()
 
     # ranking
@@ -189,32 +182,52 @@ class Relstream(Policy):
         if rank is not None:
             del self._order[bisect.bisect_left(self._order, rank)]
 
-    # admission
-    def _admit(
+    # prompts and admission, in rank order
+    def _fill(
         self,
         view: EngineView,
-        step: _Step,
+        step: StepComposer,
         active: list[RelQueryInfo],
         coefficients: Coefficients,
         gate: bool,
     ) -> None:
-        started = [info for info in active if info.waiting]
+        """Give the step's prompt budget in rank order over started and waiting
+        relQueries alike: a relQuery ranked ahead of one still computing its prompts gets
+        its own computed first. Started relQueries pass the Δ gate; once a relQuery is
+        held back (by Δ, seats, budget or KV) nobody ranked after it is admitted, though
+        prompts already running continue."""
         relqueries = view.tracker.relqueries
-        candidates = itertools.chain(started, (relqueries[rank[3]] for rank in self._order))
-        queued = len(started) + len(self._order)
+        started = [(self._ranked(info, coefficients), info) for info in active]
+        waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         running_set = [self._left[info.relquery_id] for info in active]
         best_running = min((coefficients.work(left) for left in running_set), default=0.0)
-        for position, info in enumerate(candidates):
+        queued = len(self._order) + sum(1 for info in active if info.waiting)
+        started_left = len(started)
+        admitting = True
+        for position, (_, info) in enumerate(heapq.merge(started, waiting, key=_first)):
+            if info.running:
+                started_left -= 1
+                step.continue_prompts(info)
+            if not admitting:
+                if started_left == 0:
+                    return
+                continue
+            if not info.waiting or step.preempted:
+                continue
             left = self._left[info.relquery_id]
             # Less work left than every running relQuery: shortest first, as ABA's m+ > m-.
             shortest = coefficients.work(left) < best_running
-            if not info.running and gate and not shortest:
-                behind = queued - position - 1
-                if not admission_pays(running_set, left, behind, coefficients):
-                    return
-            if not step.admit(info):
-                return  # out of seats, budget or KV: nothing ranked lower goes first
+            behind = queued - position - 1
+            if info.running or shortest or not gate:
+                admitting = step.admit(info)
+            else:
+                admitting = admission_pays(running_set, left, behind, coefficients)
+                admitting = admitting and step.admit(info)
             running_set.append(left)
+
+
+def _first(pair: tuple[Rank, RelQueryInfo]) -> Rank:
+    return pair[0]
 
 
 def batching_is_free(view: EngineView, c: Coefficients) -> bool:
@@ -252,96 +265,3 @@ def admission_pays(
     )
     reduction = running_alone - shared + behind * c.base * min(candidate.steps, longest)
     return increase - reduction < 0
-
-
-class _Step:
-    """One step being composed: budget, seats and KV left, and what it will run."""
-
-    def __init__(self, view: EngineView, oracle: Oracle | None, reserve: float) -> None:
-        self.view = view
-        self.oracle = oracle
-        self.reserve = reserve
-        self.budget = view.limits.max_num_batched_tokens
-        self.seats = view.limits.max_num_seqs - len(view.tracker.running)
-        self.free = view.free_kv_tokens()
-        self.reserved = 0  # KV the running requests' expected outputs will still take
-        self.decode: list[str] = []
-        self.prefill: list[PrefillChunk] = []
-        self.preempted: list[str] = []
-
-    def run(self, active: list[RelQueryInfo]) -> None:
-        """Decode every running request (each takes one token of the budget first), then
-        continue unfinished prompts in rank order; on a KV shortfall preempt the
-        worst-ranked relQuery's last row."""
-        rows = [seq for info in active for seq in info.running.values()]
-        expected = {info.relquery_id: expected_output(info) for info in active}
-        self.budget -= sum(1 for seq in rows if seq.prefill_done)
-        scheduled: dict[str, tuple[int, int]] = {}  # request id -> (tokens, KV taken)
-        for seq in list(rows):
-            if seq.request_id in self.preempted:
-                continue
-            tokens = 1 if seq.prefill_done else min(seq.uncomputed_tokens, self.budget)
-            if tokens <= 0:
-                continue
-            need = self.view.growth_kv_tokens(seq, tokens)
-            if not self._make_room(rows, seq, need, scheduled):
-                break
-            self.free -= need
-            if not seq.prefill_done:
-                self.budget -= tokens
-            scheduled[seq.request_id] = (tokens, need)
-            left = row_remaining_output(seq, expected[seq.relquery_id], self.oracle)
-            block = self.view.limits.block_size
-            after = seq.computed_tokens + tokens
-            later = (-(-(after + left) // block) - -(-after // block)) * block
-            self.reserved += int(later * self.reserve)
-        running = self.view.tracker.running
-        for request_id, (tokens, _) in scheduled.items():
-            if running[request_id].prefill_done:
-                self.decode.append(request_id)
-            else:
-                self.prefill.append(PrefillChunk(request_id, tokens))
-
-    def _make_room(
-        self, rows: list[SeqInfo], seq: SeqInfo, need: int, scheduled: dict[str, tuple[int, int]]
-    ) -> bool:
-        """Preempt from the end of the ranked rows until `need` KV is free; False when
-        `seq` itself had to go."""
-        while need > self.free:
-            victim = rows.pop()
-            self.preempted.append(victim.request_id)
-            self.free += self.view.releasable_kv_tokens(victim)
-            tokens, taken = scheduled.pop(victim.request_id, (0, 0))
-            self.free += taken
-            self.budget += 1 if victim.prefill_done else tokens
-            if victim is seq:
-                return False
-        return True
-
-    def admit(self, info: RelQueryInfo) -> bool:
-        """Admit R's waiting rows while seats, budget and KV last; False once one ran out."""
-        block = self.view.limits.block_size
-        expected = expected_output(info)
-        for seq in list(info.waiting.values()):
-            if self.seats <= 0 or self.budget <= 0:
-                return False
-            cached = self.view.cached_prompt_tokens(seq)
-            need = self.view.admission_kv_tokens(seq, cached)
-            total = seq.uncomputed_tokens + row_remaining_output(seq, expected, self.oracle)
-            growth = (-(-total // block) - -(-seq.uncomputed_tokens // block)) * block
-            growth = int(growth * self.reserve)
-            if need + growth > self.free - self.reserved:
-                return False
-            tokens = min(seq.uncomputed_tokens - cached, self.budget)
-            self.prefill.append(PrefillChunk(seq.request_id, tokens))
-            self.free -= need
-            self.reserved += growth
-            self.budget -= tokens
-            self.seats -= 1
-        return True
-
-    def plan(self) -> StepPlan:
-        plan = StepPlan(
-            prefill=tuple(self.prefill), decode=tuple(self.decode), preempt=tuple(self.preempted)
-        )
-        return plan if plan.prefill or plan.decode or plan.preempt else IDLE

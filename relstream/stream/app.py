@@ -31,8 +31,7 @@ def build_app(
     # Faust spells the consumer's session settings in seconds.
     kafka_settings = client_settings(broker_kind)
     settings = {
-        f"broker_{name.removesuffix('_ms')}": value / 1000
-        for name, value in kafka_settings.items()
+        f"broker_{name.removesuffix('_ms')}": value / 1000 for name, value in kafka_settings.items()
     }
     app = faust.App(
         app_id,
