@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from relstream.bench.report import machine_description, write_report
@@ -63,6 +63,7 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
         "capacity_relqueries_per_s": capacity,
         "runs": runs,
         "ratios": ratios(runs),
+        "targets": judge_targets(ratios(runs)),
         "fidelity": fidelity(runs),
         "scheduling_overhead": {
             policy: mean_overhead_fraction(runs, policy) for policy in campaign["policies"]
@@ -150,6 +151,56 @@ def ratios(runs: list[dict]) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class Target:
+    """One "done when" line of the scheduler issue, judged on its worst trace."""
+
+    label: str
+    baseline: str  # a key of a `ratios` row
+    loads: tuple[float, float]  # the loads it covers, inclusive
+    bound: float
+    at_most: bool = False  # the ratio must stay at or below `bound` (else at or above)
+
+
+TARGETS = (
+    Target("top load (≥1.2): v1-fcfs / relstream", "v1-fcfs", (1.2, 99.0), 2.3),
+    Target("top load (≥1.2): v1-priority / relstream", "v1-priority", (1.2, 99.0), 1.6),
+    Target("moderate load (0.6-0.9): v1-fcfs / relstream", "v1-fcfs", (0.6, 0.9), 1.4),
+    Target("moderate load (0.6-0.9): v1-priority / relstream", "v1-priority", (0.6, 0.9), 1.2),
+    Target("every load: relserve / relstream", "relserve", (0.0, 99.0), 0.95),
+    Target("every load: relstream max / v1-fcfs max", "max_vs_v1_fcfs", (0.0, 99.0), 1.5, True),
+)
+
+
+def judge_targets(ratio_rows: list[dict]) -> list[dict]:
+    """Each target's worst trace among those measured, and whether it holds there."""
+    judged = []
+    for target in TARGETS:
+        low, high = target.loads
+        covered = [
+            (row[target.baseline], row)
+            for row in ratio_rows
+            if target.baseline in row and low <= row["rate"] <= high
+        ]
+        if not covered:
+            judged.append({"target": target.label, "traces": 0})
+            continue
+        pick = max if target.at_most else min
+        worst, row = pick(covered, key=lambda pair: pair[0])
+        holds = worst <= target.bound if target.at_most else worst >= target.bound
+        judged.append(
+            {
+                "target": target.label,
+                "bound": target.bound,
+                "traces": len(covered),
+                "worst": worst,
+                "worst_trace": f"{row['arrival']} seed {row['seed']} at {row['rate']:g}",
+                "holds": holds,
+            }
+        )
+    return judged
+
+
 def fidelity(runs: list[dict]) -> dict:
     errors = [abs(r["prediction_error"]) for r in runs if "prediction_error" in r]
     return {
@@ -200,6 +251,17 @@ def _body(document: dict) -> list[str]:
             + " | ".join(f"{r[b]:.2f}x" if b in r else "–" for b in BASELINES)
             + f" | {r.get('max_vs_v1_fcfs', float('nan')):.2f}x |"
             for r in document["ratios"]
+        ],
+        "",
+        "## Targets, each on its worst trace so far",
+        "",
+        "| target | bound | traces | worst | where | holds |",
+        "|---|---|---|---|---|---|",
+        *[
+            f"| {t['target']} | {t['bound']:g}x | {t['traces']} | {t['worst']:.2f}x | "
+            f"{t['worst_trace']} | {'yes' if t['holds'] else '**no**'} |"
+            for t in document["targets"]
+            if t["traces"]
         ],
         "",
         "## Every run: p50, p99, max, and the simulator's replay",
