@@ -12,6 +12,7 @@ from relstream.scheduler.relstream import (
     Relstream,
     admission_pays,
     batching_is_free,
+    prompt_allowance,
 )
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.stepcost import OnlineStepCost
@@ -143,3 +144,28 @@ def test_a_running_prompt_that_fits_whole_continues_beside_a_better_ranked_one()
         "short#0": 50,
         "long#0": 300,
     }
+
+
+def test_a_prompt_joins_better_ranked_decodes_only_as_far_as_the_saved_base_pays():
+    # b = 20 ms, a_p = 1 ms: two better-ranked relQueries decoding, three queued behind:
+    # 20 ms × (1 + 3) / (1 ms × 2) = 40 tokens. No limit with nobody decoding ahead, or
+    # where batching is free.
+    assert prompt_allowance(2, 3, C) == 40
+    assert prompt_allowance(0, 3, C) is None
+    assert prompt_allowance(2, 3, replace(C, batching_free=True)) is None
+
+
+def test_a_long_prompt_waits_while_a_better_ranked_relquery_decodes():
+    # "small" decodes; "big" has 800 prompt tokens left. Its allowance is 25 ms / 1 ms =
+    # 25 tokens, so it waits instead of stretching small's 25 ms step by 0.5 s.
+    limits = EngineLimits(
+        max_num_seqs=64, max_num_batched_tokens=512, kv_capacity_tokens=100_000, block_size=16
+    )
+    view = ScriptedView(limits)
+    view.add_relquery("big", [1000], max_tokens=20, arrival=0.0)
+    view.tracker.record_progress(view.tracker.start("big#0"), computed=200)
+    view.add_relquery("small", [50], max_tokens=20, arrival=1.0)
+    view.start("small#0")
+    cost = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
+    plan = Relstream(cost).plan(view)
+    assert plan.decode == ("small#0",) and plan.prefill == ()

@@ -53,20 +53,24 @@ class StepComposer:
             if seq.request_id not in self.preempted and not self._schedule(seq, 1):
                 break
 
-    def continue_prompts(self, info: RelQueryInfo) -> None:
-        """Continue R's unfinished running prompts, chunked to the budget left. vLLM
-        computes running prompts before it admits anyone, so once this step admitted a
-        better-ranked relQuery, a running prompt goes only where it fits whole (and
-        then the order makes no difference); otherwise it waits a step."""
+    def continue_prompts(self, info: RelQueryInfo, limit: int | None = None) -> None:
+        """Continue R's unfinished running prompts, chunked to the budget left. vLLM gives
+        a running prompt all the budget it can, so a prompt goes only where it fits whole
+        when the step must not give it that much: under a `limit` on R's prompt tokens,
+        and once this step admitted a better-ranked relQuery (vLLM computes running
+        prompts before it admits anyone). Otherwise it waits a step."""
+        allowed = self.budget if limit is None else min(limit, self.budget)
+        whole_only = limit is not None or bool(self.prefill)
         for seq in list(info.running.values()):
             if seq.prefill_done or seq.request_id in self.preempted:
                 continue
-            tokens = min(seq.uncomputed_tokens, self.budget)
-            if self.prefill and tokens < seq.uncomputed_tokens:
+            tokens = min(seq.uncomputed_tokens, allowed)
+            if whole_only and tokens < seq.uncomputed_tokens:
                 continue
             if tokens <= 0 or not self._schedule(seq, tokens):
                 return
             self.budget -= tokens
+            allowed -= tokens
 
     def _later(self, seq: SeqInfo, tokens: int) -> int:
         """KV `seq` will still take after this step's `tokens`: its prompt's rest and its
@@ -104,14 +108,20 @@ class StepComposer:
                 return False
         return True
 
-    def admit(self, info: RelQueryInfo) -> bool:
-        """Admit R's waiting rows while seats, budget and KV last; False once one ran out."""
+    def admit(self, info: RelQueryInfo, limit: int | None = None) -> bool:
+        """Admit R's waiting rows while seats, budget, KV and a `limit` on their prompt
+        tokens (whole prompts only) last; False once one ran out."""
         block = self.view.limits.block_size
         expected = expected_output(info)
+        allowed = limit
         for seq in list(info.waiting.values()):
             if self.seats <= 0 or self.budget <= 0:
                 return False
             cached = self.view.cached_prompt_tokens(seq)
+            if allowed is not None:
+                if seq.uncomputed_tokens - cached > min(allowed, self.budget):
+                    return False
+                allowed -= seq.uncomputed_tokens - cached
             need = self.view.admission_kv_tokens(seq, cached)
             total = seq.uncomputed_tokens + row_remaining_output(seq, expected, self.oracle)
             growth = (-(-total // block) - -(-seq.uncomputed_tokens // block)) * block

@@ -16,8 +16,13 @@ Each step, with the online step cost L = b + a_p·tokens + a_d·decodes (`stepco
 3. **Prompts and admission** (admission only in a step that preempted nothing), one
    rank order over started and waiting relQueries alike, while seats, token budget and
    KV last: a relQuery ranked ahead of one still computing its prompts gets its own
-   computed first. vLLM computes running prompts before it admits anyone, so a running
-   prompt ranked after this step's admissions continues only where it fits whole. KV is
+   computed first. A started relQuery ranked after relQueries that decode in this step
+   adds prompt tokens only up to b·(1 + queued behind it) / (a_p·those decoding ahead):
+   past that, what its prompt delays them outweighs the step base it saves (on this CPU
+   a 2,048-token chunk stretches a 20 ms decode step past 2 s; where batching is free
+   there is no limit). vLLM computes running prompts before it admits anyone, so a
+   running prompt ranked after this step's admissions continues only where it fits
+   whole. KV is
    counted for each request's whole sequence plus its expected output (and kept for the
    running requests' prompts and expected outputs), so admission does not thrash. Once
    a relQuery is held back, nobody ranked after it is admitted. A relQuery already
@@ -204,10 +209,14 @@ class Relstream(Policy):
         queued = len(self._order) + sum(1 for info in active if info.waiting)
         started_left = len(started)
         admitting = True
+        decoding_ahead = 0  # relQueries ranked ahead whose rows decode in this step
         for position, (_, info) in enumerate(heapq.merge(started, waiting, key=_first)):
+            behind = queued - position - 1
+            limit = prompt_allowance(decoding_ahead, max(behind, 0), coefficients)
             if info.running:
                 started_left -= 1
-                step.continue_prompts(info)
+                step.continue_prompts(info, limit)
+                decoding_ahead += any(seq.prefill_done for seq in info.running.values())
             if not admitting:
                 if started_left == 0:
                     return
@@ -217,13 +226,25 @@ class Relstream(Policy):
             left = self._left[info.relquery_id]
             # Less work left than every running relQuery: shortest first, as ABA's m+ > m-.
             shortest = coefficients.work(left) < best_running
-            behind = queued - position - 1
-            if info.running or shortest or not gate:
+            if info.running:
+                admitting = step.admit(info, limit)
+            elif shortest or not gate:
                 admitting = step.admit(info)
             else:
                 admitting = admission_pays(running_set, left, behind, coefficients)
                 admitting = admitting and step.admit(info)
             running_set.append(left)
+
+
+def prompt_allowance(decoding_ahead: int, behind: int, c: Coefficients) -> int | None:
+    """How many prompt tokens of a started relQuery may join a step in which
+    `decoding_ahead` better-ranked relQueries decode (None: no limit). Each token delays
+    each of them by a_p; deferring the prompt costs a step's base b to it and the
+    `behind` relQueries queued after it, so the allowance is b·(1 + behind) / (a_p·k).
+    On this CPU a 2,048-token chunk would stretch a 20 ms decode step past 2 s."""
+    if decoding_ahead == 0 or c.batching_free or c.per_token <= 0:
+        return None
+    return int(c.base * (1 + behind) / (c.per_token * decoding_ahead))
 
 
 def _first(pair: tuple[Rank, RelQueryInfo]) -> Rank:
