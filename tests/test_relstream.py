@@ -111,35 +111,36 @@ def test_relstream_finishes_the_smaller_relquery_first():
     assert [chunk.request_id for chunk in plan.prefill] == ["small#0", "small#1"]
 
 
-def test_a_better_ranked_relquery_gets_the_prompt_budget_before_a_long_prompt_in_flight():
-    # "long" has 800 of its 1,000 prompt tokens still to compute (W ≥ 0.8 s); "short"
-    # arrives with 50 (W ≈ 0.1 s), ranks first and takes 50 tokens of the 512-token
-    # budget. vLLM would compute the running prompt first, so the long one, which no
-    # longer fits whole in the 462 left, waits this step instead of taking all 512.
+# b = 25 ms, a_p = 1 ms, a_d = 2.5 ms; a 512-token budget.
+SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
+
+
+def long_prompt_then_short(computed: int) -> ScriptedView:
+    """ "long" (one row of 1,000 prompt tokens, `computed` done) runs; "short" (50) just
+    arrived."""
     limits = EngineLimits(
         max_num_seqs=64, max_num_batched_tokens=512, kv_capacity_tokens=100_000, block_size=16
     )
     view = ScriptedView(limits)
     view.add_relquery("long", [1000], max_tokens=20, arrival=0.0)
-    view.tracker.record_progress(view.tracker.start("long#0"), computed=200)
+    view.tracker.record_progress(view.tracker.start("long#0"), computed=computed)
     view.add_relquery("short", [50], max_tokens=20, arrival=1.0)
-    cost = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
-    plan = Relstream(cost).plan(view)
+    return view
+
+
+def test_a_better_ranked_relquery_gets_the_prompt_budget_before_a_long_prompt_in_flight():
+    # "long" has 800 prompt tokens still to compute (W ≥ 0.8 s); "short" (W ≈ 0.1 s)
+    # ranks first and takes 50 tokens of the 512-token budget. vLLM would compute the
+    # running prompt first, so the long one, which no longer fits whole in the 462 left,
+    # waits this step instead of taking all 512.
+    plan = Relstream(SMALL_COST).plan(long_prompt_then_short(computed=200))
     assert [(chunk.request_id, chunk.num_tokens) for chunk in plan.prefill] == [("short#0", 50)]
 
 
 def test_a_running_prompt_that_fits_whole_continues_beside_a_better_ranked_one():
     # As above, but only 300 tokens of "long" are left: they fit in the 462 after
     # "short", so both are computed this step.
-    limits = EngineLimits(
-        max_num_seqs=64, max_num_batched_tokens=512, kv_capacity_tokens=100_000, block_size=16
-    )
-    view = ScriptedView(limits)
-    view.add_relquery("long", [1000], max_tokens=20, arrival=0.0)
-    view.tracker.record_progress(view.tracker.start("long#0"), computed=700)
-    view.add_relquery("short", [50], max_tokens=20, arrival=1.0)
-    cost = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
-    plan = Relstream(cost).plan(view)
+    plan = Relstream(SMALL_COST).plan(long_prompt_then_short(computed=700))
     assert {chunk.request_id: chunk.num_tokens for chunk in plan.prefill} == {
         "short#0": 50,
         "long#0": 300,
@@ -156,16 +157,9 @@ def test_a_prompt_joins_better_ranked_decodes_only_as_far_as_the_saved_base_pays
 
 
 def test_a_long_prompt_waits_while_a_better_ranked_relquery_decodes():
-    # "small" decodes; "big" has 800 prompt tokens left. Its allowance is 25 ms / 1 ms =
-    # 25 tokens, so it waits instead of stretching small's 25 ms step by 0.5 s.
-    limits = EngineLimits(
-        max_num_seqs=64, max_num_batched_tokens=512, kv_capacity_tokens=100_000, block_size=16
-    )
-    view = ScriptedView(limits)
-    view.add_relquery("big", [1000], max_tokens=20, arrival=0.0)
-    view.tracker.record_progress(view.tracker.start("big#0"), computed=200)
-    view.add_relquery("small", [50], max_tokens=20, arrival=1.0)
-    view.start("small#0")
-    cost = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
-    plan = Relstream(cost).plan(view)
-    assert plan.decode == ("small#0",) and plan.prefill == ()
+    # "short" decodes; "long" has 800 prompt tokens left. Its allowance is 25 ms / 1 ms =
+    # 25 tokens, so it waits instead of stretching short's 25 ms step by 0.5 s.
+    view = long_prompt_then_short(computed=200)
+    view.start("short#0")
+    plan = Relstream(SMALL_COST).plan(view)
+    assert plan.decode == ("short#0",) and plan.prefill == ()
