@@ -12,6 +12,21 @@ from typing import Protocol, runtime_checkable
 
 from relstream.model import RelQuery, RelQueryResult, RowResult
 
+BACKLOG_KV_MULTIPLE = 32  # the backlog holds this many KV-fulls of rows
+TOKENS_PER_ROW = 512  # a row's prompt and answer, for sizing the backlog only
+
+
+def backlog_rows_for(kv_capacity_tokens: int) -> int:
+    """Rows to hand an engine whose KV holds `kv_capacity_tokens`: many more than fit at
+    once (the scheduler orders them), never fewer than 256."""
+    return max(256, BACKLOG_KV_MULTIPLE * kv_capacity_tokens // TOKENS_PER_ROW)
+
+
+class EngineFailure(RuntimeError):
+    """The engine itself failed (its core died, it stopped answering): nothing about the
+    relQuery's rows. The service publishes nothing for the relQueries it was serving,
+    commits nothing past them and exits, so a restarted engine answers them."""
+
 
 @runtime_checkable
 class RelQueryHandle(Protocol):
@@ -28,7 +43,9 @@ class RelQueryHandle(Protocol):
     async def result(self) -> RelQueryResult:
         """Every row, in row order, with the latency breakdown; waits for the last row.
 
-        A row that cannot run is a row with status "error"; an engine failure raises."""
+        A row that cannot run (bad row, prompt too long, rejected by the engine's
+        validation) is a row with status "error"; a cancelled row has status
+        "cancelled". An engine failure raises EngineFailure and is never a row error."""
         ...
 
     async def cancel(self) -> None:
@@ -41,6 +58,12 @@ class RelQueryBackend(Protocol):
     """Something that serves relQueries: submit, then follow the handle."""
 
     model_name: str  # reported with every result
+
+    def backlog_rows(self) -> int:
+        """How many rows it pays to hand this engine at once: enough that its scheduler
+        sees a real backlog, few enough that waiting rows do not exhaust memory. Sized
+        from the engine's KV capacity."""
+        ...
 
     async def submit(self, relquery: RelQuery) -> RelQueryHandle:
         """Start serving `relquery`; returns at once with its handle. Rows that cannot run

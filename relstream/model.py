@@ -183,15 +183,18 @@ class RowResult:
 @dataclass(frozen=True)
 class LatencyBreakdown:
     """Paper §2.1: waiting = start(p_1) − arrival, core = end(p_m) − start(p_1),
-    tail = end(d_n) − end(p_m)."""
+    tail = end(d_n) − end(p_m); arrival is when the engine took the relQuery. `queued`
+    comes before: from its submission (a window's close) until the engine took it from
+    Kafka, the backlog the engine had not yet taken in."""
 
     waiting: float
     core: float
     tail: float
+    queued: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.waiting + self.core + self.tail
+        return self.queued + self.waiting + self.core + self.tail
 
     @classmethod
     def from_timestamps(
@@ -209,7 +212,13 @@ class LatencyBreakdown:
         )
 
     def as_dict(self) -> dict[str, float]:
-        return {"waiting": self.waiting, "core": self.core, "tail": self.tail, "total": self.total}
+        return {
+            "queued": self.queued,
+            "waiting": self.waiting,
+            "core": self.core,
+            "tail": self.tail,
+            "total": self.total,
+        }
 
 
 @dataclass

@@ -3,6 +3,7 @@ with reasons while valid traffic keeps flowing."""
 
 import asyncio
 import collections
+import json
 import subprocess
 import sys
 import uuid
@@ -12,8 +13,9 @@ from aiokafka import AIOKafkaProducer
 from test_service import relquery
 from test_streaming import encode_row, start_worker
 
+from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.clients import Subscription, create_topics, read_messages
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
@@ -22,7 +24,16 @@ from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.windowing import MAX_ROW_BYTES
 
 
-def engine_process(broker, topics, group, log):
+async def published_ids(broker, topics) -> set[str]:
+    """Ids of every result published so far (reading until the topic is idle)."""
+    subscription = Subscription(
+        broker.bootstrap, topics.results, broker_kind=broker.kind, idle_seconds=3, timeout=60
+    )
+    async with subscription as messages:
+        return {decode(ResultMessage, m.value).id async for m in messages}
+
+
+def engine_process(broker, topics, group, log, budget_rows: int = 12):
     command = [
         sys.executable,
         "-m",
@@ -40,8 +51,8 @@ def engine_process(broker, topics, group, log):
         group,
         "--broker-kind",
         broker.kind,
-        "--max-in-flight",
-        "4",
+        "--max-backlog-rows",
+        str(budget_rows),
     ]
     return subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
@@ -64,13 +75,15 @@ def test_sigkilled_engine_restarts_and_answers_every_relquery(tmp_path):
             await producer.stop()
 
         asyncio.run(produce())
-        first = engine_process(broker, topics, group, tmp_path / "engine.log")
+        # One relQuery at a time (a 3-row budget), so the kill lands mid-stream.
+        first = engine_process(broker, topics, group, tmp_path / "engine.log", budget_rows=3)
         try:
-            early = asyncio.run(read_messages(broker.bootstrap, topics.results, 3, broker.kind, 60))
+            asyncio.run(read_messages(broker.bootstrap, topics.results, 3, broker.kind, 60))
         finally:
             first.kill()  # SIGKILL: no cleanup, no final commit
             first.wait()
-        assert len(early) < len(sent), "the engine finished before it could be killed"
+        before_restart = asyncio.run(published_ids(broker, topics))
+        assert 3 <= len(before_restart) < len(sent), "the kill did not land mid-stream"
         second = engine_process(broker, topics, group, tmp_path / "engine.log")
         try:
             answered: set[str] = set()
@@ -175,3 +188,54 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
     counts = collections.Counter(next(k for k in bad if k in r) for r in reasons)
     assert counts == {kind: 200 for kind in bad}
     assert answered == {f"v{i}" for i in range(50)}
+
+
+def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
+    # Two engines share the stream, a third joins mid-stream (a rebalance under load),
+    # then one of the first two is SIGKILLed (its partitions move after its session
+    # times out). Every relQuery is answered; the idempotent sink keeps one per id.
+    topics = Topics(prefix=f"s{uuid.uuid4().hex[:6]}.")
+    group = f"engine-{uuid.uuid4().hex[:6]}"
+    sent = [relquery(i) for i in range(48)]
+    log = tmp_path / "engines.log"
+    with EmbeddedBroker("tansu") as broker:
+
+        async def produce_slowly(relqueries):
+            producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+            await producer.start()
+            for rq in relqueries:
+                value = encode(relquery_message(rq))
+                await producer.send_and_wait(topics.relqueries, value, key=rq.id.encode())
+                await asyncio.sleep(0.1)
+            await producer.stop()
+
+        asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+        engines = [engine_process(broker, topics, group, log) for _ in range(2)]
+        try:
+            asyncio.run(produce_slowly(sent[:16]))
+            engines.append(engine_process(broker, topics, group, log))
+            asyncio.run(produce_slowly(sent[16:32]))
+            engines[0].kill()
+            engines[0].wait()
+            asyncio.run(produce_slowly(sent[32:]))
+            sink = JsonlSink(tmp_path / "results.jsonl")
+            answered: set[str] = set()
+            wanted = len(sent)
+            while len(answered) < len(sent):
+                messages = asyncio.run(
+                    read_messages(broker.bootstrap, topics.results, wanted, broker.kind, 120)
+                )
+                for message in messages:
+                    result = decode(ResultMessage, message.value)
+                    sink.write(result)
+                    answered.add(result.id)
+                wanted = len(messages) + 1
+            sink.close()
+            survivors = [engine.poll() for engine in engines[1:]]
+        finally:
+            for engine in engines:
+                engine.terminate()
+                engine.wait(30)
+    assert survivors == [None, None], log.read_text()[-3000:]
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["id"] for line in lines) == sorted(rq.id for rq in sent)

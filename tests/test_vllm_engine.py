@@ -161,3 +161,37 @@ def test_the_plug_in_decides_relstreams_order_where_stock_vllm_would_not(served)
     assert finished[-1] == "A"  # the largest finishes last
     for name in trio:  # the same answers either way
         assert ours[name].outputs == stock[name].outputs
+
+
+def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():
+    # SIGKILL vLLM's engine core a second into a relQuery of long answers: the handle
+    # raises EngineFailure (the service then publishes nothing and exits); no row is
+    # reported as an error.
+    import os
+    import signal
+
+    import psutil
+
+    from relstream.backend import EngineFailure
+
+    rows = [Row(str(i), {"n": 100 + i}) for i in range(8)]
+    counting = RelQuery("K", Template("Count from 1 to {n}, separated by commas."), rows, 300)
+
+    async def scenario():
+        engine = await RelQueryEngine.start(EngineSettings(policy="relstream"))
+        try:
+            handle = await engine.submit(counting)
+            await asyncio.sleep(1.0)
+            (core,) = [
+                p for p in psutil.Process().children(recursive=True) if "EngineCor" in p.name()
+            ]
+            os.kill(core.pid, signal.SIGKILL)
+            with pytest.raises(EngineFailure):
+                await handle.result()
+            with pytest.raises(EngineFailure):
+                async for _ in handle.rows():
+                    pass
+        finally:
+            engine.shutdown()
+
+    asyncio.run(scenario())

@@ -57,7 +57,6 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         topics,
         group_id=f"bench-{uuid.uuid4().hex[:6]}",
         broker=broker.kind,
-        max_in_flight=len(entries),
     )
     service = asyncio.create_task(EngineService(config, engine).run(stop))
     producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)

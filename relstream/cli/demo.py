@@ -147,7 +147,8 @@ def _check_alive(processes: list[subprocess.Popen]) -> None:
 
 def _print_results(console: Console, results: list[ResultMessage]) -> None:
     table = Table(title="relQueries answered")
-    for column in ("relQuery", "rows", "waiting", "core", "tail", "total", "first output"):
+    components = ("queued", "waiting", "core", "tail", "total")
+    for column in ("relQuery", "rows", *components, "first output"):
         table.add_column(
             column, justify="left" if column in ("relQuery", "first output") else "right"
         )
@@ -159,7 +160,7 @@ def _print_results(console: Console, results: list[ResultMessage]) -> None:
             str(len(result.rows)),
             *(
                 f"{getattr(result.latency, part) if result.latency else 0.0:.2f}"
-                for part in ("waiting", "core", "tail", "total")
+                for part in components
             ),
             output.replace("\n", " ")[:48],
         )

@@ -144,7 +144,8 @@ def _print_result(result: ResultMessage) -> None:
     parts = ""
     if latency is not None:
         parts = " ".join(
-            f"{name} {getattr(latency, name):.2f}s" for name in ("waiting", "core", "tail", "total")
+            f"{name} {getattr(latency, name):.2f}s"
+            for name in ("queued", "waiting", "core", "tail", "total")
         )
     console.print(f"[bold]{result.id}[/] {len(result.rows)} rows ({result.policy}) {parts}")
     for row in result.rows[:3]:

@@ -17,6 +17,7 @@ from relstream.cli.common import (
 )
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS
+from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
 
 @click.command()
@@ -50,7 +51,20 @@ def broker(
 @click.option("--group", default="relstream-engine", show_default=True, help="Consumer group.")
 @prefix_option
 @broker_kind_option
-@click.option("--max-in-flight", default=8, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--max-backlog-rows",
+    default=DEFAULT_MAX_BACKLOG_ROWS,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Cap on rows handed to the engine at once (the budget is also sized from its KV).",
+)
+@click.option(
+    "--max-attempts",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Tries of a relQuery whose serving fails before it is dead-lettered.",
+)
 @click.option("--partial-results", is_flag=True, help="Also publish each row as it finishes.")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535))
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
@@ -62,10 +76,19 @@ def broker(
     help="sim: spend this fraction of each simulated latency in real time.",
 )
 def engine(**opts) -> None:
-    """Serve the relqueries topic and publish results (at-least-once)."""
+    """Serve the relqueries topic and publish results (at-least-once). Exits non-zero if
+    the engine fails; what it was serving is answered after a restart."""
+    from relstream.backend import EngineFailure
+
     if opts["backend"] == "vllm":
         reexec_with_tcmalloc()
-    asyncio.run(_serve_engine(opts))
+    try:
+        asyncio.run(_serve_engine(opts))
+    except EngineFailure as exc:
+        raise click.ClickException(
+            f"engine failed: {exc}. Nothing was committed past the relQueries it was "
+            "serving; a restarted engine answers them."
+        ) from None
 
 
 async def _start_backend(opts: dict):
@@ -90,7 +113,8 @@ async def _serve_engine(opts: dict) -> None:
         topics=Topics(opts["prefix"]),
         group_id=opts["group"],
         broker=opts["broker_kind"],
-        max_in_flight=opts["max_in_flight"],
+        max_backlog_rows=opts["max_backlog_rows"],
+        max_attempts=opts["max_attempts"],
         partial_results=opts["partial_results"],
         metrics_port=opts["metrics_port"],
         metrics_host=opts["metrics_host"],

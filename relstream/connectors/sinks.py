@@ -15,7 +15,7 @@ import msgspec
 
 from relstream.schemas import ResultMessage
 
-LATENCY_PARTS = ("waiting", "core", "tail", "total")
+LATENCY_PARTS = ("queued", "waiting", "core", "tail", "total")
 CSV_COLUMNS = ("relquery_id", "row_key", "status", "output", "error", *LATENCY_PARTS)
 
 
@@ -112,12 +112,20 @@ class PostgresSink:
                     " PRIMARY KEY (relquery_id, row_key, row_index))"
                 ).format(self.table)
             )
+            # Tables made before latency had a queued component gain the column.
+            cursor.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS queued double precision").format(
+                    self.table
+                )
+            )
         self._conn.commit()
 
     def write(self, result: ResultMessage) -> bool:
         parts = _latency_parts(result)
         statement = self._sql.SQL(
-            "INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            "INSERT INTO {} (relquery_id, row_key, row_index, status, output, error,"
+            " queued, waiting, core, tail, total, policy, model)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT DO NOTHING"
         ).format(self.table)
         inserted = 0

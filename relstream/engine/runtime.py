@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.model import (
     LatencyBreakdown,
@@ -63,16 +64,19 @@ class EngineHandle:
     submitted_at: float
     _engine: RelQueryEngine
     _tasks: list[asyncio.Task] = field(default_factory=list)
-    _finished: asyncio.Queue = field(default_factory=asyncio.Queue)
+    _finished: asyncio.Queue = field(default_factory=asyncio.Queue)  # RowResult | EngineFailure
 
     @property
     def relquery_id(self) -> str:
         return self.relquery.id
 
     async def rows(self) -> AsyncIterator[RowResult]:
-        """Rows in the order they finish."""
+        """Rows in the order they finish; raises EngineFailure if the engine fails."""
         for _ in range(len(self._tasks)):
-            yield await self._finished.get()
+            finished = await self._finished.get()
+            if isinstance(finished, EngineFailure):
+                raise finished
+            yield finished
 
     async def result(self) -> RelQueryResult:
         outcomes = await asyncio.gather(*self._tasks)
@@ -151,6 +155,10 @@ class RelQueryEngine:
         self._llm.shutdown(timeout=timeout)
         self._llm = None
 
+    def backlog_rows(self) -> int:
+        cache = self._llm.vllm_config.cache_config
+        return backlog_rows_for((cache.num_gpu_blocks or 0) * cache.block_size)
+
     async def reset_prefix_cache(self) -> None:
         """Forget cached prompt blocks (so back-to-back measurements start alike)."""
         await self._llm.reset_prefix_cache()
@@ -199,8 +207,13 @@ class RelQueryEngine:
         priority: int,
     ) -> tuple[RowResult, _RowTimes | None]:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
 
         from relstream.engine.plugin import relquery_tags
+
+        # What vLLM raises about a request itself (validation, a bad parameter); anything
+        # else is the engine's own failure.
+        row_errors = (ValueError, VLLMClientError)
 
         relquery = handle.relquery
         times = None
@@ -231,13 +244,17 @@ class RelQueryEngine:
                 )
                 await handle._finished.put(result)
                 raise
-            except Exception as exc:  # one failing row must not take the relQuery down
+            except row_errors as exc:  # the engine refused this row: the row's error
                 result = RowResult(
                     request.row_index,
                     request.row_key,
                     RowStatus.ERROR,
                     error=f"row {request.row_key!r}: {exc}",
                 )
+            except Exception as exc:  # the engine failed: no row is to blame
+                failure = EngineFailure(f"vLLM failed serving {request.request_id}: {exc!r}")
+                await handle._finished.put(failure)
+                raise failure from exc
             else:
                 completion = final.outputs[0]
                 result = RowResult(

@@ -56,7 +56,11 @@ def latency_message(latency: LatencyBreakdown | None) -> Latency | None:
     if latency is None:
         return None
     return Latency(
-        waiting=latency.waiting, core=latency.core, tail=latency.tail, total=latency.total
+        queued=latency.queued,
+        waiting=latency.waiting,
+        core=latency.core,
+        tail=latency.tail,
+        total=latency.total,
     )
 
 

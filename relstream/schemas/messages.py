@@ -91,9 +91,11 @@ class RelQueryHeader(Message, tag=WIRE_VERSION, kw_only=True):
 
 
 class Latency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Paper §2.1: waiting (arrival → first prefill), core (→ last prefill ends), tail
-    (→ last decode ends), in seconds."""
+    """In seconds: queued (submitted → the engine took it from Kafka), then paper §2.1:
+    waiting (→ first prefill), core (→ last prefill ends), tail (→ last decode ends);
+    total is their sum."""
 
+    queued: Annotated[float, Meta(ge=0)] = 0.0
     waiting: Annotated[float, Meta(ge=0)]
     core: Annotated[float, Meta(ge=0)]
     tail: Annotated[float, Meta(ge=0)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from relstream.model import RelQueryResult
+from relstream.service.backlog import RowBudget
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000)
 
@@ -35,6 +36,16 @@ class EngineMetrics:
         self.in_flight = Gauge(
             "relstream_relqueries_in_flight", "relQueries being served", registry=self.registry
         )
+        self.rows_in_flight = Gauge(
+            "relstream_rows_in_flight",
+            "Rows handed to the engine and not yet answered (the backlog it orders)",
+            registry=self.registry,
+        )
+        self.waiting_for_room = Gauge(
+            "relstream_relqueries_waiting_for_room",
+            "relQueries taken from Kafka that wait for room in the row budget",
+            registry=self.registry,
+        )
         self.dead_letters = Counter(
             "relstream_dead_letters_total",
             "Messages sent to the dead-letter topic",
@@ -52,6 +63,11 @@ class EngineMetrics:
         self.output_tokens.inc(tokens)
         if service_seconds > 0:
             self.tokens_per_second.set(tokens / service_seconds)
+
+    def observe_backlog(self, budget: RowBudget) -> None:
+        self.in_flight.set(budget.relqueries)
+        self.rows_in_flight.set(budget.in_flight)
+        self.waiting_for_room.set(len(budget.waiting))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -1,10 +1,22 @@
 """`relstream engine`: serve the relqueries topic and publish results.
 
-At-least-once: a relQuery's offset is committed only after its result is published, and
-only once every earlier offset of its partition is done, so a crash replays unfinished
-work. Results are keyed by relQuery id; consumers de-duplicate on it. In-flight work is
-bounded: the consumer pauses while `max_in_flight` relQueries are being served. A message
-that cannot be used goes to the dead-letter topic with the reason, and serving goes on.
+At-least-once: a relQuery's offset is committed only after its result is published (or
+the message is dead-lettered), and only once every earlier offset of its partition is
+done, so a crash replays unfinished work. Results are keyed by relQuery id; consumers
+de-duplicate on it.
+
+- **Backlog.** The engine is handed relQueries up to a budget of rows in flight
+  (`backlog.RowBudget`), so its scheduler orders the real backlog; latency counts from
+  each relQuery's `submitted_at`, the time it spent in Kafka reported as `queued`.
+- **Bad input** (a message that does not decode) is dead-lettered with the reason.
+- **A relQuery whose serving raises** is retried `max_attempts` times, then
+  dead-lettered with the error, so it never blocks its partition.
+- **An engine failure** (`EngineFailure`) is nobody's row error: the service publishes
+  nothing more, commits nothing past the relQueries it was serving, and `run` raises, so
+  the process exits non-zero and a restarted engine answers them.
+- **Rebalances.** On revocation the service commits what finished in those partitions,
+  stops taking their work and forgets them; relQueries of theirs already being served
+  may still publish (results are keyed by id).
 """
 
 from __future__ import annotations
@@ -13,12 +25,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from relstream.backend import RelQueryBackend
+from relstream.backend import EngineFailure, RelQueryBackend
 from relstream.kafka.clients import client_settings
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery
+from relstream.model import RelQuery, RelQueryResult
 from relstream.schemas import Message, MessageError, decode_relquery_stepwise, encode
 from relstream.schemas.convert import (
     dead_letter_message,
@@ -26,8 +38,9 @@ from relstream.schemas.convert import (
     relquery_from_message,
     result_message,
 )
+from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.metrics import EngineMetrics
-from relstream.service.offsets import OffsetBook
+from relstream.service.offsets import OffsetBook, RevocationListener, commit_assigned
 
 log = logging.getLogger("relstream.engine")
 
@@ -38,10 +51,22 @@ class ServiceConfig:
     topics: Topics = field(default_factory=Topics)
     group_id: str = "relstream-engine"
     broker: str | None = None  # embedded broker kind, for its client settings
-    max_in_flight: int = 8
+    max_backlog_rows: int = DEFAULT_MAX_BACKLOG_ROWS  # cap on rows handed to the engine
+    max_attempts: int = 3  # tries of one relQuery before it is dead-lettered
+    retry_backoff_s: float = 1.0  # wait before the second try, doubled after each
     partial_results: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One decoded relQuery taken from Kafka."""
+
+    partition: object  # the aiokafka TopicPartition it came from
+    message: object  # the aiokafka ConsumerRecord
+    relquery: RelQuery
+    submitted_at: float  # seconds since the epoch, from the message
 
 
 class EngineService:
@@ -49,90 +74,131 @@ class EngineService:
         self.config = config
         self.backend = backend
         self.metrics = EngineMetrics()
+        self.budget: RowBudget[_Work] = RowBudget(
+            min(config.max_backlog_rows, backend.backlog_rows())
+        )
         self._book = OffsetBook()
-        self._slots = asyncio.Semaphore(config.max_in_flight)
         self._tasks: set[asyncio.Task] = set()
         self._paused = False
+        self._failure: EngineFailure | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set; raises EngineFailure if the engine failed."""
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
         settings = client_settings(self.config.broker)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.config.bootstrap, acks="all")
         self._consumer = AIOKafkaConsumer(
-            self.config.topics.relqueries,
             bootstrap_servers=self.config.bootstrap,
             group_id=self.config.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             **settings,
         )
+        self._consumer.subscribe(
+            [self.config.topics.relqueries], listener=RevocationListener(self._on_revoked)
+        )
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         await self._producer.start()
         await self._consumer.start()
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self._failure is None:
                 await self._poll_once()
                 await self._commit()
         finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            # A consumer stuck joining its group (noida-db never evicts a killed member)
-            # must not keep the process from stopping; uncommitted work is replayed.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(10):
-                    await self._commit()
-                    await self._consumer.stop()
-            await self._producer.stop()
+            await self._shut_down()
+        if self._failure is not None:
+            raise self._failure
 
+    async def _shut_down(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A consumer stuck joining its group (noida-db never evicts a killed member)
+        # must not keep the process from stopping; uncommitted work is replayed.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await self._commit()
+                await self._consumer.stop()
+        await self._producer.stop()
+
+    # taking work
     async def _poll_once(self) -> None:
-        full = self._slots.locked()
+        self._start(self.budget.admit())
+        full = self.budget.full
         if full != self._paused:
             # Only on a change: resuming on every poll restarts fetches in a busy loop.
             assignment = self._consumer.assignment()
             (self._consumer.pause if full else self._consumer.resume)(*assignment)
             self._paused = full
-        batches = await self._consumer.getmany(
-            timeout_ms=200, max_records=self.config.max_in_flight
-        )
+        batches = await self._consumer.getmany(timeout_ms=200, max_records=64)
         for partition, messages in batches.items():
             for message in messages:
-                await self._slots.acquire()
                 self._book.start(partition, message.offset)
-                task = asyncio.create_task(self._handle(partition, message))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        self.metrics.in_flight.set(len(self._tasks))
+                work = await self._decode(partition, message)
+                if work is not None:
+                    self.budget.offer(len(work.relquery.rows), work)
+        self._start(self.budget.admit())
+        self.metrics.observe_backlog(self.budget)
 
-    async def _handle(self, partition, message) -> None:
+    async def _decode(self, partition, message) -> _Work | None:
+        """The message as work, or None once it is dead-lettered."""
         try:
-            try:
-                relquery = relquery_from_message(await decode_relquery_stepwise(message.value))
-            except MessageError as exc:
-                await self._dead_letter(message, exc.reason)
-            else:
-                await self._serve(relquery)
+            decoded = await decode_relquery_stepwise(message.value)
+            relquery = relquery_from_message(decoded)
+        except MessageError as exc:
+            await self._dead_letter(message, exc.reason)
             self._book.finish(partition, message.offset)
-        except Exception:
-            # Left uncommitted: this relQuery is served again after a restart.
-            log.exception(
-                "serving %s[%s]@%s failed", message.topic, message.partition, message.offset
-            )
-        finally:
-            self._slots.release()
+            return None
+        return _Work(partition, message, relquery, decoded.submitted_at)
 
-    async def _serve(self, relquery: RelQuery) -> None:
-        started = time.monotonic()
+    def _start(self, admitted: list[_Work]) -> None:
+        for work in admitted:
+            task = asyncio.create_task(self._handle(work))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # serving
+    async def _handle(self, work: _Work) -> None:
+        message = work.message
+        try:
+            await self._serve_with_retries(work)
+            self._book.finish(work.partition, message.offset)
+        except EngineFailure as exc:
+            log.error("engine failed serving %s: %s", work.relquery.id, exc)
+            self._failure = self._failure or exc
+        finally:
+            self.budget.release(len(work.relquery.rows))
+
+    async def _serve_with_retries(self, work: _Work) -> None:
+        backoff = self.config.retry_backoff_s
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                await self._serve(work)
+                return
+            except EngineFailure:
+                raise
+            except Exception as exc:
+                log.exception("serving %s failed (try %d)", work.relquery.id, attempt)
+                if attempt == self.config.max_attempts:
+                    reason = f"serving failed {attempt} times; last error: {exc!r}"
+                    await self._dead_letter(work.message, reason)
+                    return
+            await asyncio.sleep(backoff)
+            backoff *= 2
+
+    async def _serve(self, work: _Work) -> None:
+        relquery = work.relquery
+        taken_at = time.time()
         handle = await self.backend.submit(relquery)
         if self.config.partial_results:
             async for row in handle.rows():
                 partial = partial_result_message(relquery.id, row)
                 await self._publish(self.config.topics.partial_results, relquery.id, partial)
-        result = await handle.result()
+        result = with_queued(await handle.result(), max(taken_at - work.submitted_at, 0.0))
         await self._publish(self.config.topics.results, relquery.id, result_message(result))
-        self.metrics.observe_result(result, time.monotonic() - started)
+        self.metrics.observe_result(result, time.time() - taken_at)
 
     async def _dead_letter(self, message, reason: str) -> None:
         log.warning(
@@ -150,7 +216,20 @@ class EngineService:
         key_bytes = raw_key if raw_key is not None else (key.encode() if key else None)
         await self._producer.send_and_wait(topic, encode(payload), key=key_bytes)
 
+    # offsets
     async def _commit(self) -> None:
-        offsets = self._book.committable()
-        if offsets:
-            await self._consumer.commit(offsets)
+        await commit_assigned(self._consumer, self._book.committable())
+
+    async def _on_revoked(self, revoked) -> None:
+        await commit_assigned(self._consumer, self._book.committable(revoked))
+        self._book.forget(revoked)
+        dropped = self.budget.drop_waiting(lambda work: work.partition not in revoked)
+        log.info("partitions revoked: %s (%d waiting relQueries left)", revoked, dropped)
+        self._paused = False  # the new assignment starts resumed
+
+
+def with_queued(result: RelQueryResult, queued: float) -> RelQueryResult:
+    """`result` with the time its relQuery spent in Kafka before the engine took it."""
+    if result.latency is None:
+        return result
+    return replace(result, latency=replace(result.latency, queued=queued))

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from relstream.backend import backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
     LatencyBreakdown,
@@ -65,6 +66,9 @@ class SimRelQueryBackend:
 
     async def submit(self, relquery: RelQuery) -> SimHandle:
         return SimHandle(relquery.id, asyncio.ensure_future(self._serve_in_time(relquery)))
+
+    def backlog_rows(self) -> int:
+        return backlog_rows_for(self.profile.limits.kv_capacity_tokens)
 
     def shutdown(self) -> None:
         """Nothing to release."""

@@ -1,0 +1,190 @@
+"""What the engine service promises about delivery, on a real broker with the simulated
+backend: it takes the whole backlog within its row budget, counts latency from
+submission, retries then dead-letters a relQuery it cannot serve, and on an engine
+failure publishes and commits nothing past the work it was serving."""
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from test_service import relquery
+
+from relstream.backend import EngineFailure
+from relstream.kafka.clients import create_topics, produce, read_messages
+from relstream.kafka.topics import Topics
+from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
+from relstream.schemas.convert import relquery_message
+from relstream.service.backlog import RowBudget
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend, SimSettings
+
+
+class FaultyBackend(SimRelQueryBackend):
+    """The simulated backend with faults chosen by relQuery id: serving a "poison-" one
+    raises a plain error, serving a "dies-" one fails the engine."""
+
+    async def submit(self, relquery):
+        if relquery.id.startswith("poison-"):
+            raise RuntimeError(f"cannot serve {relquery.id}")
+        if relquery.id.startswith("dies-"):
+            raise EngineFailure("the engine core died")
+        return await super().submit(relquery)
+
+
+def config_for(broker, topics: Topics, group: str, **options) -> ServiceConfig:
+    return ServiceConfig(broker.bootstrap, topics, group, broker=broker.kind, **options)
+
+
+async def send(broker, topics: Topics, relqueries, submitted_at: float | None = None) -> None:
+    """Produce `relqueries` in order to partition 0 of the relqueries topic."""
+    await create_topics(broker.bootstrap, topics.layout())
+    messages = [(b"k", encode(relquery_message(rq, submitted_at))) for rq in relqueries]
+    await produce(broker.bootstrap, topics.relqueries, messages, partitioner=lambda *a: 0)
+
+
+async def committed(broker, topics: Topics, group: str) -> int | None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(topics.relqueries, 0))
+    finally:
+        await consumer.stop()
+
+
+def fresh_topics() -> Topics:
+    return Topics(prefix=f"d{uuid.uuid4().hex[:6]}.")
+
+
+def test_the_budget_admits_in_order_and_never_strands_a_big_relquery():
+    budget = RowBudget(rows=10)
+    for name, rows in (("a", 4), ("b", 5), ("c", 3), ("huge", 50)):
+        budget.offer(rows, name)
+    assert budget.admit() == ["a", "b"]  # 9 rows; c would make 12
+    assert budget.full
+    budget.release(4)
+    assert budget.admit() == ["c"]  # 8 rows; huge waits for an empty engine
+    budget.release(5)
+    budget.release(3)
+    assert budget.admit() == ["huge"] and not budget.full
+
+
+def test_the_engine_takes_the_whole_backlog_and_counts_latency_from_submission(broker):
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    sent = [relquery(i) for i in range(30)]
+    submitted = time.time() - 5.0  # five seconds in Kafka before the engine started
+
+    async def scenario():
+        await send(broker, topics, sent, submitted)
+        backend = SimRelQueryBackend(SimSettings(time_scale=1.0))
+        service = EngineService(config_for(broker, topics, group), backend)
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        most = 0
+        reader = asyncio.create_task(
+            read_messages(broker.bootstrap, topics.results, len(sent), broker.kind, 60)
+        )
+        while not reader.done():
+            most = max(most, service.budget.relqueries)
+            await asyncio.sleep(0.05)
+        stop.set()
+        await task
+        return most, reader.result()
+
+    most, results = asyncio.run(scenario())
+    # All 30 relQueries (90 rows, far under the budget) were in the engine at once, not 8.
+    assert most == len(sent)
+    for message in results:
+        latency = decode(ResultMessage, message.value).latency
+        assert latency.queued >= 5.0
+        assert latency.total == pytest.approx(
+            latency.queued + latency.waiting + latency.core + latency.tail
+        )
+
+
+def test_a_small_budget_bounds_the_rows_in_flight_and_loses_nothing(broker):
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    sent = [relquery(i) for i in range(12)]  # 3 rows each
+
+    async def scenario():
+        await send(broker, topics, sent)
+        backend = SimRelQueryBackend(SimSettings(time_scale=1.0))
+        service = EngineService(config_for(broker, topics, group, max_backlog_rows=7), backend)
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        most = 0
+        reader = asyncio.create_task(
+            read_messages(broker.bootstrap, topics.results, len(sent), broker.kind, 60)
+        )
+        while not reader.done():
+            most = max(most, service.budget.in_flight)
+            await asyncio.sleep(0.02)
+        stop.set()
+        await task
+        return most, reader.result()
+
+    most, results = asyncio.run(scenario())
+    assert most == 6  # two relQueries of 3 rows; a third would make 9 > 7
+    assert {decode(ResultMessage, m.value).id for m in results} == {rq.id for rq in sent}
+
+
+def test_a_relquery_that_cannot_be_served_is_retried_then_dead_lettered(broker):
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    poison = relquery(1)
+    poison.id = f"poison-{poison.id}"
+    sent = [relquery(0), poison, relquery(2)]
+
+    async def scenario():
+        await send(broker, topics, sent)
+        config = config_for(broker, topics, group, retry_backoff_s=0.1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(EngineService(config, FaultyBackend()).run(stop))
+        results = await read_messages(broker.bootstrap, topics.results, 2, broker.kind)
+        dead = await read_messages(broker.bootstrap, topics.deadletter, 1, broker.kind)
+        await asyncio.sleep(1.0)  # a poll loop or two: the commit follows the dead letter
+        stop.set()
+        await task
+        return results, dead, await committed(broker, topics, group)
+
+    results, dead, offset = asyncio.run(scenario())
+    assert sorted(decode(ResultMessage, m.value).id for m in results) == sorted(
+        [sent[0].id, sent[2].id]
+    )
+    letter = decode(DeadLetterMessage, dead[0].value)
+    assert letter.offset == 1 and "serving failed 3 times" in letter.reason
+    assert f"cannot serve {poison.id}" in letter.reason
+    assert offset == 3  # the partition moved past the poison message
+
+
+def test_an_engine_failure_publishes_and_commits_nothing_past_its_work(broker):
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    dying = relquery(1)
+    dying.id = f"dies-{dying.id}"
+    sent = [relquery(0), dying, relquery(2)]
+
+    async def scenario():
+        await send(broker, topics, sent)
+        # A budget of one row: the first relQuery is served (and published) alone before
+        # the failing one is taken, and the third waits behind it.
+        stop = asyncio.Event()
+        config = config_for(broker, topics, group, max_backlog_rows=1)
+        with pytest.raises(EngineFailure):
+            await EngineService(config, FaultyBackend()).run(stop)
+        offset = await committed(broker, topics, group)
+        before_restart = await read_messages(broker.bootstrap, topics.results, 1, broker.kind)
+        # A restarted (healthy) engine in the same group answers what was left.
+        healthy = asyncio.create_task(
+            EngineService(config_for(broker, topics, group), SimRelQueryBackend()).run(stop)
+        )
+        after = await read_messages(broker.bootstrap, topics.results, 3, broker.kind)
+        stop.set()
+        await healthy
+        return offset, before_restart, after
+
+    offset, before_restart, after = asyncio.run(scenario())
+    assert offset == 1  # just past the first relQuery, never past the one that failed
+    answered = [decode(ResultMessage, m.value) for m in after]
+    assert sorted(r.id for r in answered) == sorted(rq.id for rq in sent)
+    assert all(row.status == "ok" for r in answered for row in r.rows)
+    assert decode(ResultMessage, before_restart[0].value).id == sent[0].id
