@@ -50,3 +50,25 @@ def test_decision_benchmark_builds_the_crowd_it_reports():
     assert 240 <= result.running_requests <= 256
     assert 0 < result.waiting_requests <= 1000 - 240
     assert result.timed_decisions == 200 and result.median_us > 0
+
+
+def test_sigterm_to_the_broker_command_takes_its_broker_down():
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    command = [sys.executable, "-m", "relstream", "broker", "--kind", "tansu"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in process.stdout:
+            if "ready" in line:
+                break
+        (broker,) = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        broker.wait(10)  # raises if the broker outlives the command
+        assert not broker.is_running()
+    finally:
+        process.kill()

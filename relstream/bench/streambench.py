@@ -22,7 +22,7 @@ from pathlib import Path
 
 from relstream.bench.vllmbench import replay
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
-from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
@@ -39,7 +39,7 @@ class StreamBenchOptions:
     datasets_dir: Path | None
     throughput_rows: int
     out_dir: Path
-    broker: str = "noida-db"
+    broker: str = DEFAULT_BROKER
     command: str = ""
 
 

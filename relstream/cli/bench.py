@@ -13,7 +13,7 @@ from relstream.bench.runner import RunSummary
 from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
 from relstream.cli.common import console, progress
 from relstream.engine.cpu import reexec_with_tcmalloc
-from relstream.kafka.brokers import BROKERS
+from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
 from relstream.sim.policies import SIM_POLICIES
 from relstream.sim.profiles import PROFILE_NAMES
@@ -123,7 +123,7 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 @click.option(
     "--broker",
     type=click.Choice(BROKERS),
-    default="tansu",
+    default=DEFAULT_BROKER,
     show_default=True,
     help="streaming: the embedded broker.",
 )

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from relstream.cli.common import broker_choice, console, policy_option, progress
 from relstream.connectors.sources import read_rows
-from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, produce
 from relstream.kafka.topics import Topics
 from relstream.scheduler import DEFAULT_POLICY
@@ -52,8 +52,7 @@ max_output_tokens = 24
 class DemoOptions:
     backend: str = "vllm"
     policy: str = DEFAULT_POLICY
-    # Tansu: noida-db's idle consumers spin (85 % of a core each), starving the engine.
-    broker: str = "tansu"
+    broker: str = DEFAULT_BROKER
     timeout: float = 600.0
 
 
@@ -176,7 +175,7 @@ def _print_results(console: Console, results: list[ResultMessage]) -> None:
     help="sim answers instantly by echoing each row's prompt.",
 )
 @policy_option
-@broker_choice("tansu", "tansu by default: idle noida-db consumers spin and starve the engine.")
+@broker_choice(DEFAULT_BROKER, "The embedded broker (tansu keeps topics in memory).")
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait for results.")
 def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:
     """Broker, worker and engine on the bundled sample table, answered live."""

@@ -16,12 +16,18 @@ from relstream.cli.common import (
     prefix_option,
 )
 from relstream.engine.cpu import reexec_with_tcmalloc
-from relstream.kafka.brokers import BROKERS
+from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
 
 @click.command()
-@click.option("--kind", type=click.Choice(BROKERS), default="noida-db", show_default=True)
+@click.option(
+    "--kind",
+    type=click.Choice(BROKERS),
+    default=DEFAULT_BROKER,
+    show_default=True,
+    help="tansu keeps topics in memory; noida-db persists them under --data-dir.",
+)
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @prefix_option
@@ -33,11 +39,15 @@ def broker(
     from relstream.kafka.brokers import EmbeddedBroker
     from relstream.kafka.topics import Topics
 
+    # Blocked before the broker starts, so SIGTERM reaches sigwait below instead of
+    # killing this process and orphaning the broker it started.
+    stopping = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
     embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables)
     bootstrap = embedded.start()
     console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        signal.sigwait(stopping)
     finally:
         embedded.stop()
         console.print(f"{kind} stopped")

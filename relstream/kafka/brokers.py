@@ -22,6 +22,9 @@ from relstream.kafka.clients import create_topics, metadata_ok
 from relstream.kafka.topics import Topics
 
 BROKERS = ("noida-db", "tansu")
+# The default everywhere: an idle noida-db 0.2.3 consumer spins ~85 % of a core, which
+# starves the engine on a small machine (docs/benchmarks/streaming/brokers.md).
+DEFAULT_BROKER = "tansu"
 
 
 def free_port() -> int:
@@ -45,7 +48,7 @@ def _binary(broker: str) -> Path:
 
 @dataclass
 class EmbeddedBroker:
-    kind: str = "noida-db"
+    kind: str = DEFAULT_BROKER
     port: int = 0  # 0: pick a free one
     data_dir: Path | None = None  # noida-db only; default under the user data dir
     topics: Topics = field(default_factory=Topics)
