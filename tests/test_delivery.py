@@ -188,3 +188,40 @@ def test_an_engine_failure_publishes_and_commits_nothing_past_its_work(broker):
     assert sorted(r.id for r in answered) == sorted(rq.id for rq in sent)
     assert all(row.status == "ok" for r in answered for row in r.rows)
     assert decode(ResultMessage, before_restart[0].value).id == sent[0].id
+
+
+def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from relstream.kafka.brokers import free_port
+    from relstream.schemas import MetricsMessage
+
+    topics, group, port = fresh_topics(), f"g{uuid.uuid4().hex[:6]}", free_port()
+    sent = [relquery(i) for i in range(5)]
+
+    async def scenario():
+        await send(broker, topics, sent)
+        config = config_for(broker, topics, group, metrics_port=port)
+        stop = asyncio.Event()
+        task = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        metrics = await read_messages(broker.bootstrap, topics.metrics, len(sent), broker.kind)
+        await asyncio.sleep(2.5)  # the lag is measured once a second
+        page = await asyncio.to_thread(lambda: urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        stop.set()
+        await task
+        return metrics, page.decode()
+
+    metrics, page = asyncio.run(scenario())
+    published = {m.relquery_id: m for m in (decode(MetricsMessage, x.value) for x in metrics)}
+    assert set(published) == {rq.id for rq in sent}
+    assert all(m.rows == {"ok": 3} and m.latency.total > 0 for m in published.values())
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+    }
+    assert samples[("relstream_rows_total", (("status", "ok"),))] == 15
+    assert samples[("relstream_consumer_lag", (("partition", "0"),))] == 0
+    assert samples[("relstream_rows_in_flight", ())] == 0

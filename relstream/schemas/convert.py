@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from relstream.model import (
     LatencyBreakdown,
@@ -17,6 +18,7 @@ from relstream.schemas.codec import MessageError
 from relstream.schemas.messages import (
     DeadLetterMessage,
     Latency,
+    MetricsMessage,
     PartialResultMessage,
     RelQueryMessage,
     RelQueryRow,
@@ -99,5 +101,19 @@ def dead_letter_message(
         partition=partition,
         offset=offset,
         reason=reason,
+        at=time.time(),
+    )
+
+
+def metrics_message(result: RelQueryResult, engine: str) -> MetricsMessage:
+    rows = Counter(row.status.value for row in result.rows)
+    return MetricsMessage(
+        relquery_id=result.relquery_id,
+        latency=latency_message(result.latency),
+        rows=dict(rows),
+        output_tokens=sum(row.output_tokens for row in result.rows),
+        policy=result.policy,
+        model=result.model,
+        engine=engine,
         at=time.time(),
     )

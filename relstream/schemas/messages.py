@@ -134,14 +134,19 @@ class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     error: str | None = None
 
 
-class MetricMessage(Message, tag=WIRE_VERSION, kw_only=True):
-    """One measurement from a relstream process (key: the metric name)."""
+class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """What serving one relQuery took, published to the metrics topic with its result
+    (key: the relQuery id): for dashboards that read Kafka rather than Prometheus."""
 
-    kind: ClassVar[str] = "metric"
-    name: NonEmpty
-    value: float
-    labels: dict[str, str] = msgspec.field(default_factory=dict)
-    at: float
+    kind: ClassVar[str] = "metrics"
+    relquery_id: NonEmpty
+    latency: Latency | None  # None when no row ran
+    rows: dict[RowStatusName, Annotated[int, Meta(ge=0)]]  # rows by status
+    output_tokens: Annotated[int, Meta(ge=0)]
+    policy: str
+    model: str
+    engine: str  # the engine instance that served it (host and process id)
+    at: Annotated[float, Meta(description="seconds since the epoch")]
 
 
 class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -161,7 +166,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     RelQueryMessage,
     ResultMessage,
     PartialResultMessage,
-    MetricMessage,
+    MetricsMessage,
     DeadLetterMessage,
 )
 KINDS: dict[str, type[Message]] = {t.kind: t for t in MESSAGE_TYPES}

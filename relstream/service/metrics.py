@@ -41,6 +41,12 @@ class EngineMetrics:
             "Rows handed to the engine and not yet answered (the backlog it orders)",
             registry=self.registry,
         )
+        self.consumer_lag = Gauge(
+            "relstream_consumer_lag",
+            "relQuery messages in Kafka the engine has not taken yet, by partition",
+            ["partition"],
+            registry=self.registry,
+        )
         self.waiting_for_room = Gauge(
             "relstream_relqueries_waiting_for_room",
             "relQueries taken from Kafka that wait for room in the row budget",
@@ -68,6 +74,10 @@ class EngineMetrics:
         self.in_flight.set(budget.relqueries)
         self.rows_in_flight.set(budget.in_flight)
         self.waiting_for_room.set(len(budget.waiting))
+
+    def observe_lag(self, lag_by_partition: dict[int, int]) -> None:
+        for partition, lag in lag_by_partition.items():
+            self.consumer_lag.labels(str(partition)).set(lag)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

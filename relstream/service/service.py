@@ -14,6 +14,9 @@ de-duplicate on it.
 - **An engine failure** (`EngineFailure`) is nobody's row error: the service publishes
   nothing more, commits nothing past the relQueries it was serving, and `run` raises, so
   the process exits non-zero and a restarted engine answers them.
+- **Observability.** Each answered relQuery also gets a `metrics` message (latency
+  breakdown, rows by status, tokens) on the metrics topic; Prometheus gauges give the
+  backlog and the consumer lag.
 - **Rebalances.** On revocation the service commits what finished in those partitions,
   stops taking their work and forgets them; relQueries of theirs already being served
   may still publish (results are keyed by id).
@@ -24,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field, replace
 
@@ -34,6 +39,7 @@ from relstream.model import RelQuery, RelQueryResult
 from relstream.schemas import Message, MessageError, decode_relquery_stepwise, encode
 from relstream.schemas.convert import (
     dead_letter_message,
+    metrics_message,
     partial_result_message,
     relquery_from_message,
     result_message,
@@ -43,6 +49,8 @@ from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook, RevocationListener, commit_assigned
 
 log = logging.getLogger("relstream.engine")
+
+LAG_EVERY_S = 1.0  # how often the consumer lag is measured for the metrics
 
 
 @dataclass
@@ -81,6 +89,8 @@ class EngineService:
         self._tasks: set[asyncio.Task] = set()
         self._paused = False
         self._failure: EngineFailure | None = None
+        self._lag_measured = 0.0  # monotonic time of the last lag measurement
+        self.engine_name = f"{socket.gethostname()}:{os.getpid()}"
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; raises EngineFailure if the engine failed."""
@@ -141,6 +151,19 @@ class EngineService:
                     self.budget.offer(len(work.relquery.rows), work)
         self._start(self.budget.admit())
         self.metrics.observe_backlog(self.budget)
+        if time.monotonic() - self._lag_measured > LAG_EVERY_S:
+            self._lag_measured = time.monotonic()
+            self.metrics.observe_lag(await self._lag())
+
+    async def _lag(self) -> dict[int, int]:
+        """Per assigned partition: messages past the consumer's position."""
+        lag = {}
+        for partition in self._consumer.assignment():
+            highwater = self._consumer.highwater(partition)
+            if highwater is not None:
+                position = await self._consumer.position(partition)
+                lag[partition.partition] = max(highwater - position, 0)
+        return lag
 
     async def _decode(self, partition, message) -> _Work | None:
         """The message as work, or None once it is dead-lettered."""
@@ -198,6 +221,8 @@ class EngineService:
                 await self._publish(self.config.topics.partial_results, relquery.id, partial)
         result = with_queued(await handle.result(), max(taken_at - work.submitted_at, 0.0))
         await self._publish(self.config.topics.results, relquery.id, result_message(result))
+        metrics = metrics_message(result, self.engine_name)
+        await self._publish(self.config.topics.metrics, relquery.id, metrics)
         self.metrics.observe_result(result, time.time() - taken_at)
 
     async def _dead_letter(self, message, reason: str) -> None:
