@@ -191,6 +191,10 @@ class EngineService:
         except EngineFailure as exc:
             log.error("engine failed serving %s: %s", work.relquery.id, exc)
             self._failure = self._failure or exc
+        except Exception:
+            # Not even the dead letter could be published: left uncommitted, so the
+            # relQuery is served again after a restart.
+            log.exception("could not finish %s", work.relquery.id)
         finally:
             self.budget.release(len(work.relquery.rows))
 
