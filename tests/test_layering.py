@@ -25,3 +25,20 @@ def test_policy_simulator_and_wire_never_import_an_engine_or_a_kafka_client():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_kafka_client_is_made_in_one_place():
+    # TLS, SASL and the embedded brokers' settings reach every client only if every
+    # client comes from relstream.kafka.clients.
+    from pathlib import Path
+
+    import relstream
+
+    package = Path(relstream.__file__).parent
+    makers = ("AIOKafkaConsumer(", "AIOKafkaProducer(", "AIOKafkaAdminClient(")
+    offenders = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "clients.py" and any(m in path.read_text() for m in makers)
+    ]
+    assert offenders == []

@@ -23,7 +23,7 @@ from pathlib import Path
 from relstream.bench.vllmbench import replay
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
 from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
-from relstream.kafka.clients import Subscription, create_topics, produce
+from relstream.kafka.clients import Subscription, create_topics, new_producer, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
 from relstream.schemas.convert import relquery_message
@@ -45,8 +45,6 @@ class StreamBenchOptions:
 
 async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, broker) -> list[float]:
     """Latency of each relQuery as a producer sees it: produce → its result consumed."""
-    from aiokafka import AIOKafkaProducer
-
     from relstream.service.service import EngineService, ServiceConfig
 
     topics = Topics(prefix=f"b{uuid.uuid4().hex[:6]}.")
@@ -59,7 +57,7 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         broker=broker.kind,
     )
     service = asyncio.create_task(EngineService(config, engine).run(stop))
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    producer = new_producer(broker.bootstrap)
     await producer.start()
     sent_at: dict[str, float] = {}
     latencies: dict[str, float] = {}

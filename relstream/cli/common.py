@@ -3,11 +3,15 @@ that many commands take (so each is spelled once)."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from relstream.kafka.brokers import BROKERS
+from relstream.kafka.security import MECHANISMS, PROTOCOLS, KafkaSecurity, SecurityError
 from relstream.scheduler import DEFAULT_POLICY, POLICIES
 
 console = Console()
@@ -39,6 +43,58 @@ def broker_choice(default: str, help_text: str):
         show_default=True,
         help=help_text,
     )
+
+
+def _env(name: str) -> str:
+    return f"RELSTREAM_KAFKA_{name.upper()}"
+
+
+_SECURITY_OPTIONS = (
+    click.option(
+        "--security-protocol",
+        type=click.Choice(PROTOCOLS),
+        default="PLAINTEXT",
+        show_default=True,
+        envvar=_env("security_protocol"),
+        help="How clients talk to Kafka.",
+    ),
+    click.option("--sasl-mechanism", type=click.Choice(MECHANISMS), envvar=_env("sasl_mechanism")),
+    click.option("--sasl-username", envvar=_env("sasl_username")),
+    click.option(
+        "--sasl-password",
+        envvar=_env("sasl_password"),
+        help=f"Better given as {_env('sasl_password')} than on the command line.",
+    ),
+    click.option("--ssl-cafile", type=click.Path(path_type=Path), envvar=_env("ssl_cafile")),
+    click.option("--ssl-certfile", type=click.Path(path_type=Path), envvar=_env("ssl_certfile")),
+    click.option("--ssl-keyfile", type=click.Path(path_type=Path), envvar=_env("ssl_keyfile")),
+)
+
+
+def security_options(command):
+    """TLS and SASL flags (each also read from RELSTREAM_KAFKA_<NAME>), handed to the
+    command as one checked `security` argument; a setting that cannot work (a missing CA
+    file, SASL without credentials) stops the command at start-up, naming it."""
+
+    @functools.wraps(command)
+    def with_security(*args, **kwargs):
+        try:
+            kwargs["security"] = KafkaSecurity(
+                protocol=kwargs.pop("security_protocol"),
+                sasl_mechanism=kwargs.pop("sasl_mechanism"),
+                sasl_username=kwargs.pop("sasl_username"),
+                sasl_password=kwargs.pop("sasl_password"),
+                ssl_cafile=kwargs.pop("ssl_cafile"),
+                ssl_certfile=kwargs.pop("ssl_certfile"),
+                ssl_keyfile=kwargs.pop("ssl_keyfile"),
+            )
+        except SecurityError as exc:
+            raise click.UsageError(f"Kafka security: {exc}") from None
+        return command(*args, **kwargs)
+
+    for option in reversed(_SECURITY_OPTIONS):
+        with_security = option(with_security)
+    return with_security
 
 
 def progress() -> Progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -15,7 +16,9 @@ from relstream.cli.common import (
     console,
     prefix_option,
     progress,
+    security_options,
 )
+from relstream.kafka.security import KafkaSecurity
 from relstream.schemas import MessageError, ResultMessage, RowMessage, decode, encode
 
 
@@ -26,8 +29,15 @@ from relstream.schemas import MessageError, ResultMessage, RowMessage, decode, e
 @click.option("--key-column", default=None, help="Column holding each row's key.")
 @click.option("--query", default=None, help="SQL to run when SOURCE is a postgresql:// URL.")
 @prefix_option
+@security_options
 def produce(
-    source: str, bootstrap: str, table: str, key_column: str | None, query: str | None, prefix: str
+    source: str,
+    bootstrap: str,
+    table: str,
+    key_column: str | None,
+    query: str | None,
+    prefix: str,
+    security: KafkaSecurity,
 ) -> None:
     """Produce rows to the table's rows topic: SOURCE is a CSV, JSONL or Parquet file, or
     a postgresql:// URL with --query."""
@@ -45,15 +55,17 @@ def produce(
             rows = list(read_rows(path, table, key_column))
     except (ValueError, KeyError) as exc:
         raise click.ClickException(f"{source}: {exc}") from None
-    asyncio.run(_produce_rows(bootstrap, prefix, table, rows))
+    asyncio.run(_produce_rows(bootstrap, prefix, table, rows, security))
 
 
-async def _produce_rows(bootstrap: str, prefix: str, table: str, rows: list[RowMessage]) -> None:
+async def _produce_rows(
+    bootstrap: str, prefix: str, table: str, rows: list[RowMessage], security: KafkaSecurity
+) -> None:
     from relstream.kafka.clients import create_topics, produce
     from relstream.kafka.topics import Topics
 
     topics = Topics(prefix)
-    await create_topics(bootstrap, topics.layout((table,)))
+    await create_topics(bootstrap, topics.layout((table,)), security)
     with progress() as bar:
         task = bar.add_task(f"producing to {topics.rows(table)}", total=len(rows))
         messages = ((row.key.encode(), encode(row)) for row in rows)
@@ -62,6 +74,7 @@ async def _produce_rows(bootstrap: str, prefix: str, table: str, rows: list[RowM
             topics.rows(table),
             messages,
             on_sent=lambda: bar.advance(task),
+            security=security,
             linger_ms=5,
         )
     console.print(f"produced {len(rows)} rows to {topics.rows(table)}")
@@ -72,10 +85,14 @@ async def _produce_rows(bootstrap: str, prefix: str, table: str, rows: list[RowM
 @prefix_option
 @click.option("--follow", is_flag=True, help="Keep waiting for new results.")
 @broker_kind_option
-def results(bootstrap: str, prefix: str, follow: bool, broker_kind: str | None) -> None:
+@security_options
+def results(
+    bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
+) -> None:
     """Print results from the results topic (from the beginning)."""
     group = f"relstream-results-{uuid.uuid4().hex[:8]}"
-    asyncio.run(for_each_result(bootstrap, prefix, group, follow, broker_kind, _print_result))
+    reader = ResultReader(bootstrap, prefix, group, follow, broker_kind, security)
+    asyncio.run(reader.for_each(_print_result))
 
 
 @click.command()
@@ -85,8 +102,15 @@ def results(bootstrap: str, prefix: str, follow: bool, broker_kind: str | None) 
 @click.option("--group", default="relstream-sink", show_default=True, help="Consumer group.")
 @click.option("--follow", is_flag=True, help="Keep consuming new results.")
 @broker_kind_option
+@security_options
 def sink(
-    target: str, bootstrap: str, prefix: str, group: str, follow: bool, broker_kind: str | None
+    target: str,
+    bootstrap: str,
+    prefix: str,
+    group: str,
+    follow: bool,
+    broker_kind: str | None,
+    security: KafkaSecurity,
 ) -> None:
     """Store results in TARGET: a .jsonl or .csv file, or a postgresql:// URL (idempotent
     on relQuery id)."""
@@ -97,46 +121,49 @@ def sink(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
     try:
-        written = asyncio.run(
-            for_each_result(bootstrap, prefix, group, follow, broker_kind, store.write)
-        )
+        reader = ResultReader(bootstrap, prefix, group, follow, broker_kind, security)
+        written = asyncio.run(reader.for_each(store.write))
     finally:
         store.close()
     console.print(f"stored {written} new results in {target}")
 
 
-async def for_each_result(
-    bootstrap: str,
-    prefix: str,
-    group: str,
-    follow: bool,
-    broker_kind: str | None,
-    handle: Callable[[ResultMessage], object],
-) -> int:
-    """Call `handle(result)` for each result from the group's offsets, committing each
-    batch once handled. Stops after 3 idle seconds unless following. Returns how many
-    calls returned a true value."""
-    from relstream.kafka.clients import Subscription
-    from relstream.kafka.topics import Topics
+@dataclass(frozen=True)
+class ResultReader:
+    """The results topic, read by one consumer group (the `results` and `sink` commands)."""
 
-    counted = 0
-    subscription = Subscription(
-        bootstrap,
-        Topics(prefix).results,
-        broker_kind=broker_kind,
-        group=group,
-        idle_seconds=None if follow else 3.0,
-        commit=True,
-    )
-    async with subscription as messages:
-        async for message in messages:
-            try:
-                counted += bool(handle(decode(ResultMessage, message.value)))
-            except MessageError as exc:
-                console.print(
-                    f"[red]skipped unreadable result at offset {message.offset}: {exc}[/]"
-                )
-    return counted
+    bootstrap: str
+    prefix: str
+    group: str
+    follow: bool  # keep waiting for new results; else stop after 3 idle seconds
+    broker_kind: str | None
+    security: KafkaSecurity
+
+    async def for_each(self, handle: Callable[[ResultMessage], object]) -> int:
+        """Call `handle(result)` for each result from the group's offsets, committing
+        each batch once handled. Returns how many calls returned a true value."""
+        from relstream.kafka.clients import Subscription
+        from relstream.kafka.topics import Topics
+
+        subscription = Subscription(
+            self.bootstrap,
+            Topics(self.prefix).results,
+            broker_kind=self.broker_kind,
+            group=self.group,
+            idle_seconds=None if self.follow else 3.0,
+            commit=True,
+            security=self.security,
+        )
+        counted = 0
+        async with subscription as messages:
+            async for message in messages:
+                try:
+                    counted += bool(handle(decode(ResultMessage, message.value)))
+                except MessageError as exc:
+                    console.print(
+                        f"[red]skipped unreadable result at offset {message.offset}: {exc}[/]"
+                    )
+        return counted
 
 
 def _print_result(result: ResultMessage) -> None:

@@ -14,9 +14,11 @@ from relstream.cli.common import (
     console,
     policy_option,
     prefix_option,
+    security_options,
 )
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
+from relstream.kafka.security import KafkaSecurity
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
 
@@ -85,6 +87,7 @@ def broker(
     type=click.FloatRange(min=0),
     help="sim: spend this fraction of each simulated latency in real time.",
 )
+@security_options
 def engine(**opts) -> None:
     """Serve the relqueries topic and publish results (at-least-once). Exits non-zero if
     the engine fails; what it was serving is answered after a restart."""
@@ -128,6 +131,7 @@ async def _serve_engine(opts: dict) -> None:
         partial_results=opts["partial_results"],
         metrics_port=opts["metrics_port"],
         metrics_host=opts["metrics_host"],
+        security=opts["security"],
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -154,8 +158,14 @@ async def _serve_engine(opts: dict) -> None:
 @prefix_option
 @broker_kind_option
 @click.option("--app-id", default="relstream-worker", show_default=True)
+@security_options
 def worker(
-    config_path: Path, bootstrap: str, prefix: str, broker_kind: str | None, app_id: str
+    config_path: Path,
+    bootstrap: str,
+    prefix: str,
+    broker_kind: str | None,
+    app_id: str,
+    security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
     from relstream.kafka.clients import create_topics
@@ -177,6 +187,6 @@ def worker(
         ) from None
     topics = Topics(prefix)
     tables = tuple({r.table for r in registrations})
-    asyncio.run(create_topics(bootstrap, topics.layout(tables)))
-    app = build_app(bootstrap, registrations, topics, app_id, broker_kind)
+    asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
+    app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security)
     Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

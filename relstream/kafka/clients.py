@@ -14,6 +14,42 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+
+
+def new_consumer(
+    bootstrap: str,
+    *topics: str,
+    broker_kind: str | None = None,
+    security: KafkaSecurity = PLAINTEXT,
+    **options: Any,
+) -> AIOKafkaConsumer:
+    """Every consumer relstream makes: the broker's settings and the security ones."""
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        **client_settings(broker_kind),
+        **security.aiokafka_options(),
+        **options,
+    )
+
+
+def new_producer(
+    bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any
+) -> AIOKafkaProducer:
+    """Every producer relstream makes: all replicas acknowledge each message."""
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", **security.aiokafka_options(), **options
+    )
+
+
+def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any):
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    return AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, **security.aiokafka_options(), **options
+    )
+
 
 def client_settings(broker_kind: str | None) -> dict[str, object]:
     """Consumer options a broker needs. Tansu takes half the session timeout to let a
@@ -48,14 +84,16 @@ class Subscription:
         commit: bool = False,
         on_poll: Callable[[], None] | None = None,
         poll_ms: int = 500,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = new_consumer(
+            bootstrap,
             topic,
-            bootstrap_servers=bootstrap,
+            broker_kind=broker_kind,
+            security=security,
             group_id=group or f"relstream-reader-{uuid.uuid4().hex[:8]}",
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            **client_settings(broker_kind),
         )
         self._idle_seconds = idle_seconds
         self._timeout = timeout
@@ -103,10 +141,18 @@ class Subscription:
 
 
 async def read_messages(
-    bootstrap: str, topic: str, count: int, broker_kind: str | None, timeout: float = 30.0
+    bootstrap: str,
+    topic: str,
+    count: int,
+    broker_kind: str | None,
+    timeout: float = 30.0,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> list[ConsumerRecord]:
     """The first `count` messages of `topic`, read by a new group."""
-    async with Subscription(bootstrap, topic, broker_kind=broker_kind, timeout=timeout) as sub:
+    subscription = Subscription(
+        bootstrap, topic, broker_kind=broker_kind, timeout=timeout, security=security
+    )
+    async with subscription as sub:
         return await sub.take(count)
 
 
@@ -115,11 +161,12 @@ async def produce(
     topic: str,
     messages: Iterable[tuple[bytes | None, bytes]],
     on_sent: Callable[[], None] | None = None,
+    security: KafkaSecurity = PLAINTEXT,
     **producer_options: Any,
 ) -> int:
     """Send (key, value) pairs to `topic` and wait until the broker has them all."""
     sent = 0
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **producer_options)
+    producer = new_producer(bootstrap, security, **producer_options)
     await producer.start()
     try:
         for key, value in messages:
@@ -135,18 +182,18 @@ async def produce(
 
 async def metadata_ok(bootstrap: str) -> None:
     """Raises unless a broker answers a metadata request at `bootstrap`."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    admin = new_admin(bootstrap, request_timeout_ms=2000)
     await admin.start()
     await admin.close()
 
 
-async def create_topics(bootstrap: str, layout: dict[str, int]) -> None:
+async def create_topics(
+    bootstrap: str, layout: dict[str, int], security: KafkaSecurity = PLAINTEXT
+) -> None:
     """Create missing topics with explicit partition counts (existing ones are kept)."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    admin = new_admin(bootstrap, security, request_timeout_ms=10_000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from relstream.backend import EngineFailure, RelQueryBackend
-from relstream.kafka.clients import client_settings
+from relstream.kafka.clients import new_consumer, new_producer
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult
 from relstream.schemas import Message, MessageError, decode_relquery_stepwise, encode
@@ -65,6 +66,7 @@ class ServiceConfig:
     partial_results: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
 
 
 @dataclass(frozen=True)
@@ -94,16 +96,15 @@ class EngineService:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; raises EngineFailure if the engine failed."""
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-        settings = client_settings(self.config.broker)
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.config.bootstrap, acks="all")
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.config.bootstrap,
-            group_id=self.config.group_id,
+        config = self.config
+        self._producer = new_producer(config.bootstrap, config.security)
+        self._consumer = new_consumer(
+            config.bootstrap,
+            broker_kind=config.broker,
+            security=config.security,
+            group_id=config.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            **settings,
         )
         self._consumer.subscribe(
             [self.config.topics.relqueries], listener=RevocationListener(self._on_revoked)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import faust
 
 from relstream.kafka.clients import client_settings
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.schemas import encode
 from relstream.schemas.convert import dead_letter_message
@@ -26,6 +27,7 @@ def build_app(
     topics: Topics | None = None,
     app_id: str = "relstream-worker",
     broker_kind: str | None = None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> faust.App:
     topics = topics or Topics()
     # Faust spells the consumer's session settings in seconds.
@@ -43,6 +45,7 @@ def build_app(
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         store="memory://",
+        broker_credentials=security.faust_credentials(),
         **settings,
     )
     relqueries = app.topic(topics.relqueries, key_type=bytes, value_type=bytes)
