@@ -59,3 +59,13 @@ def test_deploy_files_exist():
     from relstream.stream.registrations import load_registrations
 
     assert load_registrations(REPO / "deploy" / "queries.toml")[0].table == "reviews"
+
+
+def test_the_engine_model_is_a_hub_id_or_a_mounted_folder_and_the_context_is_lean():
+    engine = COMPOSE["services"]["engine"]
+    command = engine["command"]
+    model = command[command.index("--model") + 1]
+    assert model.startswith("${RELSTREAM_MODEL:-") and "/" in model  # a Hub id by default
+    assert "hf-cache:/root/.cache/huggingface" in engine["volumes"]
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv*", ".git", "models", "docs/benchmarks"} <= set(ignored)

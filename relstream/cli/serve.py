@@ -58,7 +58,32 @@ def broker(
 @click.command()
 @bootstrap_option
 @click.option("--backend", type=click.Choice(["vllm", "sim"]), default="vllm", show_default=True)
-@click.option("--model", default="smollm2", show_default=True, help="Name or local HF folder.")
+@click.option(
+    "--model",
+    default="smollm2",
+    show_default=True,
+    help="vllm: smollm2, a local Hugging Face folder, or a Hub id (organisation/model).",
+)
+@click.option(
+    "--max-model-len",
+    default=2048,
+    show_default=True,
+    type=click.IntRange(16),
+    help="vllm: the longest prompt plus answer, in tokens.",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    default=None,
+    type=click.FloatRange(0.05, 1.0),
+    help="vllm on a GPU: the share of its memory for weights and KV [vLLM's 0.9].",
+)
+@click.option(
+    "--tensor-parallel-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="vllm on GPUs: how many the model is split over.",
+)
 @policy_option
 @click.option("--group", default="relstream-engine", show_default=True, help="Consumer group.")
 @prefix_option
@@ -113,7 +138,14 @@ async def _start_backend(opts: dict):
         )
     from relstream.engine.runtime import EngineSettings, RelQueryEngine
 
-    return await RelQueryEngine.start(EngineSettings(model=opts["model"], policy=opts["policy"]))
+    settings = EngineSettings(
+        model=opts["model"],
+        policy=opts["policy"],
+        max_model_len=opts["max_model_len"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        tensor_parallel_size=opts["tensor_parallel_size"],
+    )
+    return await RelQueryEngine.start(settings)
 
 
 async def _serve_engine(opts: dict) -> None:

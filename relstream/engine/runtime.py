@@ -36,9 +36,11 @@ from relstream.scheduler import DEFAULT_POLICY, VllmQueue, policy_spec, static_p
 
 @dataclass(frozen=True)
 class EngineSettings:
-    model: str = "smollm2"  # a known model name or a local Hugging Face folder
+    model: str = "smollm2"  # a known model name, a local HF folder or a Hub id
     policy: str = DEFAULT_POLICY
     max_model_len: int = 2048
+    gpu_memory_utilization: float | None = None  # GPU share for weights and KV (vLLM: 0.9)
+    tensor_parallel_size: int = 1  # GPUs the model is split over
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     step_log: Path | None = None
@@ -121,9 +123,10 @@ class RelQueryEngine:
         from relstream.engine.weights import resolve_model
 
         on_cpu = apply_cpu_defaults(settings.cpu_kv_cache_gib)
-        model_path = resolve_model(settings.model)
+        model = resolve_model(settings.model)
         args = AsyncEngineArgs(
-            model=str(model_path),
+            model=model,
+            tensor_parallel_size=settings.tensor_parallel_size,
             dtype="float32" if on_cpu else "auto",
             enforce_eager=on_cpu,
             max_model_len=settings.max_model_len,
@@ -136,11 +139,13 @@ class RelQueryEngine:
         )
         if on_cpu:
             args.gpu_memory_utilization = CPU_GPU_MEMORY_UTILIZATION
+        elif settings.gpu_memory_utilization is not None:
+            args.gpu_memory_utilization = settings.gpu_memory_utilization
         llm = AsyncLLM.from_engine_args(args)
         tokenizer = llm.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
-        return cls(settings, llm, tokenizer, model_path.name)
+        return cls(settings, llm, tokenizer, model.rstrip("/").rsplit("/", 1)[-1])
 
     async def __aenter__(self) -> RelQueryEngine:
         return self

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -270,16 +271,23 @@ def _install(tmp: Path, target: Path, stamp: dict[str, object]) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def resolve_model(name_or_path: str, progress: bool = True) -> Path:
-    """A known model's folder (pulled if missing), or a validated local Hugging Face folder."""
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # organisation/model on the Hub
+
+
+def resolve_model(name_or_path: str, progress: bool = True) -> str:
+    """What vLLM should load: a known model's folder (pulled if missing), a validated
+    local Hugging Face folder, or a Hugging Face Hub id (organisation/model), which vLLM
+    downloads itself."""
     if name_or_path in KNOWN_MODELS:
-        return pull_model(name_or_path, progress=progress)
+        return str(pull_model(name_or_path, progress=progress))
     path = Path(name_or_path).expanduser()
+    if not path.exists() and HF_ID.match(name_or_path):
+        return name_or_path
     if not path.is_dir():
         raise ValueError(
-            f"{name_or_path!r} is neither a known model ({', '.join(sorted(KNOWN_MODELS))}) "
-            "nor a local folder"
+            f"{name_or_path!r} is neither a known model ({', '.join(sorted(KNOWN_MODELS))}), "
+            "a local folder, nor a Hugging Face id like Qwen/Qwen2.5-7B-Instruct"
         )
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a Hugging Face model folder: it has no config.json")
-    return path.resolve()
+    return str(path.resolve())
