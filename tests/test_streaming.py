@@ -15,7 +15,15 @@ from aiokafka import AIOKafkaProducer
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, ResultMessage, RowMessage, decode, encode, validate
+from relstream.schemas import (
+    DeadLetterMessage,
+    PartialResultMessage,
+    ResultMessage,
+    RowMessage,
+    decode,
+    encode,
+    validate,
+)
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream import launch
@@ -122,7 +130,8 @@ def test_demo_command_runs_the_whole_path():
 
 @pytest.mark.slow
 def test_streaming_path_with_the_real_engine(tmp_path):
-    """Rows → Faust → relQueries → vLLM CPU (relserve) → results, each answer on its row."""
+    """Rows → Faust → relQueries → vLLM CPU (relserve) → results, each answer on its row,
+    each row published as a partial result as it finishes, before its relQuery's result."""
     from relstream.engine.runtime import EngineSettings, RelQueryEngine
 
     capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo"}
@@ -141,7 +150,7 @@ def test_streaming_path_with_the_real_engine(tmp_path):
             engine = await RelQueryEngine.start(EngineSettings(policy="relserve"))
             stop = asyncio.Event()
             service_config = ServiceConfig(
-                broker.bootstrap, topics, group_id=f"v-{uuid.uuid4().hex}"
+                broker.bootstrap, topics, group_id=f"v-{uuid.uuid4().hex}", partial_results=True
             )
             service = asyncio.create_task(EngineService(service_config, engine).run(stop))
             try:
@@ -169,7 +178,10 @@ def test_streaming_path_with_the_real_engine(tmp_path):
                         for message in messages:
                             for row in decode(ResultMessage, message.value).rows:
                                 answered[row.key] = row.output
-                return answered
+                partials = await read_messages(
+                    broker.bootstrap, topics.partial_results, len(capitals), broker.kind
+                )
+                return answered, messages, partials
             finally:
                 worker.send_signal(signal.SIGTERM)
                 worker.wait(30)
@@ -177,6 +189,18 @@ def test_streaming_path_with_the_real_engine(tmp_path):
                 await service
                 engine.shutdown()
 
-        answered = asyncio.run(scenario())
+        answered, results, partials = asyncio.run(scenario())
     for country, capital in capitals.items():
         assert capital in answered[country], (country, answered[country])
+    # Each row's partial result carries its own answer and was published (broker
+    # timestamps, ms) no later than its relQuery's result, the first strictly before.
+    finished = {decode(ResultMessage, m.value).id: m.timestamp for m in results}
+    by_relquery: dict[str, list] = {}
+    for message in partials:
+        partial = decode(PartialResultMessage, message.value)
+        assert partial.output == answered[partial.key]
+        by_relquery.setdefault(partial.relquery_id, []).append(message.timestamp)
+    for relquery_id, stamps in by_relquery.items():
+        assert max(stamps) <= finished[relquery_id]
+        if len(stamps) > 1:
+            assert min(stamps) < finished[relquery_id]
