@@ -42,11 +42,18 @@ def stream_bin() -> Path:
     return path
 
 
-def start_worker(broker, topics, config: Path, log: Path) -> subprocess.Popen:
+def start_worker(
+    broker, topics, config: Path, log: Path, app_id: str | None = None
+) -> subprocess.Popen:
+    """The worker in its Faust environment; a fresh app id (so consumer groups) unless
+    given, as a restarted worker keeps its own."""
     executable = [str(stream_bin() / "relstream")]
-    return launch.start_worker(
-        executable, broker, config, log, topics, f"worker-{uuid.uuid4().hex[:8]}"
-    )
+    app_id = app_id or f"worker-{uuid.uuid4().hex[:8]}"
+    return launch.start_worker(executable, broker, config, log, topics, app_id)
+
+
+def decode_result(message) -> ResultMessage:
+    return decode(ResultMessage, message.value)
 
 
 def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
@@ -77,12 +84,14 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
         try:
             producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
             await producer.start()
+            # All to partition 0, so the windows are known: rows at offsets 0-11 (the
+            # bad ones after them), windows of 5, 5 and 2 (the last closed by time).
             for row in rows:
                 await producer.send_and_wait(
-                    topics.rows("reviews"), encode_row(row), key=row["key"].encode()
+                    topics.rows("reviews"), encode_row(row), key=row["key"].encode(), partition=0
                 )
             for bad in malformed:
-                await producer.send_and_wait(topics.rows("reviews"), bad, key=b"bad")
+                await producer.send_and_wait(topics.rows("reviews"), bad, key=b"bad", partition=0)
             await producer.stop()
             answered: dict[str, str] = {}
             results = []
@@ -98,15 +107,21 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
             dead = await read_messages(
                 broker.bootstrap, topics.deadletter, len(malformed), broker.kind, 30
             )
-            return answered, dead
+            return answered, dead, results
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(30)
             stop.set()
             await service
 
-    answered, dead = asyncio.run(scenario(tmp_path / "worker.log"))
+    answered, dead, results = asyncio.run(scenario(tmp_path / "worker.log"))
     assert answered == {row["key"]: f"Summarise: {row['values']['review']}" for row in rows}
+    windows = {r.id: [row.key for row in r.rows] for r in map(decode_result, results)}
+    assert windows == {
+        "sum-0-0": ["k0", "k1", "k2", "k3", "k4"],
+        "sum-0-5": ["k5", "k6", "k7", "k8", "k9"],
+        "sum-0-10": ["k10", "k11"],
+    }
     reasons = [decode(DeadLetterMessage, m.value).reason for m in dead]
     assert any("msgpack" in r for r in reasons)
     assert any("'key' is a required" in r for r in reasons)

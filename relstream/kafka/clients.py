@@ -7,14 +7,18 @@ given by its bootstrap address; `broker_kind` only adds what an embedded broker 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+
+log = logging.getLogger("relstream.kafka")
 
 
 def new_consumer(
@@ -206,3 +210,32 @@ async def create_topics(
             await admin.create_topics(missing)
     finally:
         await admin.close()
+
+
+async def commit_assigned(consumer, offsets: dict) -> dict:
+    """Commit `offsets` of the partitions still assigned; returns those committed. A commit
+    the group refuses (it rebalanced meanwhile) is logged and dropped: whoever owns the
+    partition now replays the work, and relstream's outputs are keyed for de-duplication."""
+    assigned = consumer.assignment()
+    offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
+    if not offsets:
+        return {}
+    try:
+        await consumer.commit(offsets)
+    except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+        log.warning("commit of %s refused (%s); the work will be replayed", offsets, exc)
+        return {}
+    return offsets
+
+
+class RevocationListener(ConsumerRebalanceListener):
+    """Calls `on_revoked(partitions)` before partitions are taken away."""
+
+    def __init__(self, on_revoked: Callable[[set], Awaitable[None]]) -> None:
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        """New partitions start from their committed offsets: nothing to do."""

@@ -1,15 +1,9 @@
 """Which offsets of each partition may be committed: only a finished prefix, so a crash
-replays every relQuery that had not been answered; and what a rebalance does to them."""
+replays every relQuery that had not been answered."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Collection
-
-from aiokafka import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
-
-log = logging.getLogger("relstream.engine")
+from collections.abc import Collection
 
 
 class OffsetBook:
@@ -48,30 +42,3 @@ class OffsetBook:
         for partition in partitions:
             self._pending.pop(partition, None)
             self._done.pop(partition, None)
-
-
-async def commit_assigned(consumer, offsets: dict) -> None:
-    """Commit `offsets` of the partitions still assigned. A commit the group refuses (it
-    rebalanced meanwhile) is logged and dropped: the work is replayed by whoever owns the
-    partition now, and results are keyed by id."""
-    assigned = consumer.assignment()
-    offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
-    if not offsets:
-        return
-    try:
-        await consumer.commit(offsets)
-    except (CommitFailedError, IllegalStateError, KafkaError) as exc:
-        log.warning("commit of %s refused (%s); the work will be replayed", offsets, exc)
-
-
-class RevocationListener(ConsumerRebalanceListener):
-    """Calls `on_revoked(partitions)` before partitions are taken away."""
-
-    def __init__(self, on_revoked: Callable[[set], Awaitable[None]]) -> None:
-        self._on_revoked = on_revoked
-
-    async def on_partitions_revoked(self, revoked) -> None:
-        await self._on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned) -> None:
-        """New partitions start from their committed offsets: nothing to do."""

@@ -33,7 +33,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from relstream.backend import EngineFailure, RelQueryBackend
-from relstream.kafka.clients import new_consumer, new_producer
+from relstream.kafka.clients import (
+    RevocationListener,
+    commit_assigned,
+    new_consumer,
+    new_producer,
+)
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult
@@ -47,7 +52,7 @@ from relstream.schemas.convert import (
 )
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.metrics import EngineMetrics
-from relstream.service.offsets import OffsetBook, RevocationListener, commit_assigned
+from relstream.service.offsets import OffsetBook
 
 log = logging.getLogger("relstream.engine")
 

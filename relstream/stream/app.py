@@ -1,24 +1,25 @@
 """The Faust worker (`relstream worker`): rows topics → windows → the relqueries topic.
 
-One agent per registration takes rows in batches of up to `max_rows`, waiting at most
-`window_seconds` for a batch: a tumbling window that also closes early on a row cap.
-Valid rows of a batch become one relQuery; rows that cannot be used go to the dead-letter
-topic with the reason. The batch's offsets are committed by Faust once the agent asks for
-the next batch, i.e. after the relQuery was produced (at-least-once). Runs in its own
+The Faust app runs one window stage per registration (`stage.WindowStage`) as an app
+task: each reads its rows topic a batch at a time, cuts every input partition into
+windows by row count and by the rows' own timestamps (`windowing`), produces one
+relQuery per window and dead-letters rows that cannot be used, with the reason. Offsets
+are committed only once the relQuery is on the broker, and never past a window still
+open, so a restarted worker cuts the same windows under the same ids. Runs in its own
 environment (`relstream[stream]`), since faust-streaming and vLLM pin conflicting clicks.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import faust
 
 from relstream.kafka.clients import client_settings
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.schemas import encode
-from relstream.schemas.convert import dead_letter_message
 from relstream.stream.registrations import QueryRegistration
-from relstream.stream.windowing import RowRejection, check_row, relquery_for_window
+from relstream.stream.stage import StageSettings, WindowStage
 
 
 def build_app(
@@ -31,9 +32,9 @@ def build_app(
 ) -> faust.App:
     topics = topics or Topics()
     # Faust spells the consumer's session settings in seconds.
-    kafka_settings = client_settings(broker_kind)
     settings = {
-        f"broker_{name.removesuffix('_ms')}": value / 1000 for name, value in kafka_settings.items()
+        f"broker_{name.removesuffix('_ms')}": value / 1000
+        for name, value in client_settings(broker_kind).items()
     }
     app = faust.App(
         app_id,
@@ -48,39 +49,18 @@ def build_app(
         broker_credentials=security.faust_credentials(),
         **settings,
     )
-    relqueries = app.topic(topics.relqueries, key_type=bytes, value_type=bytes)
-    deadletter = app.topic(topics.deadletter, key_type=bytes, value_type=bytes)
-    for registration in registrations:
-        rows_topic = app.topic(topics.rows(registration.table), key_type=bytes, value_type=bytes)
-        app.agent(rows_topic, name=f"window-{registration.name}")(
-            _window_agent(registration, relqueries, deadletter)
+    stages = [
+        WindowStage(
+            registration,
+            StageSettings(
+                bootstrap, topics, f"{app_id}-{registration.name}", broker_kind, security
+            ),
         )
+        for registration in registrations
+    ]
+
+    @app.task
+    async def window_stages() -> None:
+        await asyncio.gather(*(stage.run() for stage in stages))
+
     return app
-
-
-def _window_agent(registration: QueryRegistration, relqueries, deadletter):
-    async def agent(stream):
-        async for events in stream.take_events(
-            registration.max_rows, within=registration.window_seconds
-        ):
-            rows = []
-            for event in events:
-                checked = check_row(registration, event.value)
-                if isinstance(checked, RowRejection):
-                    await deadletter.send(key=event.key, value=_dead_letter(event, checked.reason))
-                else:
-                    rows.append(checked)
-            if rows:
-                first = events[0].message
-                window_id = f"{first.partition}-{first.offset}"
-                message = relquery_for_window(registration, rows, window_id)
-                await relqueries.send(key=message.id.encode(), value=encode(message))
-
-    return agent
-
-
-def _dead_letter(event, reason: str) -> bytes:
-    message = event.message
-    return encode(
-        dead_letter_message(event.value, message.topic, message.partition, message.offset, reason)
-    )

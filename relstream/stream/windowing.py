@@ -1,6 +1,21 @@
-"""Rows → relQueries: validation of each row and the relQuery built from a window.
+"""Rows → relQueries: validation of each row, the cut of each input partition into
+windows, and the relQuery built from a window.
 
-Kept free of Faust so the rules are tested directly; the Faust app only feeds it.
+Windows are per input partition and cut from the records alone, so a worker that replays
+a partition after a crash cuts the same windows under the same ids:
+
+- a window starts at the first valid row after the previous window and takes the rows
+  that follow in offset order while fewer than `max_rows` and while each row's own
+  timestamp is under the first row's plus `window_seconds`;
+- its id is (registration, partition, first offset).
+
+A live worker cannot know that no more rows of a window will come until it sees a row
+past the deadline; with none, it closes the window once its own clock is `lateness`
+seconds past the deadline. A row timestamped before the deadline but appended after that
+(a producer more than `lateness` late) goes to the next window live but would join this
+one on a replay: the only case where a replay could cut differently.
+
+Kept free of Faust and Kafka so the rules are tested directly; the worker only feeds it.
 """
 
 from __future__ import annotations
@@ -43,8 +58,8 @@ def check_row(registration: QueryRegistration, raw: bytes | None) -> RowMessage 
 def relquery_for_window(
     registration: QueryRegistration, rows: list[RowMessage], window_id: str
 ) -> RelQueryMessage:
-    """The relquery message for one window's rows. `window_id` must be the same when the
-    window is replayed after a crash, so consumers can de-duplicate on the id."""
+    """The relquery message for one window's rows. `window_id` is the same when the
+    window is replayed after a crash, so consumers de-duplicate on the id."""
     return RelQueryMessage(
         id=f"{registration.name}-{window_id}",
         template=registration.template.text,
@@ -53,3 +68,60 @@ def relquery_for_window(
         max_output_tokens=registration.max_output_tokens,
         submitted_at=time.time(),
     )
+
+
+@dataclass
+class Window:
+    """Valid rows of one input partition, from `first_offset` to `last_offset`."""
+
+    partition: int
+    first_offset: int
+    deadline: float  # the first row's timestamp plus the window's seconds
+    rows: list[RowMessage]
+    last_offset: int
+
+    @property
+    def window_id(self) -> str:
+        return f"{self.partition}-{self.first_offset}"
+
+
+class PartitionWindows:
+    """Cuts one input partition, fed its records in offset order, into windows."""
+
+    def __init__(self, registration: QueryRegistration, partition: int) -> None:
+        self.registration = registration
+        self.partition = partition
+        self.open: Window | None = None
+        self.next_offset: int | None = None  # just past the last record fed
+
+    def add(self, offset: int, timestamp: float, row: RowMessage | None) -> list[Window]:
+        """Feed one record (`row` None: a rejected one). Returns the windows it closed:
+        the open one if this row is past its deadline, and this row's own if it filled it."""
+        self.next_offset = offset + 1
+        if row is None:
+            return []
+        closed = []
+        if self.open is not None and timestamp >= self.open.deadline:
+            closed.append(self.open)
+            self.open = None
+        if self.open is None:
+            deadline = timestamp + self.registration.window_seconds
+            self.open = Window(self.partition, offset, deadline, [], offset)
+        self.open.rows.append(row)
+        self.open.last_offset = offset
+        if len(self.open.rows) >= self.registration.max_rows:
+            closed.append(self.open)
+            self.open = None
+        return closed
+
+    def expire(self, now: float, lateness: float) -> Window | None:
+        """The open window, closed, once `now` is `lateness` past its deadline."""
+        if self.open is not None and now >= self.open.deadline + lateness:
+            closed, self.open = self.open, None
+            return closed
+        return None
+
+    def committable(self) -> int | None:
+        """The offset a consumer may commit: the open window's start (it is replayed),
+        else just past the last record fed."""
+        return self.open.first_offset if self.open is not None else self.next_offset

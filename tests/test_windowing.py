@@ -1,0 +1,58 @@
+"""Cutting one input partition into windows: by row count and by the rows' own
+timestamps, so a replay cuts the same windows under the same ids."""
+
+from relstream.model import Template
+from relstream.schemas import RowMessage
+from relstream.stream.registrations import QueryRegistration
+from relstream.stream.windowing import PartitionWindows
+
+# At most 3 rows, within 2 s of the window's first row.
+REGISTRATION = QueryRegistration("q", "t", Template("{x}"), window_seconds=2.0, max_rows=3)
+
+
+def row(key: str) -> RowMessage:
+    return RowMessage(table="t", key=key, values={"x": key})
+
+
+def cut(records, expire_at=()):
+    """Feed (offset, timestamp, key or None) records; expire at the given clock times
+    after the records before them. Returns [(window id, keys)] in closing order."""
+    cutter = PartitionWindows(REGISTRATION, partition=2)
+    closed = []
+    for offset, stamp, key in records:
+        for now in [t for t in expire_at if t <= stamp]:
+            window = cutter.expire(now, lateness=1.0)
+            closed += [window] if window else []
+        closed += cutter.add(offset, stamp, row(key) if key else None)
+    for now in [t for t in expire_at if t > records[-1][1]]:
+        window = cutter.expire(now, lateness=1.0)
+        closed += [window] if window else []
+    return [(w.window_id, [r.key for r in w.rows]) for w in closed], cutter
+
+
+RECORDS = [
+    (10, 0.0, "a"),
+    (11, 0.5, "b"),
+    (12, 1.0, None),  # a rejected row: no place in a window, its offset is passed
+    (13, 1.5, "c"),  # the third row: the window is full
+    (14, 10.0, "d"),
+    (15, 12.0, "e"),  # at d's deadline (10 + 2): d's window closes, e opens one
+]
+
+
+def test_windows_close_on_the_row_cap_and_on_a_row_past_the_deadline():
+    windows, cutter = cut(RECORDS)
+    assert windows == [("2-10", ["a", "b", "c"]), ("2-14", ["d"])]
+    assert cutter.committable() == 15  # e's window is open: a replay starts there
+
+
+def test_with_no_row_past_the_deadline_the_clock_closes_the_window_late():
+    windows, cutter = cut(RECORDS, expire_at=(14.5, 15.0))  # e's deadline 14, +1 s lateness
+    assert windows[-1] == ("2-15", ["e"])
+    assert cutter.committable() == 16
+
+
+def test_a_replay_fed_all_at_once_cuts_the_same_windows():
+    live, _ = cut(RECORDS, expire_at=(3.0, 12.5, 15.0))
+    replayed, _ = cut(RECORDS, expire_at=(15.0,))
+    assert live == replayed
