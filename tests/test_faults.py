@@ -6,6 +6,7 @@ import collections
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import msgpack
@@ -14,8 +15,8 @@ from test_service import relquery
 from test_streaming import encode_row, start_worker
 
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription, create_topics, read_messages
+from relstream.kafka.brokers import EmbeddedBroker, free_port
+from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
@@ -33,7 +34,7 @@ async def published_ids(broker, topics) -> set[str]:
         return {decode(ResultMessage, m.value).id async for m in messages}
 
 
-def engine_process(broker, topics, group, log, budget_rows: int = 12):
+def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_port=None):
     command = [
         sys.executable,
         "-m",
@@ -54,6 +55,8 @@ def engine_process(broker, topics, group, log, budget_rows: int = 12):
         "--max-backlog-rows",
         str(budget_rows),
     ]
+    if metrics_port:
+        command += ["--metrics-port", str(metrics_port)]
     return subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
@@ -304,3 +307,62 @@ def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(t
     stored = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     row_keys = [row["key"] for result in stored for row in result["rows"]]
     assert sorted(row_keys) == sorted(keys)  # every row, none twice
+
+
+RSS_CAP_MB = 400  # the engine service's resident memory under a 10x overload
+
+
+def test_under_a_tenfold_overload_the_engine_holds_its_budget_and_its_memory(tmp_path):
+    # 20,000 rows wait in Kafka against a 2,000-row budget: the engine (simulated backend,
+    # answering in real time) keeps at most 2,000 rows in flight and stays under the cap.
+    import psutil
+
+    topics = Topics(prefix=f"o{uuid.uuid4().hex[:6]}.")
+    group = f"engine-{uuid.uuid4().hex[:6]}"
+    backlog = [relquery(i, size=50) for i in range(400)]
+    with EmbeddedBroker("tansu") as broker:
+
+        async def produce_backlog():
+            await create_topics(broker.bootstrap, topics.layout())
+            messages = [(rq.id.encode(), encode(relquery_message(rq))) for rq in backlog]
+            await produce(broker.bootstrap, topics.relqueries, messages)
+
+        asyncio.run(produce_backlog())
+        port = free_port()
+        engine = engine_process(
+            broker, topics, group, tmp_path / "engine.log", budget_rows=2000, metrics_port=port
+        )
+        try:
+            process = psutil.Process(engine.pid)
+            peak_rss, peak_rows, answered = 0, 0, 0
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and answered < 100:
+                time.sleep(0.5)
+                peak_rss = max(peak_rss, process.memory_info().rss)
+                metrics = scrape(port)
+                peak_rows = max(peak_rows, metrics.get("relstream_rows_in_flight", 0))
+                answered = metrics.get("relstream_rows_total", 0) / 50
+        finally:
+            engine.terminate()
+            engine.wait(30)
+    assert answered >= 100, "the engine did not get through its backlog"
+    assert 0 < peak_rows <= 2000
+    assert peak_rss < RSS_CAP_MB * 2**20, f"{peak_rss / 2**20:.0f} MB"
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Prometheus samples without labels (summed over labels) from the /metrics page."""
+    from urllib.error import URLError
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        page = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except URLError:
+        return {}
+    totals: dict[str, float] = collections.defaultdict(float)
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            totals[sample.name] += sample.value
+    return totals

@@ -16,8 +16,8 @@ from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 
-def relquery(index: int) -> RelQuery:
-    rows = [Row(f"r{index}-{k}", {"city": f"city-{index}-{k}"}) for k in range(3)]
+def relquery(index: int, size: int = 3) -> RelQuery:
+    rows = [Row(f"r{index}-{k}", {"city": f"city-{index}-{k}"}) for k in range(size)]
     return RelQuery(f"rq-{index}-{uuid.uuid4().hex[:6]}", Template("Describe {city}."), rows, 5)
 
 
