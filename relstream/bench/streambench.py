@@ -1,9 +1,12 @@
 """`relstream bench --backend streaming`: what the streaming path costs.
 
-1. Overhead: the same trace (arrival times from the paper-style generator, load as a
-   fraction of the engine's capacity) submitted straight to the engine, then as ad-hoc
-   relQueries through the relqueries topic and the engine service (Kafka both ways), on
-   one warmed engine. Latency through Kafka is produce → result consumed.
+1. Overhead, at each load: the same trace (arrival times from the paper-style
+   generator, load as a fraction of the engine's capacity) submitted straight to the
+   engine, then as ad-hoc relQueries through the relqueries topic and the engine service
+   (Kafka both ways), then straight again, on one warmed engine. Latency through Kafka is
+   produce → result consumed. During the Kafka run the backlog (relQueries produced and
+   not yet answered) and the resident memory of the engine (this process and vLLM's core)
+   are sampled.
 2. Throughput of the window → relQuery stage: rows already on the rows topic, the Faust
    worker started, rows/s measured between the first and last relQuery it produced.
 """
@@ -14,6 +17,7 @@ import asyncio
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from relstream.bench.vllmbench import replay
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
-from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
+from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, new_producer, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
@@ -33,8 +37,7 @@ from relstream.schemas.convert import relquery_message
 class StreamBenchOptions:
     model: str
     policy: str
-    load: float
-    rate: float | None  # relQueries/s; None: measure capacity first
+    loads: tuple[float, ...]  # fractions of the engine's measured capacity
     trace: TraceConfig
     datasets_dir: Path | None
     throughput_rows: int
@@ -43,7 +46,18 @@ class StreamBenchOptions:
     command: str = ""
 
 
-async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, broker) -> list[float]:
+RSS_CAP_MB = 4096  # the engine's resident memory (front end and core) under overload
+SAMPLE_EVERY_S = 0.5
+
+
+@dataclass
+class KafkaRun:
+    latencies: list[float]  # per relQuery: produced → result consumed
+    peak_backlog: int = 0  # relQueries produced and not yet answered, at most
+    peak_rss: int = 0  # bytes, this process and its children, at most
+
+
+async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, broker) -> KafkaRun:
     """Latency of each relQuery as a producer sees it: produce → its result consumed."""
     from relstream.service.service import EngineService, ServiceConfig
 
@@ -61,6 +75,7 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
     await producer.start()
     sent_at: dict[str, float] = {}
     latencies: dict[str, float] = {}
+    run = KafkaRun([])
 
     async def read_results() -> None:
         subscription = Subscription(
@@ -73,7 +88,14 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
                 if len(latencies) == len(entries):
                     return
 
+    async def sample() -> None:
+        while True:
+            run.peak_backlog = max(run.peak_backlog, len(sent_at) - len(latencies))
+            run.peak_rss = max(run.peak_rss, process_tree_rss())
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
     reader = asyncio.create_task(read_results())
+    sampler = asyncio.create_task(sample())
     started = time.monotonic()
     for entry in entries:
         delay = started + entry.relquery.arrival_time / rate - time.monotonic()
@@ -83,10 +105,52 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         value = encode(relquery_message(entry.relquery))
         await producer.send_and_wait(topics.relqueries, value, key=entry.relquery.id.encode())
     await reader
+    sampler.cancel()
     await producer.stop()
     stop.set()
     await service
-    return list(latencies.values())
+    run.latencies = list(latencies.values())
+    return run
+
+
+def process_tree_rss() -> int:
+    """Resident bytes of this process and its children (vLLM's engine core)."""
+    import psutil
+
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def broker_idle_cpu(kind: str, seconds: float = 10.0) -> float:
+    """Share of one core an embedded broker burns while one consumer waits on an empty
+    topic: why one broker is every command's default."""
+    import psutil
+
+    async def idle_consumer(broker) -> None:
+        await create_topics(broker.bootstrap, {"idle": 1})
+        subscription = Subscription(
+            broker.bootstrap, "idle", broker_kind=broker.kind, idle_seconds=seconds + 5
+        )
+        async with subscription as messages:
+            async for _ in messages:
+                pass
+
+    with tempfile.TemporaryDirectory() as data, EmbeddedBroker(kind, data_dir=Path(data)) as broker:
+        process = psutil.Process(broker.pid)
+        consumer = threading.Thread(target=asyncio.run, args=(idle_consumer(broker),))
+        consumer.start()
+        time.sleep(3)  # joined and polling
+        before = sum(process.cpu_times()[:2])
+        time.sleep(seconds)
+        used = sum(process.cpu_times()[:2]) - before
+        consumer.join()
+    return used / seconds
 
 
 def window_throughput(broker, rows: int, stream_command: list[str], workdir: Path) -> dict:
@@ -160,6 +224,9 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
             broker, options.throughput_rows, relstream_command(True), workdir
         )
         on_step(f"window → relQuery: {throughput['rows_per_second']:.0f} rows/s")
+    idle_cpu = {kind: broker_idle_cpu(kind) for kind in BROKERS}
+    on_step("idle broker CPU: " + ", ".join(f"{k} {v:.0%}" for k, v in idle_cpu.items()))
+    with EmbeddedBroker(options.broker, data_dir=workdir / "broker-latency") as broker:
 
         async def latency_runs():
             engine = await RelQueryEngine.start(
@@ -167,41 +234,54 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
             )
             try:
                 await replay(engine, entries[:2], None)  # warm-up
-                rate = options.rate
-                if rate is None:
-                    whole = await replay(engine, entries, None)
-                    rate = options.load * len(entries) / (whole.window[1] - whole.window[0])
-                # direct, Kafka, direct again: the two direct runs bound run-to-run noise
-                runs = []
-                for label in ("direct", "kafka", "direct again"):
-                    on_step(f"rate {rate:.4f} relQueries/s; {label}")
-                    await engine.reset_prefix_cache()
-                    if label == "kafka":
-                        runs.append(await through_kafka(engine, entries, rate, broker))
-                    else:
-                        replayed = await replay(engine, entries, rate)
-                        runs.append([o.latency.total for o in replayed.outcomes])
-                return rate, runs
+                whole = await replay(engine, entries, None)
+                capacity = len(entries) / (whole.window[1] - whole.window[0])
+                return capacity, [
+                    await _at_load(engine, entries, load * capacity, broker, on_step)
+                    for load in options.loads
+                ]
             finally:
                 engine.shutdown()
 
-        rate, (direct, kafka, direct_again) = asyncio.run(latency_runs())
-    mean_kafka = statistics.fmean(kafka)
-    direct_means = [statistics.fmean(direct), statistics.fmean(direct_again)]
-    mean_direct = statistics.fmean(direct_means)
+        capacity, runs = asyncio.run(latency_runs())
     return {
         "command": options.command,
         "broker": options.broker,
         "model": options.model,
         "policy": options.policy,
-        "rate_relqueries_per_s": rate,
+        "capacity_relqueries_per_s": capacity,
         "relqueries": len(entries),
-        "mean_latency_direct_s": mean_direct,
-        "mean_latency_direct_runs_s": direct_means,
-        "direct_run_spread": abs(direct_means[1] - direct_means[0]) / mean_direct,
-        "mean_latency_kafka_s": mean_kafka,
-        "kafka_overhead": mean_kafka / mean_direct - 1.0,
+        "loads": [{"load": load, **run} for load, run in zip(options.loads, runs, strict=True)],
+        "rss_cap_mb": RSS_CAP_MB,
         "window_throughput": throughput,
+        "broker_idle_cpu": idle_cpu,
+    }
+
+
+async def _at_load(engine, entries, rate: float, broker, on_step) -> dict:
+    """Straight to the engine, through Kafka, straight again: the two direct runs bound
+    run-to-run noise."""
+    means = {}
+    kafka = None
+    for label in ("direct", "kafka", "direct again"):
+        on_step(f"rate {rate:.4f} relQueries/s; {label}")
+        await engine.reset_prefix_cache()
+        if label == "kafka":
+            kafka = await through_kafka(engine, entries, rate, broker)
+            means[label] = statistics.fmean(kafka.latencies)
+        else:
+            replayed = await replay(engine, entries, rate)
+            means[label] = statistics.fmean(o.latency.total for o in replayed.outcomes)
+    direct = statistics.fmean([means["direct"], means["direct again"]])
+    return {
+        "rate_relqueries_per_s": rate,
+        "mean_latency_direct_s": direct,
+        "mean_latency_direct_runs_s": [means["direct"], means["direct again"]],
+        "direct_run_spread": abs(means["direct"] - means["direct again"]) / direct,
+        "mean_latency_kafka_s": means["kafka"],
+        "kafka_overhead": means["kafka"] / direct - 1.0,
+        "peak_backlog_relqueries": kafka.peak_backlog,
+        "peak_rss_mb": kafka.peak_rss / 2**20,
     }
 
 
@@ -214,31 +294,49 @@ def write_stream_report(document: dict, out: Path) -> None:
     from relstream.bench.report import machine_description, write_report
 
     document = {**document, "machine": machine_description()}
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    values = [document["mean_latency_direct_s"], document["mean_latency_kafka_s"]]
-    ax.bar(["straight to the engine", "through Kafka"], values, color=["#4c72b0", "#dd8452"])
+    loads = document["loads"]
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    width = 0.38
+    for shift, key, label in (
+        (-width / 2, "mean_latency_direct_s", "straight to the engine"),
+        (width / 2, "mean_latency_kafka_s", "through Kafka"),
+    ):
+        ax.bar([i + shift for i in range(len(loads))], [r[key] for r in loads], width, label=label)
+    ax.set_xticks(range(len(loads)), [f"load {r['load']:g}" for r in loads])
     ax.set_ylabel("mean relQuery latency (s)")
-    ax.set_title(f"Kafka overhead: {document['kafka_overhead']:+.1%}")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(out / "overhead.png", dpi=120)
     plt.close(fig)
     throughput = document["window_throughput"]
     body = [
-        "| measure | value | goal |",
-        "|---|---|---|",
-        f"| mean relQuery latency, straight to the engine (mean of 2 runs) | {values[0]:.2f} s | |",
-        f"| spread between the two direct runs | {document['direct_run_spread']:.1%} | |",
-        f"| mean relQuery latency, through Kafka | {values[1]:.2f} s | |",
-        f"| overhead of Kafka + the engine service | {document['kafka_overhead']:+.1%} | < 5 % |",
-        f"| window → relQuery rows/s (Faust worker) | {throughput['rows_per_second']:,.0f} | "
-        "≥ 20,000 |",
+        "| load | direct (mean of 2 runs) | spread of the direct runs | through Kafka | "
+        "overhead (goal < 5 %) | peak backlog (relQueries) | peak engine RSS |",
+        "|---|---|---|---|---|---|---|",
+        *[
+            f"| {r['load']:g} | {r['mean_latency_direct_s']:.2f} s | "
+            f"{r['direct_run_spread']:.1%} | {r['mean_latency_kafka_s']:.2f} s | "
+            f"{r['kafka_overhead']:+.1%} | {r['peak_backlog_relqueries']} | "
+            f"{r['peak_rss_mb']:,.0f} MB (cap {document['rss_cap_mb']:,} MB) |"
+            for r in loads
+        ],
         "",
-        f"The same {document['relqueries']} relQueries at {document['rate_relqueries_per_s']:.4f} "
-        "relQueries/s (Poisson), one warmed engine, prefix cache reset before each run, run "
-        "straight, through Kafka, then straight again. "
-        "Through Kafka, latency runs from producing the relquery message to consuming its "
-        f"result. Throughput: {throughput['rows']:,} rows pre-produced, then timed between "
-        "the first and last relQuery the worker produced (broker timestamps).",
+        f"Window → relQuery stage: **{throughput['rows_per_second']:,.0f} rows/s** (goal "
+        f"≥ 20,000): {throughput['rows']:,} rows pre-produced, then timed between the first "
+        "and last relQuery the worker produced (broker timestamps).",
+        "",
+        "Idle embedded brokers, one consumer waiting on an empty topic for 10 s (share of "
+        "one core): "
+        + ", ".join(f"{kind} {cpu:.0%}" for kind, cpu in document["broker_idle_cpu"].items())
+        + f". The default broker is {DEFAULT_BROKER}.",
+        "",
+        f"The same {document['relqueries']} relQueries at each load (a fraction of the "
+        f"measured capacity, {document['capacity_relqueries_per_s']:.4f} relQueries/s, "
+        "Poisson), one warmed engine, prefix cache reset before each run, run straight, "
+        "through Kafka, then straight again. Through Kafka, latency runs from producing the "
+        "relquery message to consuming its result; the backlog is the relQueries produced "
+        "and not yet answered; RSS is the benchmark process (the engine's front end and "
+        "service) plus vLLM's engine core.",
         "",
         "![overhead](overhead.png)",
         "",

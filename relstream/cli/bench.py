@@ -70,7 +70,7 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
     default="0.5,1.0,1.5",
     show_default=True,
     callback=_rates,
-    help="vllm: comma-separated loads as fractions of the engine's measured capacity.",
+    help="vllm, streaming: comma-separated loads as fractions of the measured capacity.",
 )
 @click.option("--relqueries", default=None, type=click.IntRange(1), help="[sim 100, vllm 24]")
 @click.option("--max-rows", default=None, type=click.IntRange(1), help="[sim 100, vllm 24]")
@@ -274,8 +274,7 @@ def _bench_streaming(
     options = StreamBenchOptions(
         model=opts["model"],
         policy=opts["policies"][0] if opts["policies"] else DEFAULT_POLICY,
-        load=max(opts["load"]),
-        rate=None,
+        loads=tuple(opts["load"]),
         trace=trace,
         datasets_dir=datasets_dir,
         throughput_rows=opts["rows"],
@@ -285,8 +284,11 @@ def _bench_streaming(
     )
     document = run_stream_benchmark(options, lambda message: console.print(f"  {message}"))
     write_stream_report(document, out_dir)
+    overheads = ", ".join(
+        f"{run['kafka_overhead']:+.1%} at {run['load']:g}" for run in document["loads"]
+    )
     console.print(
-        f"Kafka overhead {document['kafka_overhead']:+.1%}; window stage "
+        f"Kafka overhead {overheads}; window stage "
         f"{document['window_throughput']['rows_per_second']:,.0f} rows/s; wrote {out_dir}"
     )
 

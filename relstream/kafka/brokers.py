@@ -23,7 +23,7 @@ from relstream.kafka.topics import Topics
 
 BROKERS = ("noida-db", "tansu")
 # The default everywhere: an idle noida-db 0.2.3 consumer spins ~85 % of a core, which
-# starves the engine on a small machine (docs/benchmarks/streaming/brokers.md).
+# starves the engine on a small machine (measured by the streaming benchmark).
 DEFAULT_BROKER = "tansu"
 
 
@@ -63,6 +63,11 @@ class EmbeddedBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The broker process, while it runs."""
+        return self._process.pid if self._process is not None else None
 
     def start(self, timeout: float = 30.0) -> str:
         self.port = self.port or free_port()
