@@ -53,6 +53,24 @@ async def committed(broker, topics: Topics, group: str) -> int | None:
         await consumer.stop()
 
 
+async def serve_and_watch(broker, topics, config: ServiceConfig, expected: int, watch):
+    """Serve with the simulated backend in real time until `expected` results are out;
+    returns the largest `watch(service)` seen meanwhile, and the results."""
+    service = EngineService(config, SimRelQueryBackend(SimSettings(time_scale=1.0)))
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    reader = asyncio.create_task(
+        read_messages(broker.bootstrap, topics.results, expected, broker.kind, 60)
+    )
+    most = 0
+    while not reader.done():
+        most = max(most, watch(service))
+        await asyncio.sleep(0.02)
+    stop.set()
+    await task
+    return most, reader.result()
+
+
 def fresh_topics() -> Topics:
     return Topics(prefix=f"d{uuid.uuid4().hex[:6]}.")
 
@@ -77,20 +95,10 @@ def test_the_engine_takes_the_whole_backlog_and_counts_latency_from_submission(b
 
     async def scenario():
         await send(broker, topics, sent, submitted)
-        backend = SimRelQueryBackend(SimSettings(time_scale=1.0))
-        service = EngineService(config_for(broker, topics, group), backend)
-        stop = asyncio.Event()
-        task = asyncio.create_task(service.run(stop))
-        most = 0
-        reader = asyncio.create_task(
-            read_messages(broker.bootstrap, topics.results, len(sent), broker.kind, 60)
+        config = config_for(broker, topics, group)
+        return await serve_and_watch(
+            broker, topics, config, len(sent), lambda service: service.budget.relqueries
         )
-        while not reader.done():
-            most = max(most, service.budget.relqueries)
-            await asyncio.sleep(0.05)
-        stop.set()
-        await task
-        return most, reader.result()
 
     most, results = asyncio.run(scenario())
     # All 30 relQueries (90 rows, far under the budget) were in the engine at once, not 8.
@@ -109,20 +117,10 @@ def test_a_small_budget_bounds_the_rows_in_flight_and_loses_nothing(broker):
 
     async def scenario():
         await send(broker, topics, sent)
-        backend = SimRelQueryBackend(SimSettings(time_scale=1.0))
-        service = EngineService(config_for(broker, topics, group, max_backlog_rows=7), backend)
-        stop = asyncio.Event()
-        task = asyncio.create_task(service.run(stop))
-        most = 0
-        reader = asyncio.create_task(
-            read_messages(broker.bootstrap, topics.results, len(sent), broker.kind, 60)
+        config = config_for(broker, topics, group, max_backlog_rows=7)
+        return await serve_and_watch(
+            broker, topics, config, len(sent), lambda service: service.budget.in_flight
         )
-        while not reader.done():
-            most = max(most, service.budget.in_flight)
-            await asyncio.sleep(0.02)
-        stop.set()
-        await task
-        return most, reader.result()
 
     most, results = asyncio.run(scenario())
     assert most == 6  # two relQueries of 3 rows; a third would make 9 > 7

@@ -28,7 +28,10 @@ def new_consumer(
     security: KafkaSecurity = PLAINTEXT,
     **options: Any,
 ) -> AIOKafkaConsumer:
-    """Every consumer relstream makes: the broker's settings and the security ones."""
+    """Every consumer relstream makes: the broker's settings and the security ones. It
+    commits only when told (after the work is done) and a new group starts from the
+    earliest offset."""
+    options = {"enable_auto_commit": False, "auto_offset_reset": "earliest", **options}
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
@@ -96,8 +99,6 @@ class Subscription:
             broker_kind=broker_kind,
             security=security,
             group_id=group or f"relstream-reader-{uuid.uuid4().hex[:8]}",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
         )
         self._idle_seconds = idle_seconds
         self._timeout = timeout

@@ -108,8 +108,6 @@ class EngineService:
             broker_kind=config.broker,
             security=config.security,
             group_id=config.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
         )
         self._consumer.subscribe(
             [self.config.topics.relqueries], listener=RevocationListener(self._on_revoked)

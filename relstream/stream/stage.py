@@ -65,8 +65,6 @@ class WindowStage:
             broker_kind=settings.broker_kind,
             security=settings.security,
             group_id=settings.group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
         )
         self._consumer.subscribe(
             [settings.topics.rows(self.registration.table)],
