@@ -37,7 +37,7 @@ GOOD = {
         "version": 1,
         "id": "q1",
         "rows": [{"key": "r1", "status": "ok", "output": "4", "error": None}],
-        "latency": {"waiting": 0.1, "core": 0.2, "tail": 0.3, "total": 0.6},
+        "latency": {"queued": 0.5, "waiting": 0.1, "core": 0.2, "tail": 0.3, "total": 1.1},
         "policy": "relserve",
         "model": "smollm2",
         "completed_at": NOW,
@@ -50,11 +50,15 @@ GOOD = {
         "status": "ok",
         "output": "4",
     },
-    "metric": {
+    "metrics": {
         "version": 1,
-        "name": "relquery_latency_s",
-        "value": 0.6,
-        "labels": {"part": "total"},
+        "relquery_id": "q1",
+        "latency": {"queued": 0.5, "waiting": 0.1, "core": 0.2, "tail": 0.3, "total": 1.1},
+        "rows": {"ok": 3, "error": 1},
+        "output_tokens": 12,
+        "policy": "relstream",
+        "model": "smollm2",
+        "engine": "host:123",
         "at": NOW,
     },
     "dead_letter": {
