@@ -11,6 +11,9 @@ import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
+
+from relstream.answers import OutputSpec, Sampling
 
 
 class TemplateError(ValueError):
@@ -131,6 +134,8 @@ class RelQuery:
     max_output_tokens: int
     system_prompt: str | None = None
     arrival_time: float = 0.0
+    output: OutputSpec | None = None  # what each answer must be; None: free text
+    sampling: Sampling = field(default_factory=Sampling)
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
@@ -174,6 +179,7 @@ class RowResult:
     output: str | None = None  # the generated text, when status is OK
     error: str | None = None  # why not, naming the row, otherwise
     output_tokens: int = 0
+    value: Any = None  # the answer parsed, where the relQuery's output has a JSON schema
 
     @classmethod
     def failed(cls, failure: RowFailure) -> RowResult:

@@ -89,9 +89,8 @@ def test_bad_sampling_and_output_fields_are_named(field, value, reason):
 
 def test_a_malformed_spec_on_the_wire_is_a_message_error_naming_the_field():
     message = relquery_message(RelQuery("q", Template("{x}"), [Row("k", {"x": 1})], 4))
-    message.output = type(message).__struct_fields__ and None  # start from no spec
     raw = msgpack.unpackb(encode(message))
     raw["output"] = {"regex": "(unclosed"}
     decoded = decode(RelQueryMessage, msgpack.packb(raw))
-    with pytest.raises(MessageError, match="field output.regex"):
+    with pytest.raises(MessageError, match=r"field output\.regex"):
         relquery_from_message(decoded)

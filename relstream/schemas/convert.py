@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+from relstream.answers import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.model import (
     LatencyBreakdown,
     RelQuery,
@@ -25,14 +26,23 @@ from relstream.schemas.messages import (
     ResultMessage,
     ResultRow,
 )
+from relstream.schemas.messages import OutputSpec as OutputSpecMessage
 
 
 def relquery_from_message(message: RelQueryMessage) -> RelQuery:
-    """A decoded relquery message as a RelQuery; a bad template is a MessageError."""
+    """A decoded relquery message as a RelQuery; a bad template or output spec is a
+    MessageError naming the field."""
     try:
         template = Template(message.template)
     except TemplateError as exc:
         raise MessageError("relquery", f"field template: {exc}") from None
+    output = None
+    if message.output is not None:
+        spec = message.output
+        try:
+            output = OutputSpec.build(spec.choices, spec.json_schema, spec.regex)
+        except OutputSpecError as exc:
+            raise MessageError("relquery", str(exc)) from None
     return RelQuery(
         id=message.id,
         template=template,
@@ -40,10 +50,13 @@ def relquery_from_message(message: RelQueryMessage) -> RelQuery:
         max_output_tokens=message.max_output_tokens,
         system_prompt=message.system_prompt,
         arrival_time=message.submitted_at,
+        output=output,
+        sampling=Sampling(message.temperature, message.top_p, message.seed, tuple(message.stop)),
     )
 
 
 def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> RelQueryMessage:
+    output, sampling = relquery.output, relquery.sampling
     return RelQueryMessage(
         id=relquery.id,
         template=relquery.template.text,
@@ -51,7 +64,20 @@ def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> R
         system_prompt=relquery.system_prompt,
         max_output_tokens=relquery.max_output_tokens,
         submitted_at=time.time() if submitted_at is None else submitted_at,
+        output=None if output is None else output_message(output),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop),
     )
+
+
+def output_message(spec: OutputSpec) -> OutputSpecMessage:
+    if spec.kind is OutputKind.CHOICES:
+        return OutputSpecMessage(choices=list(spec.choices))
+    if spec.kind is OutputKind.JSON_SCHEMA:
+        return OutputSpecMessage(json_schema=dict(spec.json_schema or {}))
+    return OutputSpecMessage(regex=spec.regex)
 
 
 def latency_message(latency: LatencyBreakdown | None) -> Latency | None:
@@ -70,7 +96,13 @@ def result_message(result: RelQueryResult) -> ResultMessage:
     return ResultMessage(
         id=result.relquery_id,
         rows=[
-            ResultRow(key=row.row_key, status=row.status.value, output=row.output, error=row.error)
+            ResultRow(
+                key=row.row_key,
+                status=row.status.value,
+                output=row.output,
+                error=row.error,
+                value=row.value,
+            )
             for row in result.rows
         ],
         latency=latency_message(result.latency),
@@ -88,6 +120,7 @@ def partial_result_message(relquery_id: str, row: RowResult) -> PartialResultMes
         status=row.status.value,
         output=row.output,
         error=row.error,
+        value=row.value,
     )
 
 

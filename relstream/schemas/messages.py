@@ -8,7 +8,7 @@ struct tag: written on every message, required and checked on every decode.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -23,6 +23,9 @@ MAX_TEMPLATE_CHARS = 65_536
 MAX_RELQUERY_ROWS = 100_000
 MAX_ROW_COLUMNS = 1024
 MAX_OUTPUT_TOKENS = 32_768
+MAX_CHOICES = 1024
+MAX_REGEX_CHARS = 4096
+MAX_STOP_STRINGS = 16
 
 Scalar = str | int | float | bool | None
 RowStatusName = Literal["ok", "error", "cancelled"]
@@ -55,8 +58,19 @@ class RelQueryRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     values: dict[str, Scalar]
 
 
+class OutputSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What every row's answer must be, enforced while it is generated: exactly one of
+    a label from `choices`, a JSON value valid against `json_schema`, or a match of
+    `regex`."""
+
+    choices: Annotated[list[NonEmpty], Meta(min_length=1, max_length=MAX_CHOICES)] | None = None
+    json_schema: dict[str, Any] | None = None
+    regex: Annotated[str, Meta(min_length=1, max_length=MAX_REGEX_CHARS)] | None = None
+
+
 class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
-    """A prompt template over rows: one LLM request per row (key: the relQuery id)."""
+    """A prompt template over rows: one LLM request per row (key: the relQuery id).
+    Sampling is greedy unless `temperature` says otherwise."""
 
     kind: ClassVar[str] = "relquery"
     id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
@@ -74,20 +88,21 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
     submitted_at: Annotated[
         float, Meta(description="seconds since the epoch; latency is measured from it")
     ]
+    output: OutputSpec | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] = 0.0
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    stop: Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_STRINGS)] = msgspec.field(
+        default_factory=list
+    )
 
 
-class RelQueryHeader(Message, tag=WIRE_VERSION, kw_only=True):
+class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
     """A relquery message with its rows left as undecoded bytes, so their count can be
     checked first and they can be decoded a slice at a time
     (`relstream.schemas.codec.decode_relquery_stepwise`)."""
 
-    kind: ClassVar[str] = "relquery"
-    id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
-    template: Annotated[str, Meta(min_length=1, max_length=MAX_TEMPLATE_CHARS)]
     rows: msgspec.Raw
-    system_prompt: Annotated[str, Meta(max_length=MAX_TEMPLATE_CHARS)] | None = None
-    max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
-    submitted_at: float
 
 
 class Latency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -107,6 +122,7 @@ class ResultRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     status: RowStatusName
     output: str | None = None  # the answer, when status is "ok"
     error: str | None = None  # why not, naming the row, otherwise
+    value: Any = None  # the answer parsed, for a relQuery whose output has a JSON schema
 
 
 class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -132,6 +148,7 @@ class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     status: RowStatusName
     output: str | None = None
     error: str | None = None
+    value: Any = None  # the answer parsed, for a relQuery whose output has a JSON schema
 
 
 class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
