@@ -6,10 +6,13 @@ belong to its row, and bad rows must fail alone while the engine keeps serving.
 """
 
 import asyncio
+import csv
 import json
+from pathlib import Path
 
 import pytest
 
+from relstream.answers import OutputSpec, Sampling
 from relstream.backend import run
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
 from relstream.model import RelQuery, Row, Template
@@ -41,6 +44,14 @@ def descriptions_relquery() -> RelQuery:
     return RelQuery("describe", template, rows, max_output_tokens=24)
 
 
+def sampled_relquery() -> RelQuery:
+    """Sampled, not greedy: with a seed per relQuery, the answers must still not depend
+    on the policy."""
+    rows = [Row(t, {"thing": t}) for t in THINGS[:4]]
+    template = Template("Write a short poem about {thing}.")
+    return RelQuery("sampled", template, rows, 24, sampling=Sampling(0.9, 0.95, seed=11))
+
+
 def faulty_relquery() -> RelQuery:
     rows = [
         Row("ok", {"country": "France"}),
@@ -61,7 +72,10 @@ def sized_relquery(name: str, rows: int, max_output_tokens: int = 16) -> RelQuer
 async def serve(policy: str, step_log) -> dict:
     engine = await RelQueryEngine.start(EngineSettings(policy=policy, step_log=step_log))
     try:
-        handles = [await engine.submit(rq) for rq in (capitals_relquery(), descriptions_relquery())]
+        handles = [
+            await engine.submit(rq)
+            for rq in (capitals_relquery(), descriptions_relquery(), sampled_relquery())
+        ]
         results = {h.relquery_id: await h.result() for h in handles}
         if policy == "relserve":
             results["faulty"] = await run(engine, faulty_relquery())
@@ -109,10 +123,10 @@ def test_every_answer_belongs_to_its_row(served):
             assert CAPITALS[row.row_key] in row.output, (policy, row)
 
 
-def test_greedy_outputs_are_byte_identical_across_policies(served):
+def test_outputs_are_byte_identical_across_policies_greedy_or_seeded(served):
     reference = served["v1-fcfs"]
     for policy in POLICIES[1:]:
-        for relquery_id in ("capitals", "describe"):
+        for relquery_id in ("capitals", "describe", "sampled"):
             assert served[policy][relquery_id].outputs == reference[relquery_id].outputs, policy
 
 
@@ -195,3 +209,62 @@ def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():
             engine.shutdown()
 
     asyncio.run(scenario())
+
+
+MOVIES = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "movies_sample.csv"
+
+
+def movie_reviews() -> list[Row]:
+    with MOVIES.open(newline="") as handle:
+        return [
+            Row(row[""], {"review": row["reviewcontent"].removeprefix("reviewcontent: ")})
+            for row in csv.DictReader(handle)
+        ]
+
+
+@pytest.mark.skipif(not MOVIES.exists(), reason="needs ../shared/datasets")
+def test_structured_outputs_hold_on_a_labelled_table():
+    # 100 labelled movie reviews: with choices, every answer is one of the labels (free
+    # text, SmolLM2 answers in sentences); with a JSON schema, every value validates.
+    import jsonschema
+
+    reviews = movie_reviews()
+    labels = RelQuery(
+        "labels",
+        Template("Is this movie review Fresh or Rotten?\nReview: {review}"),
+        reviews,
+        4,
+        output=OutputSpec.build(choices=["Fresh", "Rotten"]),
+    )
+    schema = {
+        "type": "object",
+        "properties": {
+            "sentiment": {"enum": ["positive", "negative"]},
+            "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+        },
+        "required": ["sentiment", "stars"],
+        "additionalProperties": False,
+    }
+    rated = RelQuery(
+        "rated",
+        Template("Rate this movie review as JSON with sentiment and stars.\nReview: {review}"),
+        reviews[:20],
+        40,
+        output=OutputSpec.build(json_schema=schema),
+    )
+
+    async def scenario():
+        engine = await RelQueryEngine.start(EngineSettings(policy="relstream"))
+        try:
+            return await run(engine, labels), await run(engine, rated)
+        finally:
+            engine.shutdown()
+
+    labelled, structured = asyncio.run(scenario())
+    assert len(labelled.rows) == 100
+    assert {row.output for row in labelled.rows} <= {"Fresh", "Rotten"}
+    assert all(row.status == "ok" for row in labelled.rows)
+    ok = [row for row in structured.rows if row.status == "ok"]
+    assert len(ok) >= 18  # a value cut off by max tokens would be that row's error
+    for row in ok:
+        jsonschema.validate(row.value, schema)

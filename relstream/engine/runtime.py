@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relstream.answers import OutputKind
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.model import (
@@ -211,7 +212,6 @@ class RelQueryEngine:
         runnable: int,
         priority: int,
     ) -> tuple[RowResult, _RowTimes | None]:
-        from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
 
         from relstream.engine.plugin import relquery_tags
@@ -226,11 +226,7 @@ class RelQueryEngine:
             result = RowResult.failed(row)
         else:
             request = row.request
-            params = SamplingParams(
-                max_tokens=relquery.max_output_tokens,
-                temperature=0.0,
-                extra_args=relquery_tags(relquery.id, runnable),
-            )
+            params = sampling_params(relquery, relquery_tags(relquery.id, runnable))
             final = None
             try:
                 async for final in self._llm.generate(  # noqa: B007 (the last one is kept)
@@ -261,18 +257,52 @@ class RelQueryEngine:
                 await handle._finished.put(failure)
                 raise failure from exc
             else:
-                completion = final.outputs[0]
-                result = RowResult(
-                    request.row_index,
-                    request.row_key,
-                    RowStatus.OK,
-                    completion.text,
-                    None,
-                    len(completion.token_ids),
-                )
+                result = answered_row(relquery, request, final.outputs[0])
                 times = _row_times(final)
         await handle._finished.put(result)
         return result, times
+
+
+def sampling_params(relquery: RelQuery, extra_args: dict):
+    """vLLM's sampling for a relQuery's rows: its sampling settings (greedy by default)
+    and its structured-output constraint."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    sampling, output = relquery.sampling, relquery.output
+    structured = None
+    if output is not None:
+        structured = StructuredOutputsParams(
+            choice=list(output.choices) if output.kind is OutputKind.CHOICES else None,
+            json=dict(output.json_schema) if output.kind is OutputKind.JSON_SCHEMA else None,
+            regex=output.regex if output.kind is OutputKind.REGEX else None,
+        )
+    return SamplingParams(
+        max_tokens=relquery.max_output_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        structured_outputs=structured,
+        extra_args=extra_args,
+    )
+
+
+def answered_row(relquery: RelQuery, request: RowRequest, completion) -> RowResult:
+    """A finished row; where the relQuery constrains its output, an answer that does not
+    hold (cut off by max tokens, say) is that row's error, text kept."""
+    value, reason = None, None
+    if relquery.output is not None:
+        value, reason = relquery.output.parse(completion.text)
+    return RowResult(
+        request.row_index,
+        request.row_key,
+        RowStatus.ERROR if reason else RowStatus.OK,
+        completion.text,
+        f"row {request.row_key!r}: {reason}" if reason else None,
+        len(completion.token_ids),
+        value,
+    )
 
 
 @dataclass(frozen=True)
