@@ -12,4 +12,5 @@ create relstream.results 4
 create relstream.partial-results 4
 create relstream.metrics 1
 create relstream.deadletter 1
+create relstream.control 1
 for table in "$@"; do create "relstream.rows.$table" 4; done

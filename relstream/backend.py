@@ -59,6 +59,11 @@ class RelQueryBackend(Protocol):
 
     model_name: str  # reported with every result
 
+    @property
+    def policy(self) -> str:
+        """The scheduling policy that serves relQueries, reported with every result."""
+        ...
+
     def backlog_rows(self) -> int:
         """How many rows it pays to hand this engine at once: enough that its scheduler
         sees a real backlog, few enough that waiting rows do not exhaust memory. Sized

@@ -238,3 +238,23 @@ class RelQueryResult:
     @property
     def outputs(self) -> list[str | None]:
         return [row.output for row in self.rows]
+
+
+def cancelled_result(relquery: RelQuery, policy: str, model: str) -> RelQueryResult:
+    """The result of a relQuery cancelled before any row finished: rows that could run
+    are "cancelled", rows that could not are errors as always."""
+    rows = []
+    for index in range(len(relquery.rows)):
+        prepared = prepare_row(relquery, index)
+        if isinstance(prepared, RowFailure):
+            rows.append(RowResult.failed(prepared))
+        else:
+            rows.append(
+                RowResult(
+                    index,
+                    prepared.row_key,
+                    RowStatus.CANCELLED,
+                    error=f"row {prepared.row_key!r}: relQuery cancelled",
+                )
+            )
+    return RelQueryResult(relquery.id, rows, None, policy, model)

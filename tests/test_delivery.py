@@ -223,3 +223,39 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
     assert samples[("relstream_rows_total", (("status", "ok"),))] == 15
     assert samples[("relstream_consumer_lag", (("partition", "0"),))] == 0
     assert samples[("relstream_rows_in_flight", ())] == 0
+
+
+def test_a_cancel_message_stops_a_relquery_running_or_still_in_kafka(broker):
+    # One relQuery is served slowly (the simulated backend in 20x real time) and
+    # cancelled by message while it runs; another is cancelled before it is even
+    # produced. Both results come, their rows "cancelled"; a third is answered as usual.
+    from relstream.schemas import ControlMessage
+
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    running, early, normal = relquery(0), relquery(1), relquery(2)
+
+    async def cancel(relquery_id: str) -> None:
+        message = encode(ControlMessage(cancel=relquery_id))
+        await produce(broker.bootstrap, topics.control, [(None, message)])
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout())
+        await cancel(early.id)
+        backend = SimRelQueryBackend(SimSettings(time_scale=20.0))
+        service = EngineService(config_for(broker, topics, group), backend)
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        await send(broker, topics, [running])
+        while running.id not in service._serving:
+            await asyncio.sleep(0.05)
+        await cancel(running.id)
+        await send(broker, topics, [early, normal])
+        results = await read_messages(broker.bootstrap, topics.results, 3, broker.kind)
+        stop.set()
+        await task
+        return {r.id: r for r in (decode(ResultMessage, m.value) for m in results)}
+
+    results = asyncio.run(scenario())
+    for cancelled in (running, early):
+        assert [row.status for row in results[cancelled.id].rows] == ["cancelled"] * 3
+    assert [row.status for row in results[normal.id].rows] == ["ok"] * 3

@@ -268,3 +268,29 @@ def test_structured_outputs_hold_on_a_labelled_table():
     assert len(ok) >= 18  # a value cut off by max tokens would be that row's error
     for row in ok:
         jsonschema.validate(row.value, schema)
+
+
+def test_cancel_keeps_the_finished_rows_and_marks_the_rest_cancelled():
+    rows = [Row("short", {"n": 3})] + [Row(f"long{i}", {"n": 400}) for i in range(3)]
+    counting = RelQuery("C", Template("Count from 1 to {n}, separated by commas."), rows, 300)
+
+    async def scenario():
+        engine = await RelQueryEngine.start(EngineSettings(policy="relstream"))
+        try:
+            handle = await engine.submit(counting)
+            first = await anext(handle.rows())  # the short count ends first
+            await handle.cancel()
+            return first, await handle.result()
+        finally:
+            engine.shutdown()
+
+    first, result = asyncio.run(scenario())
+    assert first.row_key == "short" and first.status == "ok"
+    statuses = {row.row_key: row.status for row in result.rows}
+    assert statuses == {
+        "short": "ok",
+        "long0": "cancelled",
+        "long1": "cancelled",
+        "long2": "cancelled",
+    }
+    assert result.rows[0].output == first.output

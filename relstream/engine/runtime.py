@@ -94,6 +94,8 @@ class EngineHandle:
         )
 
     async def cancel(self) -> None:
+        """Abort the unfinished rows; `result()` then has them as "cancelled" beside the
+        rows that had finished."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -160,6 +162,10 @@ class RelQueryEngine:
             return
         self._llm.shutdown(timeout=timeout)
         self._llm = None
+
+    @property
+    def policy(self) -> str:
+        return self.settings.policy
 
     def backlog_rows(self) -> int:
         cache = self._llm.vllm_config.cache_config
@@ -237,14 +243,14 @@ class RelQueryEngine:
                 ):
                     pass
             except asyncio.CancelledError:
+                # vLLM aborted the request as the cancellation passed through generate();
+                # the row is reported, not raised, so the relQuery's result still comes.
                 result = RowResult(
                     request.row_index,
                     request.row_key,
                     RowStatus.CANCELLED,
-                    error="relQuery cancelled",
+                    error=f"row {request.row_key!r}: relQuery cancelled",
                 )
-                await handle._finished.put(result)
-                raise
             except row_errors as exc:  # the engine refused this row: the row's error
                 result = RowResult(
                     request.row_index,

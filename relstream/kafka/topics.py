@@ -35,6 +35,11 @@ class Topics:
     def deadletter(self) -> str:
         return f"{self.prefix}deadletter"
 
+    @property
+    def control(self) -> str:
+        """Requests to the engines, e.g. to cancel a relQuery; every engine reads all."""
+        return f"{self.prefix}control"
+
     def layout(self, tables: tuple[str, ...] = ()) -> dict[str, int]:
         """Every topic with its partition count. relQuery ids key the work topics, so more
         partitions let more engine replicas share the load."""
@@ -44,6 +49,7 @@ class Topics:
             self.partial_results: self.partitions,
             self.metrics: 1,
             self.deadletter: 1,
+            self.control: 1,
         }
         layout.update({self.rows(table): self.partitions for table in tables})
         return layout

@@ -13,6 +13,7 @@ from relstream.schemas.codec import (
 )
 from relstream.schemas.messages import (
     KINDS,
+    ControlMessage,
     DeadLetterMessage,
     Latency,
     Message,
@@ -28,6 +29,7 @@ from relstream.schemas.messages import (
 __all__ = [
     "KINDS",
     "MAX_MESSAGE_BYTES",
+    "ControlMessage",
     "DeadLetterMessage",
     "Latency",
     "Message",

@@ -178,6 +178,14 @@ class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
     at: float
 
 
+class ControlMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """A request to the engines, on the control topic: `cancel` names a relQuery whose
+    unfinished rows are to be stopped (its result then has them "cancelled")."""
+
+    kind: ClassVar[str] = "control"
+    cancel: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+
+
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     RowMessage,
     RelQueryMessage,
@@ -185,5 +193,6 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     PartialResultMessage,
     MetricsMessage,
     DeadLetterMessage,
+    ControlMessage,
 )
 KINDS: dict[str, type[Message]] = {t.kind: t for t in MESSAGE_TYPES}

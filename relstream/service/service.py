@@ -30,9 +30,10 @@ import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from relstream.backend import EngineFailure, RelQueryBackend
+from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
     RevocationListener,
     commit_assigned,
@@ -41,8 +42,15 @@ from relstream.kafka.clients import (
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery, RelQueryResult
-from relstream.schemas import Message, MessageError, decode_relquery_stepwise, encode
+from relstream.model import RelQuery, RelQueryResult, cancelled_result
+from relstream.schemas import (
+    ControlMessage,
+    Message,
+    MessageError,
+    decode,
+    decode_relquery_stepwise,
+    encode,
+)
 from relstream.schemas.convert import (
     dead_letter_message,
     metrics_message,
@@ -57,6 +65,7 @@ from relstream.service.offsets import OffsetBook
 log = logging.getLogger("relstream.engine")
 
 LAG_EVERY_S = 1.0  # how often the consumer lag is measured for the metrics
+REMEMBERED_CANCELS = 100_000  # cancelled ids kept for relQueries not yet taken
 
 
 @dataclass
@@ -97,6 +106,8 @@ class EngineService:
         self._paused = False
         self._failure: EngineFailure | None = None
         self._lag_measured = 0.0  # monotonic time of the last lag measurement
+        self._serving: dict[str, RelQueryHandle] = {}  # relQuery id -> its handle
+        self._cancels: OrderedDict[str, None] = OrderedDict()  # ids asked to cancel, newest last
         self.engine_name = f"{socket.gethostname()}:{os.getpid()}"
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -116,11 +127,14 @@ class EngineService:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         await self._producer.start()
         await self._consumer.start()
+        control = asyncio.create_task(self._follow_control())
         try:
             while not stop.is_set() and self._failure is None:
                 await self._poll_once()
                 await self._commit()
         finally:
+            control.cancel()
+            await asyncio.gather(control, return_exceptions=True)
             await self._shut_down()
         if self._failure is not None:
             raise self._failure
@@ -222,16 +236,59 @@ class EngineService:
     async def _serve(self, work: _Work) -> None:
         relquery = work.relquery
         taken_at = time.time()
-        handle = await self.backend.submit(relquery)
-        if self.config.partial_results:
-            async for row in handle.rows():
-                partial = partial_result_message(relquery.id, row)
-                await self._publish(self.config.topics.partial_results, relquery.id, partial)
-        result = with_queued(await handle.result(), max(taken_at - work.submitted_at, 0.0))
+        if relquery.id in self._cancels:  # cancelled while it waited in Kafka
+            answered = cancelled_result(relquery, self.backend.policy, self.backend.model_name)
+        else:
+            answered = await self._run(relquery)
+        result = with_queued(answered, max(taken_at - work.submitted_at, 0.0))
         await self._publish(self.config.topics.results, relquery.id, result_message(result))
         metrics = metrics_message(result, self.engine_name)
         await self._publish(self.config.topics.metrics, relquery.id, metrics)
         self.metrics.observe_result(result, time.time() - taken_at)
+
+    async def _run(self, relquery: RelQuery) -> RelQueryResult:
+        handle = await self.backend.submit(relquery)
+        self._serving[relquery.id] = handle
+        try:
+            if self.config.partial_results:
+                async for row in handle.rows():
+                    partial = partial_result_message(relquery.id, row)
+                    await self._publish(self.config.topics.partial_results, relquery.id, partial)
+            return await handle.result()
+        finally:
+            self._serving.pop(relquery.id, None)
+
+    async def _follow_control(self) -> None:
+        """Every engine reads every control message (no consumer group), from the
+        earliest one kept, so a cancel reaches a relQuery still waiting in Kafka too."""
+        config = self.config
+        consumer = new_consumer(
+            config.bootstrap,
+            config.topics.control,
+            broker_kind=config.broker,
+            security=config.security,
+            group_id=None,
+        )
+        await consumer.start()
+        try:
+            async for message in consumer:
+                try:
+                    request = decode(ControlMessage, message.value)
+                except MessageError as exc:
+                    await self._dead_letter(message, exc.reason)
+                    continue
+                await self._cancel(request.cancel)
+        finally:
+            await consumer.stop()
+
+    async def _cancel(self, relquery_id: str) -> None:
+        self._cancels[relquery_id] = None
+        while len(self._cancels) > REMEMBERED_CANCELS:
+            self._cancels.popitem(last=False)
+        handle = self._serving.get(relquery_id)
+        if handle is not None:
+            log.info("cancelling %s", relquery_id)
+            await handle.cancel()
 
     async def _dead_letter(self, message, reason: str) -> None:
         log.warning(

@@ -20,6 +20,7 @@ from relstream.model import (
     RowRequest,
     RowResult,
     RowStatus,
+    cancelled_result,
     prepare_row,
 )
 from relstream.scheduler import DEFAULT_POLICY, make_policy
@@ -36,24 +37,35 @@ class SimSettings:
 
 
 class SimHandle:
-    """A relQuery on the simulated backend: the whole result arrives at once."""
+    """A relQuery on the simulated backend: the whole result arrives at once, so a
+    cancelled one has every runnable row cancelled."""
 
-    def __init__(self, relquery_id: str, outcome: asyncio.Future[RelQueryResult]) -> None:
-        self._relquery_id = relquery_id
+    def __init__(
+        self, relquery: RelQuery, outcome: asyncio.Future[RelQueryResult], policy: str
+    ) -> None:
+        self._relquery = relquery
         self._outcome = outcome
+        self._policy = policy
+        self._cancelled = False
 
     @property
     def relquery_id(self) -> str:
-        return self._relquery_id
+        return self._relquery.id
 
     async def rows(self) -> AsyncIterator[RowResult]:
         for row in (await self.result()).rows:
             yield row
 
     async def result(self) -> RelQueryResult:
-        return await self._outcome
+        try:
+            return await self._outcome
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+            return cancelled_result(self._relquery, self._policy, SimRelQueryBackend.model_name)
 
     async def cancel(self) -> None:
+        self._cancelled = True
         self._outcome.cancel()
 
 
@@ -65,7 +77,12 @@ class SimRelQueryBackend:
         self.profile = get_profile(self.settings.profile)
 
     async def submit(self, relquery: RelQuery) -> SimHandle:
-        return SimHandle(relquery.id, asyncio.ensure_future(self._serve_in_time(relquery)))
+        outcome = asyncio.ensure_future(self._serve_in_time(relquery))
+        return SimHandle(relquery, outcome, self.settings.policy)
+
+    @property
+    def policy(self) -> str:
+        return self.settings.policy
 
     def backlog_rows(self) -> int:
         return backlog_rows_for(self.profile.limits.kv_capacity_tokens)
