@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -19,7 +16,8 @@ from relstream.cli.common import (
     security_options,
 )
 from relstream.kafka.security import KafkaSecurity
-from relstream.schemas import MessageError, ResultMessage, RowMessage, decode, encode
+from relstream.kafka.topics import Topics
+from relstream.schemas import ResultMessage, RowMessage
 
 
 @click.command()
@@ -55,29 +53,21 @@ def produce(
             rows = list(read_rows(path, table, key_column))
     except (ValueError, KeyError) as exc:
         raise click.ClickException(f"{source}: {exc}") from None
-    asyncio.run(_produce_rows(bootstrap, prefix, table, rows, security))
+    _produce_rows(bootstrap, prefix, table, rows, security)
 
 
-async def _produce_rows(
+def _produce_rows(
     bootstrap: str, prefix: str, table: str, rows: list[RowMessage], security: KafkaSecurity
 ) -> None:
-    from relstream.kafka.clients import create_topics, produce
-    from relstream.kafka.topics import Topics
+    from relstream.client import RelstreamClient
+    from relstream.kafka.clients import create_topics
 
-    topics = Topics(prefix)
-    await create_topics(bootstrap, topics.layout((table,)), security)
-    with progress() as bar:
-        task = bar.add_task(f"producing to {topics.rows(table)}", total=len(rows))
-        messages = ((row.key.encode(), encode(row)) for row in rows)
-        await produce(
-            bootstrap,
-            topics.rows(table),
-            messages,
-            on_sent=lambda: bar.advance(task),
-            security=security,
-            linger_ms=5,
-        )
-    console.print(f"produced {len(rows)} rows to {topics.rows(table)}")
+    asyncio.run(create_topics(bootstrap, Topics(prefix).layout((table,)), security))
+    with RelstreamClient(bootstrap, prefix, security) as client, progress() as bar:
+        topic = client.topics.rows(table)
+        task = bar.add_task(f"producing to {topic}", total=len(rows))
+        client.produce_rows(table, rows, on_sent=lambda: bar.advance(task))
+    console.print(f"produced {len(rows)} rows to {topic}")
 
 
 @click.command()
@@ -90,9 +80,11 @@ def results(
     bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
 ) -> None:
     """Print results from the results topic (from the beginning)."""
-    group = f"relstream-results-{uuid.uuid4().hex[:8]}"
-    reader = ResultReader(bootstrap, prefix, group, follow, broker_kind, security)
-    asyncio.run(reader.for_each(_print_result))
+    from relstream.client import RelstreamClient
+
+    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+        for result in client.results(follow=follow, on_unreadable=_print_skipped):
+            _print_result(result)
 
 
 @click.command()
@@ -114,56 +106,25 @@ def sink(
 ) -> None:
     """Store results in TARGET: a .jsonl or .csv file, or a postgresql:// URL (idempotent
     on relQuery id)."""
+    from relstream.client import RelstreamClient
     from relstream.connectors.sinks import open_sink
 
     try:
         store = open_sink(target)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
+    written = 0
     try:
-        reader = ResultReader(bootstrap, prefix, group, follow, broker_kind, security)
-        written = asyncio.run(reader.for_each(store.write))
+        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+            for result in client.results(group, follow, on_unreadable=_print_skipped):
+                written += bool(store.write(result))
     finally:
         store.close()
     console.print(f"stored {written} new results in {target}")
 
 
-@dataclass(frozen=True)
-class ResultReader:
-    """The results topic, read by one consumer group (the `results` and `sink` commands)."""
-
-    bootstrap: str
-    prefix: str
-    group: str
-    follow: bool  # keep waiting for new results; else stop after 3 idle seconds
-    broker_kind: str | None
-    security: KafkaSecurity
-
-    async def for_each(self, handle: Callable[[ResultMessage], object]) -> int:
-        """Call `handle(result)` for each result from the group's offsets, committing
-        each batch once handled. Returns how many calls returned a true value."""
-        from relstream.kafka.clients import Subscription
-        from relstream.kafka.topics import Topics
-
-        subscription = Subscription(
-            self.bootstrap,
-            Topics(self.prefix).results,
-            broker_kind=self.broker_kind,
-            group=self.group,
-            idle_seconds=None if self.follow else 3.0,
-            commit=True,
-            security=self.security,
-        )
-        counted = 0
-        async with subscription as messages:
-            async for message in messages:
-                try:
-                    counted += bool(handle(decode(ResultMessage, message.value)))
-                except MessageError as exc:
-                    console.print(
-                        f"[red]skipped unreadable result at offset {message.offset}: {exc}[/]"
-                    )
-        return counted
+def _print_skipped(offset: int, reason: str) -> None:
+    console.print(f"[red]skipped unreadable result at offset {offset}: {reason}[/]")
 
 
 def _print_result(result: ResultMessage) -> None:

@@ -36,7 +36,7 @@ def new_consumer(
         *topics,
         bootstrap_servers=bootstrap,
         **client_settings(broker_kind),
-        **security.aiokafka_options(),
+        **security.client_options(),
         **options,
     )
 
@@ -46,16 +46,14 @@ def new_producer(
 ) -> AIOKafkaProducer:
     """Every producer relstream makes: all replicas acknowledge each message."""
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", **security.aiokafka_options(), **options
+        bootstrap_servers=bootstrap, acks="all", **security.client_options(), **options
     )
 
 
 def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any):
     from aiokafka.admin import AIOKafkaAdminClient
 
-    return AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, **security.aiokafka_options(), **options
-    )
+    return AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options(), **options)
 
 
 def client_settings(broker_kind: str | None) -> dict[str, object]:

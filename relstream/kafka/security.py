@@ -80,8 +80,9 @@ class KafkaSecurity:
                 ) from None
         return context
 
-    def aiokafka_options(self) -> dict[str, Any]:
-        """Keyword arguments for aiokafka's producer, consumer and admin client."""
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for every Kafka client: aiokafka's producer, consumer and
+        admin client, and kafka-python's, which spell them alike."""
         options: dict[str, Any] = {"security_protocol": self.protocol}
         if self._context is not None:
             options["ssl_context"] = self._context

@@ -1,0 +1,206 @@
+"""A synchronous Python client for notebooks and scripts, on kafka-python.
+
+    client = RelstreamClient("localhost:9092")
+    client.produce_rows("reviews", [{"key": "r1", "values": {"review": "Dry feet."}}])
+    result = client.ask("Is this review positive? {review}", rows, timeout=60)
+    for result in client.results(follow=True): ...
+
+It speaks the same wire contract as every relstream process (`relstream.schemas`). The
+engine service itself stays on aiokafka, which Faust is built on; this is for callers
+that are not asyncio programs. `relstream produce`, `results` and `sink` use it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from relstream.answers import OutputSpec, Sampling
+from relstream.kafka.clients import client_settings
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.topics import Topics
+from relstream.model import RelQuery, Row, Template
+from relstream.schemas import (
+    ControlMessage,
+    MessageError,
+    ResultMessage,
+    RowMessage,
+    decode,
+    encode,
+)
+from relstream.schemas.convert import relquery_message
+
+POLL_MS = 200
+
+
+class RelstreamClient:
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str = "relstream.",
+        security: KafkaSecurity = PLAINTEXT,
+        broker_kind: str | None = None,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        self.bootstrap = bootstrap
+        self.topics = Topics(prefix)
+        self.security = security
+        self.broker_kind = broker_kind
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=5, **self._options()
+        )
+        self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
+
+    def _options(self) -> dict[str, Any]:
+        return self.security.client_options()
+
+    # in
+    def produce_rows(
+        self,
+        table: str,
+        rows: Iterable[RowMessage | Mapping[str, Any]],
+        on_sent: Callable[[], None] | None = None,
+    ) -> int:
+        """Send rows (RowMessages, or {"key": ..., "values": {...}} mappings) to the
+        table's rows topic; returns how many once the broker has them all."""
+        topic = self.topics.rows(table)
+        sent = 0
+        for row in rows:
+            if not isinstance(row, RowMessage):
+                row = RowMessage(table=table, key=str(row["key"]), values=dict(row["values"]))
+            self._producer.send(topic, encode(row), key=row.key.encode())
+            sent += 1
+            if on_sent:
+                on_sent()
+        self._producer.flush()
+        return sent
+
+    def submit(
+        self,
+        template: str,
+        rows: Iterable[Row | Mapping[str, Any]],
+        *,
+        relquery_id: str | None = None,
+        max_output_tokens: int = 16,
+        system_prompt: str | None = None,
+        output: OutputSpec | None = None,
+        sampling: Sampling | None = None,
+    ) -> str:
+        """Send an ad-hoc relQuery (one answer per row); returns its id for `result`."""
+        relquery = RelQuery(
+            relquery_id or f"adhoc-{uuid.uuid4().hex[:12]}",
+            Template(template),
+            [row if isinstance(row, Row) else Row(str(row["key"]), row["values"]) for row in rows],
+            max_output_tokens,
+            system_prompt,
+            output=output,
+            sampling=sampling or Sampling(),
+        )
+        # Where the results stand now: the answer can only come after.
+        self._submitted[relquery.id] = self._result_ends()
+        future = self._producer.send(
+            self.topics.relqueries, encode(relquery_message(relquery)), key=relquery.id.encode()
+        )
+        future.get(timeout=30)
+        return relquery.id
+
+    def cancel(self, relquery_id: str) -> None:
+        """Ask the engines to stop a relQuery; its result still comes, rows "cancelled"."""
+        message = encode(ControlMessage(cancel=relquery_id))
+        self._producer.send(self.topics.control, message).get(timeout=30)
+
+    # out
+    def result(self, relquery_id: str, timeout: float = 60.0) -> ResultMessage:
+        """Block until the result of a relQuery this client submitted arrives."""
+        from kafka import KafkaConsumer
+
+        starts = self._submitted.get(relquery_id)
+        if starts is None:
+            raise KeyError(f"relQuery {relquery_id!r} was not submitted by this client")
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self._options()
+        )
+        try:
+            consumer.assign(list(starts))
+            for partition, offset in starts.items():
+                consumer.seek(partition, offset)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=POLL_MS).values():
+                    for record in records:
+                        if record.key == relquery_id.encode():
+                            self._submitted.pop(relquery_id, None)
+                            return decode(ResultMessage, record.value)
+        finally:
+            consumer.close()
+        raise TimeoutError(f"no result for relQuery {relquery_id!r} after {timeout:g} s")
+
+    def ask(self, template: str, rows, timeout: float = 60.0, **options) -> ResultMessage:
+        """Submit a relQuery and wait for its result."""
+        return self.result(self.submit(template, rows, **options), timeout)
+
+    def results(
+        self,
+        group: str | None = None,
+        follow: bool = False,
+        idle_seconds: float = 3.0,
+        on_unreadable: Callable[[int, str], None] | None = None,
+    ) -> Iterator[ResultMessage]:
+        """Results from the group's committed offsets (a new group: from the beginning),
+        committing each batch once the caller asked for the next. Ends after
+        `idle_seconds` without one unless following. An unreadable result is skipped,
+        reported to `on_unreadable(offset, reason)`."""
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(
+            self.topics.results,
+            bootstrap_servers=self.bootstrap,
+            group_id=group or f"relstream-results-{uuid.uuid4().hex[:8]}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **client_settings(self.broker_kind),
+            **self._options(),
+        )
+        try:
+            last = time.monotonic()
+            while follow or time.monotonic() - last < idle_seconds:
+                batches = consumer.poll(timeout_ms=POLL_MS)
+                if not batches:
+                    continue
+                last = time.monotonic()
+                for records in batches.values():
+                    for record in records:
+                        try:
+                            result = decode(ResultMessage, record.value)
+                        except MessageError as exc:
+                            if on_unreadable:
+                                on_unreadable(record.offset, exc.reason)
+                            continue
+                        yield result
+                consumer.commit()
+        finally:
+            consumer.close()
+
+    def _result_ends(self) -> dict:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **self._options())
+        try:
+            partitions = consumer.partitions_for_topic(self.topics.results) or set()
+            return consumer.end_offsets(
+                [TopicPartition(self.topics.results, p) for p in sorted(partitions)]
+            )
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        self._producer.close()
+
+    def __enter__(self) -> RelstreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,40 @@
+"""The synchronous client (kafka-python) against an embedded broker and a real engine
+service: rows in, an ad-hoc relQuery answered within a timeout, results iterated."""
+
+import asyncio
+import uuid
+
+from test_faults import engine_process
+
+from relstream.client import RelstreamClient
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.topics import Topics
+from relstream.schemas import RowMessage, decode
+
+
+def test_the_client_produces_rows_asks_and_iterates_results(tmp_path):
+    topics = Topics(prefix=f"c{uuid.uuid4().hex[:6]}.")
+    with EmbeddedBroker("tansu") as broker:
+        asyncio.run(create_topics(broker.bootstrap, topics.layout(("reviews",))))
+        engine = engine_process(broker, topics, f"e-{uuid.uuid4().hex[:6]}", tmp_path / "e.log")
+        try:
+            with RelstreamClient(broker.bootstrap, topics.prefix, broker_kind="tansu") as client:
+                rows = [{"key": f"r{i}", "values": {"review": f"text {i}"}} for i in range(5)]
+                assert client.produce_rows("reviews", rows) == 5
+                first = client.ask("Rate: {review}", rows[:2], timeout=60)
+                second = client.ask("Echo: {review}", rows[2:], timeout=60)
+                seen = [result.id for result in client.results(idle_seconds=2.0)]
+            produced = asyncio.run(
+                read_messages(broker.bootstrap, topics.rows("reviews"), 5, broker.kind)
+            )
+        finally:
+            engine.terminate()
+            engine.wait(30)
+    assert sorted(decode(RowMessage, m.value).key for m in produced) == [f"r{i}" for i in range(5)]
+    assert [(row.key, row.output) for row in first.rows] == [
+        ("r0", "Rate: text 0"),
+        ("r1", "Rate: text 1"),
+    ]
+    assert [row.output for row in second.rows] == ["Echo: text 2", "Echo: text 3", "Echo: text 4"]
+    assert seen == [first.id, second.id] or sorted(seen) == sorted([first.id, second.id])
