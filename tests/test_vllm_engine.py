@@ -294,3 +294,47 @@ def test_cancel_keeps_the_finished_rows_and_marks_the_rest_cancelled():
         "long2": "cancelled",
     }
     assert result.rows[0].output == first.output
+
+
+def test_the_http_door_answers_from_the_real_engine(tmp_path):
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from relstream.kafka.brokers import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "relstream", "serve", "--http-port", str(port)]
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/docs", timeout=2)
+                break
+            except OSError:
+                assert process.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+                time.sleep(1)
+        rows = [{"key": country, "values": {"country": country}} for country in CAPITALS]
+        payload = {
+            "version": 1,
+            "id": "http-capitals",
+            "template": capitals_relquery().template.text,
+            "rows": rows,
+            "max_output_tokens": 8,
+            "submitted_at": time.time(),
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/relqueries",
+            data=json.dumps(payload).encode(),
+            headers={"content-type": "application/json"},
+        )
+        result = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    finally:
+        process.terminate()
+        process.wait(60)
+    answers = {row["key"]: row["output"] for row in result["rows"]}
+    for country, capital in CAPITALS.items():
+        assert capital in answers[country], (country, answers[country])

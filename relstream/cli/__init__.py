@@ -6,9 +6,10 @@ import click
 
 from relstream.cli.bench import bench
 from relstream.cli.demo import demo
+from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
 from relstream.cli.rows import produce, results, sink
-from relstream.cli.serve import broker, engine, worker
+from relstream.cli.streaming import broker, worker
 
 
 @click.group()
@@ -17,5 +18,5 @@ def main() -> None:
     """relstream: low-latency LLM queries over tables."""
 
 
-for command in (bench, model, broker, engine, worker, produce, results, sink, demo):
+for command in (bench, model, broker, engine, serve, worker, produce, results, sink, demo):
     main.add_command(command)

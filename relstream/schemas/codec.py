@@ -59,6 +59,17 @@ def decode(message_type: type[M], data: bytes | None) -> M:
         raise MessageError(message_type.kind, _explain(data, exc)) from None
 
 
+def decode_json(message_type: type[M], data: bytes) -> M:
+    """The message from its JSON form (an HTTP body), by the rules of `decode`."""
+    _check_size(message_type.kind, data)
+    try:
+        return msgspec.json.decode(data, type=message_type)
+    except msgspec.ValidationError as exc:
+        raise MessageError(message_type.kind, _field_reason(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise MessageError(message_type.kind, f"not valid JSON ({exc})") from None
+
+
 def checked(message: M) -> M:
     """A message built in code from outside values (a file's row, say), checked by the
     rules `decode` applies; raises MessageError naming the field."""

@@ -277,11 +277,12 @@ class EngineService:
                 except MessageError as exc:
                     await self._dead_letter(message, exc.reason)
                     continue
-                await self._cancel(request.cancel)
+                await self.cancel(request.cancel)
         finally:
             await consumer.stop()
 
-    async def _cancel(self, relquery_id: str) -> None:
+    async def cancel(self, relquery_id: str) -> None:
+        """Cancel a relQuery this engine serves, or remember it for when it is taken."""
         self._cancels[relquery_id] = None
         while len(self._cancels) > REMEMBERED_CANCELS:
             self._cancels.popitem(last=False)

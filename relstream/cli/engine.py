@@ -1,0 +1,193 @@
+"""`relstream engine | serve`: the engine process, fed by Kafka and, with `serve`, by HTTP
+too; both doors share one engine, so one scheduler orders all their relQueries."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from relstream.cli.common import (
+    broker_kind_option,
+    console,
+    policy_option,
+    prefix_option,
+    security_options,
+)
+from relstream.engine.cpu import reexec_with_tcmalloc
+from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
+
+_ENGINE_OPTIONS = (
+    click.option(
+        "--backend", type=click.Choice(["vllm", "sim"]), default="vllm", show_default=True
+    ),
+    click.option(
+        "--model",
+        default="smollm2",
+        show_default=True,
+        help="vllm: smollm2, a local Hugging Face folder, or a Hub id (organisation/model).",
+    ),
+    click.option(
+        "--max-model-len",
+        default=2048,
+        show_default=True,
+        type=click.IntRange(16),
+        help="vllm: the longest prompt plus answer, in tokens.",
+    ),
+    click.option(
+        "--gpu-memory-utilization",
+        default=None,
+        type=click.FloatRange(0.05, 1.0),
+        help="vllm on a GPU: the share of its memory for weights and KV [vLLM's 0.9].",
+    ),
+    click.option(
+        "--tensor-parallel-size",
+        default=1,
+        show_default=True,
+        type=click.IntRange(1),
+        help="vllm on GPUs: how many the model is split over.",
+    ),
+    policy_option,
+    click.option("--group", default="relstream-engine", show_default=True, help="Consumer group."),
+    prefix_option,
+    broker_kind_option,
+    click.option(
+        "--max-backlog-rows",
+        default=DEFAULT_MAX_BACKLOG_ROWS,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Cap on rows handed to the engine at once (the budget is also sized from its KV).",
+    ),
+    click.option(
+        "--max-attempts",
+        default=3,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Tries of a relQuery whose serving fails before it is dead-lettered.",
+    ),
+    click.option("--partial-results", is_flag=True, help="Also publish each row as it finishes."),
+    click.option("--metrics-port", default=None, type=click.IntRange(1, 65535)),
+    click.option("--metrics-host", default="127.0.0.1", show_default=True),
+    click.option(
+        "--sim-time-scale",
+        default=0.0,
+        show_default=True,
+        type=click.FloatRange(min=0),
+        help="sim: spend this fraction of each simulated latency in real time.",
+    ),
+)
+
+
+def engine_options(command):
+    """The options of the engine and its Kafka door, shared by `engine` and `serve`."""
+    for option in reversed(_ENGINE_OPTIONS):
+        command = option(command)
+    return security_options(command)
+
+
+@click.command()
+@click.option("--bootstrap", required=True, help="Kafka bootstrap address, host:port.")
+@engine_options
+def engine(**opts) -> None:
+    """Serve the relqueries topic and publish results (at-least-once). Exits non-zero if
+    the engine fails; what it was serving is answered after a restart."""
+    _run(opts, http=None)
+
+
+@click.command()
+@click.option("--bootstrap", default=None, help="Kafka too, at host:port [HTTP only].")
+@click.option("--http-host", default="127.0.0.1", show_default=True)
+@click.option("--http-port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@engine_options
+def serve(http_host: str, http_port: int, **opts) -> None:
+    """The engine behind an HTTP door (OpenAPI docs at /docs), and behind Kafka as
+    `relstream engine` is when --bootstrap is given."""
+    _run(opts, http=(http_host, http_port))
+
+
+def _run(opts: dict, http: tuple[str, int] | None) -> None:
+    from relstream.backend import EngineFailure
+
+    if opts["backend"] == "vllm":
+        reexec_with_tcmalloc()
+    try:
+        asyncio.run(_serve(opts, http))
+    except EngineFailure as exc:
+        raise click.ClickException(
+            f"engine failed: {exc}. Nothing was committed past the relQueries it was "
+            "serving; a restarted engine answers them."
+        ) from None
+
+
+async def _start_backend(opts: dict):
+    if opts["backend"] == "sim":
+        from relstream.sim.backend import SimRelQueryBackend, SimSettings
+
+        return SimRelQueryBackend(
+            SimSettings(policy=opts["policy"], time_scale=opts["sim_time_scale"])
+        )
+    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+
+    settings = EngineSettings(
+        model=opts["model"],
+        policy=opts["policy"],
+        max_model_len=opts["max_model_len"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        tensor_parallel_size=opts["tensor_parallel_size"],
+    )
+    return await RelQueryEngine.start(settings)
+
+
+async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
+    from relstream.kafka.topics import Topics
+    from relstream.service.service import EngineService, ServiceConfig
+
+    backend = await _start_backend(opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    doors = []
+    service = None
+    if opts["bootstrap"]:
+        config = ServiceConfig(
+            bootstrap=opts["bootstrap"],
+            topics=Topics(opts["prefix"]),
+            group_id=opts["group"],
+            broker=opts["broker_kind"],
+            max_backlog_rows=opts["max_backlog_rows"],
+            max_attempts=opts["max_attempts"],
+            partial_results=opts["partial_results"],
+            metrics_port=opts["metrics_port"],
+            metrics_host=opts["metrics_host"],
+            security=opts["security"],
+        )
+        service = EngineService(config, backend)
+        doors.append(service.run(stop))
+        console.print(
+            f"engine ({opts['backend']}, {opts['policy']}) serving {config.topics.relqueries}"
+        )
+    if http is not None:
+        doors.append(_http_door(backend, service, http, stop))
+        console.print(f"HTTP door on http://{http[0]}:{http[1]} (docs at /docs)")
+    try:
+        await asyncio.gather(*doors)
+    finally:
+        backend.shutdown()
+
+
+async def _http_door(backend, service, address: tuple[str, int], stop: asyncio.Event) -> None:
+    import uvicorn
+
+    from relstream.service.http import build_http_app
+
+    app = build_http_app(backend, service.cancel if service is not None else None)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=address[0], port=address[1], log_level="warning")
+    )
+    server.install_signal_handlers = lambda: None  # the process's handlers set `stop`
+    task = asyncio.create_task(server.serve())
+    await stop.wait()
+    server.should_exit = True
+    await task

@@ -1,0 +1,99 @@
+"""`relstream broker | worker`: the broker and the Faust worker of the streaming path
+(the engine is in `cli.engine`)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import click
+
+from relstream.cli.common import (
+    bootstrap_option,
+    broker_kind_option,
+    console,
+    prefix_option,
+    security_options,
+)
+from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
+from relstream.kafka.security import KafkaSecurity
+
+
+@click.command()
+@click.option(
+    "--kind",
+    type=click.Choice(BROKERS),
+    default=DEFAULT_BROKER,
+    show_default=True,
+    help="tansu keeps topics in memory; noida-db persists them under --data-dir.",
+)
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@prefix_option
+@click.option("--table", "tables", multiple=True, help="Also create the rows topic of TABLE.")
+def broker(
+    kind: str, port: int, data_dir: Path | None, prefix: str, tables: tuple[str, ...]
+) -> None:
+    """Run an embedded Kafka-protocol broker on 127.0.0.1 until Ctrl-C."""
+    from relstream.kafka.brokers import EmbeddedBroker
+    from relstream.kafka.topics import Topics
+
+    # Blocked before the broker starts, so SIGTERM reaches sigwait below instead of
+    # killing this process and orphaning the broker it started.
+    stopping = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables)
+    bootstrap = embedded.start()
+    console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
+    try:
+        signal.sigwait(stopping)
+    finally:
+        embedded.stop()
+        console.print(f"{kind} stopped")
+
+
+@click.command()
+@bootstrap_option
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML file of [[query]] registrations.",
+)
+@prefix_option
+@broker_kind_option
+@click.option("--app-id", default="relstream-worker", show_default=True)
+@security_options
+def worker(
+    config_path: Path,
+    bootstrap: str,
+    prefix: str,
+    broker_kind: str | None,
+    app_id: str,
+    security: KafkaSecurity,
+) -> None:
+    """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
+    from relstream.kafka.clients import create_topics
+    from relstream.kafka.topics import Topics
+    from relstream.stream.registrations import RegistrationError, load_registrations
+
+    try:
+        registrations = load_registrations(config_path)
+    except RegistrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        from faust.worker import Worker
+
+        from relstream.stream.app import build_app
+    except ImportError:
+        raise click.ClickException(
+            "the worker needs faust-streaming: pip install 'relstream[stream]' "
+            "(in its own environment; see the README)"
+        ) from None
+    topics = Topics(prefix)
+    tables = tuple({r.table for r in registrations})
+    asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
+    app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security)
+    Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

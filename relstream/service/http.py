@@ -1,0 +1,128 @@
+"""The HTTP door (`relstream serve`): relQueries for spreadsheet and SQL clients, served
+by the same engine, and so the same scheduler, as the Kafka consumer beside it.
+
+    POST   /v1/relqueries              the relquery message as JSON → its result
+    POST   /v1/relqueries?stream=true  server-sent events: a `row` event per finished row,
+                                       then the `result`
+    DELETE /v1/relqueries/{id}         cancel: the result comes back with the unfinished
+                                       rows "cancelled"
+    GET    /docs                       OpenAPI documentation
+
+A bad request is a 4xx naming the field (400), the size (413) or the id (404, 409); an
+engine failure is a 503, never a row error. Bodies are read up to MAX_BODY_BYTES.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
+from relstream.model import RelQuery
+from relstream.schemas import MessageError, RelQueryMessage, decode_json
+from relstream.schemas.codec import MAX_MESSAGE_BYTES
+from relstream.schemas.convert import partial_result_message, relquery_from_message, result_message
+
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same bound as a message on the relqueries topic
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def build_http_app(
+    backend: RelQueryBackend, cancel_elsewhere: Callable[[str], Awaitable[None]] | None = None
+) -> FastAPI:
+    """The door over `backend`. `cancel_elsewhere(id)` also reaches relQueries that came by
+    Kafka (the engine service's cancel)."""
+    app = FastAPI(title="relstream", summary="LLM answers over table rows", version="1")
+    serving: dict[str, RelQueryHandle] = {}
+
+    @app.exception_handler(HttpError)
+    async def refuse(_request: Request, error: HttpError) -> JSONResponse:
+        return JSONResponse({"error": error.reason}, status_code=error.status)
+
+    @app.post(
+        "/v1/relqueries",
+        summary="Answer a relQuery: one LLM request per row",
+        openapi_extra={"requestBody": _request_body()},
+    )
+    async def submit(request: Request, stream: bool = False) -> Response:
+        relquery = relquery_from_message(await _read_message(request))
+        if relquery.id in serving:
+            raise HttpError(409, f"relQuery {relquery.id!r} is already being served")
+        handle = await backend.submit(relquery)
+        serving[relquery.id] = handle
+        if stream:
+            return StreamingResponse(
+                _events(handle, relquery, serving), media_type="text/event-stream"
+            )
+        try:
+            result = await handle.result()
+        except EngineFailure as exc:
+            raise HttpError(503, f"the engine failed: {exc}") from None
+        finally:
+            serving.pop(relquery.id, None)
+        return Response(msgspec.json.encode(result_message(result)), media_type="application/json")
+
+    @app.delete("/v1/relqueries/{relquery_id}", summary="Cancel a relQuery")
+    async def cancel(relquery_id: str) -> JSONResponse:
+        handle = serving.get(relquery_id)
+        if handle is not None:
+            await handle.cancel()
+        elif cancel_elsewhere is not None:
+            await cancel_elsewhere(relquery_id)
+        else:
+            raise HttpError(404, f"no relQuery {relquery_id!r} is being served")
+        return JSONResponse({"cancelled": relquery_id}, status_code=202)
+
+    @app.exception_handler(MessageError)
+    async def bad_message(_request: Request, error: MessageError) -> JSONResponse:
+        return JSONResponse({"error": error.reason}, status_code=400)
+
+    return app
+
+
+async def _read_message(request: Request) -> RelQueryMessage:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HttpError(413, f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise HttpError(413, f"body is over the limit of {MAX_BODY_BYTES} bytes")
+    return decode_json(RelQueryMessage, bytes(body))
+
+
+async def _events(
+    handle: RelQueryHandle, relquery: RelQuery, serving: dict
+) -> AsyncIterator[bytes]:
+    """A `row` event as each row finishes, then the `result` (or an `error`)."""
+    try:
+        async for row in handle.rows():
+            partial = partial_result_message(relquery.id, row)
+            yield _event("row", msgspec.json.encode(partial))
+        yield _event("result", msgspec.json.encode(result_message(await handle.result())))
+    except EngineFailure as exc:
+        yield _event("error", json.dumps({"error": f"the engine failed: {exc}"}).encode())
+    finally:
+        serving.pop(relquery.id, None)
+
+
+def _event(name: str, data: bytes) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def _request_body() -> dict:
+    """The relquery message's published JSON Schema, so /docs shows what to send."""
+    text = resources.files("relstream.schemas").joinpath("json/relquery.schema.json").read_text()
+    return {"required": True, "content": {"application/json": {"schema": json.loads(text)}}}
