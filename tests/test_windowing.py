@@ -1,6 +1,8 @@
 """Cutting one input partition into windows: by row count and by the rows' own
 timestamps, so a replay cuts the same windows under the same ids."""
 
+import pytest
+
 from relstream.model import Template
 from relstream.schemas import RowMessage
 from relstream.stream.registrations import QueryRegistration
@@ -56,3 +58,39 @@ def test_a_replay_fed_all_at_once_cuts_the_same_windows():
     live, _ = cut(RECORDS, expire_at=(3.0, 12.5, 15.0))
     replayed, _ = cut(RECORDS, expire_at=(15.0,))
     assert live == replayed
+
+
+def registrations(tmp_path, extra: str):
+    from relstream.stream.registrations import load_registrations
+
+    path = tmp_path / "queries.toml"
+    path.write_text(f'[[query]]\nname = "q"\ntable = "t"\ntemplate = "{{x}}"\n{extra}\n')
+    return load_registrations(path)
+
+
+def test_a_registration_carries_its_output_and_sampling_into_every_window(tmp_path):
+    from relstream.stream.windowing import relquery_for_window
+
+    (registration,) = registrations(
+        tmp_path, 'choices = ["Yes", "No"]\ntemperature = 0.5\nseed = 3\nstop = ["\\n"]'
+    )
+    message = relquery_for_window(registration, [row("a")], "0-0")
+    assert message.output.choices == ["Yes", "No"]
+    assert (message.temperature, message.seed, message.stop) == (0.5, 3, ["\n"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ('choices = ["Yes", "Yes"]', "output.choices: choices repeat"),
+        ('choices = ["Yes"]\nregex = "Y"', "exactly one of choices, json_schema or regex"),
+        ("temperature = 3", "'temperature' must be a number in [0, 2]"),
+        ('stop = [""]', "'stop' must be a list of non-empty strings"),
+    ],
+)
+def test_a_bad_output_or_sampling_field_is_named(tmp_path, extra, reason):
+    from relstream.stream.registrations import RegistrationError
+
+    with pytest.raises(RegistrationError) as raised:
+        registrations(tmp_path, extra)
+    assert reason in str(raised.value)

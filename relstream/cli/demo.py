@@ -34,6 +34,7 @@ QUERIES = """\
 name = "defects"
 table = "reviews"
 template = "Does this review report a product defect? Answer Yes or No.\\nReview: {review}"
+choices = ["Yes", "No"]
 window_seconds = 2.0
 max_rows = 8
 max_output_tokens = 4

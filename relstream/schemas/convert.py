@@ -56,7 +56,7 @@ def relquery_from_message(message: RelQueryMessage) -> RelQuery:
 
 
 def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> RelQueryMessage:
-    output, sampling = relquery.output, relquery.sampling
+    output = relquery.output
     return RelQueryMessage(
         id=relquery.id,
         template=relquery.template.text,
@@ -65,11 +65,18 @@ def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> R
         max_output_tokens=relquery.max_output_tokens,
         submitted_at=time.time() if submitted_at is None else submitted_at,
         output=None if output is None else output_message(output),
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        stop=list(sampling.stop),
+        **sampling_fields(relquery.sampling),
     )
+
+
+def sampling_fields(sampling: Sampling) -> dict:
+    """The relquery message's sampling fields."""
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "seed": sampling.seed,
+        "stop": list(sampling.stop),
+    }
 
 
 def output_message(spec: OutputSpec) -> OutputSpecMessage:

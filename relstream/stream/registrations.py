@@ -10,15 +10,21 @@ A TOML file holds one [[query]] table per registration:
     max_rows = 100                     # ...or as soon as this many rows arrived
     max_output_tokens = 5
     system_prompt = "You label reviews."   # optional
+    choices = ["Positive", "Negative"]     # optional: the answer is one of these...
+    # json_schema = {type = "object", ...} # ...or a JSON value valid here
+    # regex = "[0-9]+"                     # ...or a match of this
+    temperature = 0.0                      # optional sampling: temperature, top_p,
+    seed = 7                               # seed, stop (greedy by default)
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from relstream.answers import OutputSpec, OutputSpecError, Sampling
 from relstream.model import Template, TemplateError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -37,10 +43,17 @@ class QueryRegistration:
     max_rows: int = 100
     max_output_tokens: int = 16
     system_prompt: str | None = None
+    output: OutputSpec | None = None  # from choices, json_schema or regex
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+OUTPUT_FIELDS = ("choices", "json_schema", "regex")
+SAMPLING_FIELDS = ("temperature", "top_p", "seed", "stop")
 
 
 def _registration(entry: dict, where: str) -> QueryRegistration:
-    unknown = set(entry) - {f for f in QueryRegistration.__dataclass_fields__}
+    known = set(QueryRegistration.__dataclass_fields__) - {"output", "sampling"}
+    unknown = set(entry) - known - set(OUTPUT_FIELDS) - set(SAMPLING_FIELDS)
     if unknown:
         raise RegistrationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     for required in ("name", "table", "template"):
@@ -55,7 +68,18 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
         template = Template(entry["template"])
     except TemplateError as exc:
         raise RegistrationError(f"{where}: field 'template': {exc}") from None
-    registration = QueryRegistration(**{**entry, "template": template})
+    output = None
+    if any(name in entry for name in OUTPUT_FIELDS):
+        try:
+            output = OutputSpec.build(*(entry.pop(name, None) for name in OUTPUT_FIELDS))
+        except OutputSpecError as exc:
+            raise RegistrationError(f"{where}: {exc}") from None
+    sampling = _sampling({name: entry.pop(name) for name in SAMPLING_FIELDS if name in entry})
+    if isinstance(sampling, str):
+        raise RegistrationError(f"{where}: {sampling}")
+    registration = QueryRegistration(
+        **{**entry, "template": template, "output": output, "sampling": sampling}
+    )
     if not registration.window_seconds > 0:
         raise RegistrationError(f"{where}: window_seconds must be > 0")
     if not 1 <= registration.max_rows <= 100_000:
@@ -63,6 +87,21 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
     if not 1 <= registration.max_output_tokens <= 32_768:
         raise RegistrationError(f"{where}: max_output_tokens must be in [1, 32768]")
     return registration
+
+
+def _sampling(given: dict) -> Sampling | str:
+    """The sampling settings, or why they cannot be used (naming the field)."""
+    temperature, top_p = given.get("temperature", 0.0), given.get("top_p", 1.0)
+    seed, stop = given.get("seed"), given.get("stop", [])
+    if not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
+        return "field 'temperature' must be a number in [0, 2]"
+    if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+        return "field 'top_p' must be a number in (0, 1]"
+    if seed is not None and (not isinstance(seed, int) or seed < 0):
+        return "field 'seed' must be a non-negative integer"
+    if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+        return "field 'stop' must be a list of non-empty strings"
+    return Sampling(float(temperature), float(top_p), seed, tuple(stop))
 
 
 def load_registrations(path: Path) -> list[QueryRegistration]:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage, decode
+from relstream.schemas.convert import output_message, sampling_fields
 from relstream.stream.registrations import QueryRegistration
 
 MAX_ROW_BYTES = 256 * 1024  # a row larger than this is refused, not windowed
@@ -67,6 +68,8 @@ def relquery_for_window(
         system_prompt=registration.system_prompt,
         max_output_tokens=registration.max_output_tokens,
         submitted_at=time.time(),
+        output=None if registration.output is None else output_message(registration.output),
+        **sampling_fields(registration.sampling),
     )
 
 
