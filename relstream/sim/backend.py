@@ -1,16 +1,19 @@
 """`--backend sim`: the RelQueryBackend contract without a model, for instant runs and tests.
 
 Each row's output is its rendered prompt (so where an answer lands shows which row it
-came from); the latency breakdown is what the simulator predicts for the relQuery alone
-on a cost profile. Rows fail for the same reasons as on the real engine (`prepare_row`).
+came from), or, where the relQuery gives choices, the choice its prompt hashes to; the
+latency breakdown is what the simulator predicts for the relQuery alone on a cost
+profile. Rows fail for the same reasons as on the real engine (`prepare_row`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from relstream.answers import OutputKind
 from relstream.backend import backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
@@ -104,7 +107,9 @@ class SimRelQueryBackend:
             if isinstance(prepared, RowRequest):
                 runnable.append(prepared)
                 rows.append(
-                    RowResult(index, prepared.row_key, RowStatus.OK, prepared.prompt, None, 1)
+                    RowResult(
+                        index, prepared.row_key, RowStatus.OK, answer(relquery, prepared), None, 1
+                    )
                 )
             else:
                 rows.append(RowResult.failed(prepared))
@@ -128,3 +133,11 @@ class SimRelQueryBackend:
         )
         run = engine.run([SimRelQuery(relquery.id, 0.0, relquery.max_output_tokens, requests)])
         return run.outcomes[0].latency
+
+
+def answer(relquery: RelQuery, request: RowRequest) -> str:
+    """The simulated answer: the prompt, or a choice picked by the prompt's hash."""
+    output = relquery.output
+    if output is not None and output.kind is OutputKind.CHOICES:
+        return output.choices[zlib.crc32(request.prompt.encode()) % len(output.choices)]
+    return request.prompt
