@@ -10,6 +10,12 @@ def test_fixed_model_ignores_feedback(cost):
     assert cost.coefficients() == {"alpha_p": 0.01, "beta_p": 0.5, "alpha_d": 0.1, "beta_d": 1.0}
 
 
+def test_coefficients_rebuild_the_same_lines(cost):
+    rebuilt = CostModel.from_coefficients(cost.coefficients())
+    assert rebuilt.prefill_time(100) == cost.prefill_time(100) == 0.01 * 100 + 0.5
+    assert rebuilt.decode_time(8) == cost.decode_time(8) == 0.1 * 8 + 1.0
+
+
 def test_online_fit_learns_true_lines_from_a_wrong_prior():
     rng = random.Random(3)
     model = OnlineCostModel(CostModel(Linear(0.01, 0.5), Linear(0.01, 0.5)))

@@ -108,6 +108,17 @@ def test_online_cost_model_tracks_the_profile():
     assert run.cost_coefficients["beta_d"] == pytest.approx(truth["beta_d"], rel=0.25)
 
 
+def test_a_replay_can_keep_the_coefficients_a_real_run_was_given():
+    from relstream.bench.runner import make_cost_model
+    from relstream.scheduler import CostModel, Linear
+
+    given = CostModel(Linear(0.002, 0.03), Linear(0.004, 0.05))
+    assert make_cost_model("fixed", PROFILE, given) is given
+    online = make_cost_model("online", PROFILE, given)
+    assert online.coefficients() == given.coefficients()  # refits from there
+    assert make_cost_model("fixed", PROFILE).coefficients() == PROFILE.prior().coefficients()
+
+
 def small_cache_profile(kv_tokens):
     from dataclasses import replace
 

@@ -8,6 +8,7 @@ belong to its row, and bad rows must fail alone while the engine keeps serving.
 import asyncio
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,15 @@ def sized_relquery(name: str, rows: int, max_output_tokens: int = 16) -> RelQuer
     return RelQuery(name, template, things, max_output_tokens)
 
 
+# relserve runs as the benchmark runs it, its cost lines fixed at a prior it is given.
+RELSERVE_PRIOR = {"alpha_p": 1.1e-3, "beta_p": 0.02, "alpha_d": 2.2e-3, "beta_d": 0.03}
+
+
 async def serve(policy: str, step_log) -> dict:
-    engine = await RelQueryEngine.start(EngineSettings(policy=policy, step_log=step_log))
+    settings = EngineSettings(policy=policy, step_log=step_log)
+    if policy == "relserve":
+        settings = replace(settings, cost_model="fixed", cost_prior=RELSERVE_PRIOR)
+    engine = await RelQueryEngine.start(settings)
     try:
         handles = [
             await engine.submit(rq)
@@ -100,9 +108,9 @@ def served(tmp_path_factory) -> dict[str, dict]:
     for policy in POLICIES:
         log = logs / f"{policy}.jsonl"
         results[policy] = asyncio.run(serve(policy, log))
-        results[policy]["steps"] = [
-            json.loads(line) for line in log.read_text().splitlines() if '"kind"' in line
-        ]
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        results[policy]["header"] = lines[0]
+        results[policy]["steps"] = [line for line in lines if "kind" in line]
     return results
 
 
@@ -128,6 +136,17 @@ def test_outputs_are_byte_identical_across_policies_greedy_or_seeded(served):
     for policy in POLICIES[1:]:
         for relquery_id in ("capitals", "describe", "sampled"):
             assert served[policy][relquery_id].outputs == reference[relquery_id].outputs, policy
+
+
+def test_the_step_log_says_which_cost_lines_each_policy_ran_with(served):
+    assert served["relserve"]["header"]["cost_model"] == "fixed"
+    assert served["relserve"]["header"]["cost_prior"] == RELSERVE_PRIOR
+    assert served["relstream"]["header"]["cost_model"] == "online"
+
+
+def test_an_unknown_cost_model_is_refused_by_name():
+    with pytest.raises(ValueError, match="cost_model"):
+        EngineSettings(cost_model="offline")
 
 
 def test_latency_breakdown_comes_from_the_engine(served):

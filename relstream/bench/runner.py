@@ -99,10 +99,11 @@ def summarize(policy: str, rate: float, run: SimRun) -> RunSummary:
     )
 
 
-def make_cost_model(kind: str, profile: CostProfile) -> CostModel:
-    """`fixed` uses the profile's fitted line as the paper's offline fit would; `online`
-    starts from it and refits on every executed step."""
-    prior = profile.prior()
+def make_cost_model(kind: str, profile: CostProfile, prior: CostModel | None = None) -> CostModel:
+    """`fixed` uses the profile's fitted line (or `prior`, coefficients a real run was
+    given) as the paper's offline fit would; `online` starts from it and refits on every
+    executed step."""
+    prior = prior or profile.prior()
     if kind == "fixed":
         return prior
     if kind == "online":
@@ -117,12 +118,13 @@ def run_grid(
     rates: Sequence[float],
     cost_model: str = "online",
     on_done: Callable[[RunSummary], None] | None = None,
+    prior: CostModel | None = None,
 ) -> list[RunSummary]:
     summaries = []
     for rate in rates:
         relqueries = trace.at_rate(rate, profile.limits.block_size)
         for name in policies:
-            policy = make_sim_policy(name, make_cost_model(cost_model, profile))
+            policy = make_sim_policy(name, make_cost_model(cost_model, profile, prior))
             run = SimulatedEngine(profile, policy).run(relqueries)
             summary = summarize(name, rate, run)
             summaries.append(summary)

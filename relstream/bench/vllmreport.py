@@ -21,6 +21,7 @@ from relstream.bench.vllmbench import (
     trace_name,
 )
 from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
+from relstream.scheduler import CostModel
 from relstream.sim.profiles import profile_from_document
 
 FITTED_PROFILE_FILE = "fitted_profile.json"
@@ -107,7 +108,8 @@ def _predict(
     datasets_dir: Path | None,
 ) -> None:
     """The simulator replays every run: same relQueries and arrival rate, each row ending
-    where it ended on the real engine, steps timed by the fitted profile."""
+    where it ended on the real engine, steps timed by the fitted profile, the policy's
+    cost lines fitted online or fixed as they were in the run."""
     profile = profile_from_document(fitted)
     datasets = load_datasets(datasets_dir)
     traces: dict[str, object] = {}
@@ -125,7 +127,10 @@ def _predict(
             outputs = json.loads((out / f"outputs-{name}.json").read_text())
             traces[name] = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
         rate = run["rate"] * capacity
-        (predicted,) = run_grid(traces[name], profile, [run["policy"]], [rate], "online")
+        kind, prior = "online", None
+        if run.get("cost_model") == "fixed":  # the run's own coefficients, kept
+            kind, prior = "fixed", CostModel.from_coefficients(run["cost_coefficients"])
+        (predicted,) = run_grid(traces[name], profile, [run["policy"]], [rate], kind, None, prior)
         run["predicted_mean"] = predicted.mean
         run["prediction_error"] = predicted.mean / run["mean"] - 1.0
 

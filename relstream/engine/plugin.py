@@ -14,7 +14,9 @@ Policies that stock vLLM decides itself (`relstream.scheduler.registry`: `v1-fcf
 `v1-priority` on vLLM's "priority" queue with each request's static priority) are only
 observed.
 Configuration arrives in `additional_config["relstream"]`: {"policy": name,
-"step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"}}.
+"step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"},
+"cost_model": "online" (refit from every step) or "fixed" (the prior kept, as the paper
+profiles offline)}.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from relstream.scheduler import (
     CostModel,
     EngineLimits,
     EngineView,
-    Linear,
     OnlineCostModel,
     RequestTracker,
     SeqInfo,
@@ -79,11 +80,12 @@ class RelstreamPlugin(EngineView):
         self.policy_name = settings.get("policy", DEFAULT_POLICY)
         self.decided_by_vllm = policy_spec(self.policy_name).decided_by_vllm is not None
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
-        cost = OnlineCostModel(
-            CostModel(
-                Linear(prior["alpha_p"], prior["beta_p"]), Linear(prior["alpha_d"], prior["beta_d"])
-            )
-        )
+        cost_model = settings.get("cost_model", "online")
+        cost = CostModel.from_coefficients(prior)
+        if cost_model == "online":
+            cost = OnlineCostModel(cost)
+        elif cost_model != "fixed":
+            raise ValueError(f"cost_model must be 'online' or 'fixed', not {cost_model!r}")
         self.relstream_policy = make_policy(self.policy_name, cost)
         self.tracker = RequestTracker()
         self.limits = EngineLimits(
@@ -95,7 +97,13 @@ class RelstreamPlugin(EngineView):
         log_path = settings.get("step_log")
         self._step_log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
         if self._step_log:
-            header = {"event": "start", "policy": self.policy_name, "limits": asdict(self.limits)}
+            header = {
+                "event": "start",
+                "policy": self.policy_name,
+                "limits": asdict(self.limits),
+                "cost_model": cost_model,
+                "cost_prior": prior,
+            }
             self._step_log.write(json.dumps(header) + "\n")
         # Steps scheduled and not yet reported back, by their SchedulerOutput: one at a
         # time on the plain Scheduler, two when async scheduling plans a step ahead.

@@ -47,9 +47,15 @@ class EngineSettings:
     step_log: Path | None = None
     seed: int = 0
     cpu_kv_cache_gib: int = 2
+    # The policy's step-cost lines: refit "online" from every step, or kept "fixed" at
+    # `cost_prior` (alpha_p, beta_p, alpha_d, beta_d), as the paper profiles offline.
+    cost_model: str = "online"
+    cost_prior: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises, naming the known policies
+        if self.cost_model not in ("online", "fixed"):
+            raise ValueError(f"cost_model must be 'online' or 'fixed', not {self.cost_model!r}")
 
 
 @dataclass
@@ -329,7 +335,9 @@ def _policy_args(settings: EngineSettings) -> dict:
     stock vLLM decides itself it only observes."""
     from relstream.engine.plugin import PLUGIN_CLASS
 
-    relstream_config: dict = {"policy": settings.policy}
+    relstream_config: dict = {"policy": settings.policy, "cost_model": settings.cost_model}
+    if settings.cost_prior:
+        relstream_config["cost_prior"] = dict(settings.cost_prior)
     if settings.step_log:
         relstream_config["step_log"] = str(settings.step_log)
     return {

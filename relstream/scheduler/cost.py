@@ -46,6 +46,14 @@ class CostModel:
     def observe(self, feedback: StepFeedback) -> None:
         """Fixed coefficients ignore feedback."""
 
+    @classmethod
+    def from_coefficients(cls, coefficients: dict[str, float]) -> CostModel:
+        """The inverse of `coefficients()`."""
+        return cls(
+            Linear(coefficients["alpha_p"], coefficients["beta_p"]),
+            Linear(coefficients["alpha_d"], coefficients["beta_d"]),
+        )
+
     def coefficients(self) -> dict[str, float]:
         return {
             "alpha_p": self.prefill.slope,
