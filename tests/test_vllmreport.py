@@ -1,5 +1,8 @@
 """The real-engine report judges each target on its worst trace."""
 
+import pytest
+
+from relstream.bench.vllmbench import offline_cost_lines
 from relstream.bench.vllmreport import judge_targets
 
 
@@ -39,3 +42,32 @@ def test_each_target_is_judged_on_its_worst_trace():
     assert not judged["relserve / relstream @eve"]["holds"]
     assert judged["relstream max / v1-fcfs max @eve"]["worst"] == 1.6  # over 1.5: misses
     assert not judged["relstream max / v1-fcfs max @eve"]["holds"]
+
+
+def test_relserves_offline_lines_come_from_the_capacity_runs_steps():
+    # Steps on an exact plane: 20 ms + 1 ms per prompt token + 2 ms per decode, whatever
+    # the context.
+    steps = [
+        {
+            "kind": "mixed",
+            "uncached_tokens": tokens,
+            "decode_requests": decodes,
+            "decode_context_tokens": context * decodes,
+            "duration_s": 0.020 + 0.001 * tokens + 0.002 * decodes,
+        }
+        for tokens in (0, 64, 512, 2048)
+        for decodes in (1, 8, 32, 128)
+        for context in (50, 400)
+    ]
+    header = {
+        "limits": {
+            "max_num_seqs": 256,
+            "max_num_batched_tokens": 2048,
+            "kv_capacity_tokens": 46592,
+            "block_size": 128,
+        }
+    }
+    lines = offline_cost_lines(header, steps)
+    assert lines == pytest.approx(
+        {"alpha_p": 0.001, "beta_p": 0.020, "alpha_d": 0.002, "beta_d": 0.020}, rel=1e-6
+    )

@@ -22,16 +22,16 @@ from pathlib import Path
 
 from relstream.backend import RelQueryBackend
 from relstream.bench.runner import Measured, summarize_outcomes
+from relstream.bench.stepfit import fit_step_costs, profile_document
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
-from relstream.sim.profiles import fit_line
+from relstream.sim.profiles import fit_line, profile_from_document
 
-# relserve runs as the paper runs it: step-cost lines fitted offline, here from the pure
-# steps of the capacity run, and kept. Its online refit (recursive least squares, no
-# context term) swung on real steps at overload (alpha_d 0-15 ms, beta_d 26-257 ms),
-# where the simulator's exact step times hold it still; see the campaign's notes.
+# relserve runs as the paper runs it: step-cost lines fitted offline, here from the
+# capacity run's steps (`offline_cost_lines`), and kept. Its online refit (recursive
+# least squares, no context term) swung on real steps at overload (alpha_d 0-15 ms,
+# beta_d 26-257 ms), where the simulator's exact step times hold it still (notes.md).
 FIXED_COST_POLICIES = frozenset({"relserve"})
-COST_KEYS = ("alpha_p", "beta_p", "alpha_d", "beta_d")
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,15 @@ def fit_cost_model(steps: Sequence[dict]) -> dict:
     }
 
 
+def offline_cost_lines(header: dict, steps: Sequence[dict]) -> dict[str, float]:
+    """The paper's two lines as an offline profiling run gives them: the all-step fit
+    (mixed steps included: a run of stock V1 has almost no pure prefill steps) read over
+    typical batches, as the simulator reads a profile (`CostProfile.prior`)."""
+    fit = fit_step_costs(steps)
+    document = profile_document(fit, header["limits"], "offline", "the capacity run")
+    return profile_from_document(document).prior().coefficients()
+
+
 async def _serve_policy(
     options: VllmBenchOptions,
     policy: str,
@@ -229,8 +238,7 @@ def run_vllm_benchmark(
         checkpoint.save_capacity(capacity, traces[0])
         checkpoint.save_outputs(traces[0], run.output_tokens)
     say(f"capacity {capacity:.4f} relQueries/s")
-    _, capacity_steps = read_step_log(options.out_dir / "steps-capacity.jsonl")
-    offline_fit = {key: fit_cost_model(capacity_steps)[key] for key in COST_KEYS}
+    offline_fit = offline_cost_lines(*read_step_log(options.out_dir / "steps-capacity.jsonl"))
     for trace in traces:
         entries = generate_relqueries(trace, datasets)
         loads = options.loads_for(trace)
