@@ -45,9 +45,12 @@ class StreamBenchOptions:
     out_dir: Path
     broker: str = DEFAULT_BROKER
     command: str = ""
+    repeats: int = 2  # Kafka runs per load, each followed by a direct run
 
 
-RSS_CAP_MB = 4096  # the engine's resident memory (front end and core) under overload
+# How much the engine's resident memory (front end and core) may grow under overload
+# over the engine at rest: the row budget, not the load, bounds what it holds.
+RSS_GROWTH_CAP_MB = 512
 SAMPLE_EVERY_S = 0.5
 
 
@@ -272,14 +275,18 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
                 await replay(engine, entries[:2], None)  # warm-up
                 whole = await replay(engine, entries, None)
                 capacity = len(entries) / (whole.window[1] - whole.window[0])
-                return capacity, [
-                    await _at_load(engine, entries, load * capacity, broker, on_step)
+                at_rest = process_tree_rss()
+                runs = [
+                    await _at_load(
+                        engine, entries, load * capacity, broker, options.repeats, on_step
+                    )
                     for load in options.loads
                 ]
+                return capacity, at_rest, runs
             finally:
                 engine.shutdown()
 
-        capacity, runs = asyncio.run(latency_runs())
+        capacity, at_rest, runs = asyncio.run(latency_runs())
     return {
         "command": options.command,
         "broker": options.broker,
@@ -288,101 +295,37 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
         "capacity_relqueries_per_s": capacity,
         "relqueries": len(entries),
         "loads": [{"load": load, **run} for load, run in zip(options.loads, runs, strict=True)],
-        "rss_cap_mb": RSS_CAP_MB,
+        "rss_at_rest_mb": at_rest / 2**20,
+        "rss_cap_mb": at_rest / 2**20 + RSS_GROWTH_CAP_MB,
         "window_throughput": throughput,
         "broker_idle_cpu": idle_cpu,
     }
 
 
-async def _at_load(engine, entries, rate: float, broker, on_step) -> dict:
-    """Straight to the engine, through Kafka, straight again: the two direct runs bound
-    run-to-run noise."""
-    means = {}
-    kafka = None
-    for label in ("direct", "kafka", "direct again"):
+async def _at_load(engine, entries, rate: float, broker, repeats: int, on_step) -> dict:
+    """Straight to the engine, then `repeats` times through Kafka and straight again: the
+    direct runs on both sides of every Kafka run bound run-to-run noise and drift."""
+    direct: list[float] = []
+    kafka: list[KafkaRun] = []
+    for label in ("direct", *("kafka", "direct") * repeats):
         on_step(f"rate {rate:.4f} relQueries/s; {label}")
         await engine.reset_prefix_cache()
         if label == "kafka":
-            kafka = await through_kafka(engine, entries, rate, broker)
-            means[label] = statistics.fmean(kafka.latencies)
+            kafka.append(await through_kafka(engine, entries, rate, broker))
         else:
             replayed = await replay(engine, entries, rate)
-            means[label] = statistics.fmean(o.latency.total for o in replayed.outcomes)
-    direct = statistics.fmean([means["direct"], means["direct again"]])
+            direct.append(statistics.fmean(o.latency.total for o in replayed.outcomes))
+    kafka_means = [statistics.fmean(run.latencies) for run in kafka]
+    mean_direct, mean_kafka = statistics.fmean(direct), statistics.fmean(kafka_means)
     return {
         "rate_relqueries_per_s": rate,
-        "mean_latency_direct_s": direct,
-        "mean_latency_direct_runs_s": [means["direct"], means["direct again"]],
-        "direct_run_spread": abs(means["direct"] - means["direct again"]) / direct,
-        "mean_latency_kafka_s": means["kafka"],
-        "kafka_overhead": means["kafka"] / direct - 1.0,
-        "peak_backlog_relqueries": kafka.peak_backlog,
-        "peak_rss_mb": kafka.peak_rss / 2**20,
+        "mean_latency_direct_s": mean_direct,
+        "mean_latency_direct_runs_s": direct,
+        "direct_run_spread": (max(direct) - min(direct)) / mean_direct,
+        "mean_latency_kafka_s": mean_kafka,
+        "mean_latency_kafka_runs_s": kafka_means,
+        "kafka_run_spread": (max(kafka_means) - min(kafka_means)) / mean_kafka,
+        "kafka_overhead": mean_kafka / mean_direct - 1.0,
+        "peak_backlog_relqueries": max(run.peak_backlog for run in kafka),
+        "peak_rss_mb": max(run.peak_rss for run in kafka) / 2**20,
     }
-
-
-def write_stream_report(document: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from relstream.bench.report import machine_description, write_report
-
-    document = {**document, "machine": machine_description()}
-    loads = document["loads"]
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
-    width = 0.38
-    for shift, key, label in (
-        (-width / 2, "mean_latency_direct_s", "straight to the engine"),
-        (width / 2, "mean_latency_kafka_s", "through Kafka"),
-    ):
-        ax.bar([i + shift for i in range(len(loads))], [r[key] for r in loads], width, label=label)
-    ax.set_xticks(range(len(loads)), [f"load {r['load']:g}" for r in loads])
-    ax.set_ylabel("mean relQuery latency (s)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "overhead.png", dpi=120)
-    plt.close(fig)
-    throughput = document["window_throughput"]
-    body = [
-        "| load | direct (mean of 2 runs) | spread of the direct runs | through Kafka | "
-        "overhead (goal < 5 %) | peak backlog (relQueries) | peak engine RSS |",
-        "|---|---|---|---|---|---|---|",
-        *[
-            f"| {r['load']:g} | {r['mean_latency_direct_s']:.2f} s | "
-            f"{r['direct_run_spread']:.1%} | {r['mean_latency_kafka_s']:.2f} s | "
-            f"{r['kafka_overhead']:+.1%} | {r['peak_backlog_relqueries']} | "
-            f"{r['peak_rss_mb']:,.0f} MB (cap {document['rss_cap_mb']:,} MB) |"
-            for r in loads
-        ],
-        "",
-        f"Window → relQuery stage: **{throughput['rows_per_second']:,.0f} rows/s** (goal "
-        f"≥ 20,000): the worker started and warmed, then {throughput['rows']:,} rows produced "
-        "live, round-robin over the partitions so that every window closes by its row count; "
-        "timed from the first row produced to the broker timestamp of the last relQuery. "
-        "This process's producer alone ran at "
-        f"{throughput['producer_rows_per_second']:,.0f} rows/s, so the figure is a floor "
-        "where the two are close.",
-        "",
-        "Idle embedded brokers, one consumer waiting on an empty topic for 10 s (share of "
-        "one core): "
-        + ", ".join(f"{kind} {cpu:.0%}" for kind, cpu in document["broker_idle_cpu"].items())
-        + f". The default broker is {DEFAULT_BROKER}.",
-        "",
-        f"The same {document['relqueries']} relQueries at each load (a fraction of the "
-        f"measured capacity, {document['capacity_relqueries_per_s']:.4f} relQueries/s, "
-        "Poisson), one warmed engine, prefix cache reset before each run, run straight, "
-        "through Kafka, then straight again. Through Kafka, latency runs from producing the "
-        "relquery message to consuming its result; the backlog is the relQueries produced "
-        "and not yet answered; RSS is the benchmark process (the engine's front end and "
-        "service) plus vLLM's engine core.",
-        "",
-        "![overhead](overhead.png)",
-        "",
-    ]
-    setting = (
-        f"Broker: embedded {document['broker']}; engine: vLLM CPU build, "
-        f"{document['model']}, policy {document['policy']}."
-    )
-    write_report(out, "Streaming benchmark", document, setting, body)

@@ -118,7 +118,14 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
     default=100_000,
     show_default=True,
     type=click.IntRange(1000),
-    help="streaming: rows pre-produced for the window throughput measure.",
+    help="streaming: rows produced live for the window throughput measure.",
+)
+@click.option(
+    "--repeats",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1),
+    help="streaming: Kafka runs per load, each followed by a direct run.",
 )
 @click.option(
     "--broker",
@@ -156,7 +163,11 @@ def bench(**opts) -> None:
             if backend == "sim"
             else {"load": ",".join(f"{r:g}" for r in opts["load"])}
         ),
-        **({"rows": opts["rows"], "broker": opts["broker"]} if backend == "streaming" else {}),
+        **(
+            {"rows": opts["rows"], "broker": opts["broker"], "repeats": opts["repeats"]}
+            if backend == "streaming"
+            else {}
+        ),
         **(_campaign_options(opts) if backend == "vllm" else {}),
         relqueries=opts["relqueries"],
         max_rows=opts["max_rows"],
@@ -264,11 +275,8 @@ def _bench_streaming(
     opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str
 ) -> None:
     reexec_with_tcmalloc()
-    from relstream.bench.streambench import (
-        StreamBenchOptions,
-        run_stream_benchmark,
-        write_stream_report,
-    )
+    from relstream.bench.streambench import StreamBenchOptions, run_stream_benchmark
+    from relstream.bench.streamreport import write_stream_report
 
     out_dir = opts["out"] or Path("docs/benchmarks") / "streaming"
     options = StreamBenchOptions(
@@ -281,6 +289,7 @@ def _bench_streaming(
         out_dir=out_dir,
         broker=opts["broker"],
         command=command,
+        repeats=opts["repeats"],
     )
     document = run_stream_benchmark(options, lambda message: console.print(f"  {message}"))
     write_stream_report(document, out_dir)
