@@ -2,7 +2,14 @@ import random
 
 import pytest
 
-from relstream.scheduler import CostModel, Linear, OnlineCostModel, StepFeedback, StepKind
+from relstream.scheduler import (
+    CostModel,
+    Linear,
+    OnlineCostModel,
+    StepFeedback,
+    StepKind,
+    cost_model_of,
+)
 
 
 def test_fixed_model_ignores_feedback(cost):
@@ -14,6 +21,15 @@ def test_coefficients_rebuild_the_same_lines(cost):
     rebuilt = CostModel.from_coefficients(cost.coefficients())
     assert rebuilt.prefill_time(100) == cost.prefill_time(100) == 0.01 * 100 + 0.5
     assert rebuilt.decode_time(8) == cost.decode_time(8) == 0.1 * 8 + 1.0
+
+
+def test_a_fixed_kind_keeps_the_prior_and_an_online_one_refits_from_it(cost):
+    assert cost_model_of("fixed", cost) is cost
+    online = cost_model_of("online", cost)
+    online.observe(StepFeedback(StepKind.DECODE, 0, 10, 9.0))
+    assert online.decode_time(10) > cost.decode_time(10) == 2.0
+    with pytest.raises(ValueError, match="cost_model must be 'online' or 'fixed'"):
+        cost_model_of("offline", cost)
 
 
 def test_online_fit_learns_true_lines_from_a_wrong_prior():

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from relstream.bench.workload import TokenizedTrace
 from relstream.model import LatencyBreakdown
-from relstream.scheduler import CostModel, OnlineCostModel
+from relstream.scheduler import CostModel, cost_model_of
 from relstream.sim.engine import SimRun, SimulatedEngine
 from relstream.sim.policies import make_sim_policy
 from relstream.sim.profiles import CostProfile
@@ -103,12 +103,7 @@ def make_cost_model(kind: str, profile: CostProfile, prior: CostModel | None = N
     """`fixed` uses the profile's fitted line (or `prior`, coefficients a real run was
     given) as the paper's offline fit would; `online` starts from it and refits on every
     executed step."""
-    prior = prior or profile.prior()
-    if kind == "fixed":
-        return prior
-    if kind == "online":
-        return OnlineCostModel(prior)
-    raise ValueError(f"cost model must be 'fixed' or 'online', not {kind!r}")
+    return cost_model_of(kind, prior or profile.prior())
 
 
 def run_grid(

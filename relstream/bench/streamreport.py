@@ -64,7 +64,8 @@ def _body(document: dict) -> list[str]:
         ],
         "",
         f"Engine RSS at rest (warmed, before the first run): {at_rest:,.0f} MB; the cap under "
-        f"load is that plus 512 MB, {document['rss_cap_mb']:,.0f} MB. At rest the CPU "
+        f"load is that plus {document['rss_cap_mb'] - at_rest:,.0f} MB, "
+        f"{document['rss_cap_mb']:,.0f} MB. At rest the CPU "
         "build holds its KV cache, the model's float32 weights and two processes' runtimes; "
         "the row budget bounds what the backlog adds.",
         "",

@@ -36,12 +36,12 @@ from relstream.scheduler import (
     CostModel,
     EngineLimits,
     EngineView,
-    OnlineCostModel,
     RequestTracker,
     SeqInfo,
     StepFeedback,
     StepKind,
     StepPlan,
+    cost_model_of,
     make_policy,
     policy_spec,
 )
@@ -81,11 +81,7 @@ class RelstreamPlugin(EngineView):
         self.decided_by_vllm = policy_spec(self.policy_name).decided_by_vllm is not None
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
         cost_model = settings.get("cost_model", "online")
-        cost = CostModel.from_coefficients(prior)
-        if cost_model == "online":
-            cost = OnlineCostModel(cost)
-        elif cost_model != "fixed":
-            raise ValueError(f"cost_model must be 'online' or 'fixed', not {cost_model!r}")
+        cost = cost_model_of(cost_model, CostModel.from_coefficients(prior))
         self.relstream_policy = make_policy(self.policy_name, cost)
         self.tracker = RequestTracker()
         self.limits = EngineLimits(

@@ -32,7 +32,13 @@ from relstream.model import (
     RowStatus,
     prepare_row,
 )
-from relstream.scheduler import DEFAULT_POLICY, VllmQueue, policy_spec, static_priority
+from relstream.scheduler import (
+    COST_MODEL_KINDS,
+    DEFAULT_POLICY,
+    VllmQueue,
+    policy_spec,
+    static_priority,
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises, naming the known policies
-        if self.cost_model not in ("online", "fixed"):
+        if self.cost_model not in COST_MODEL_KINDS:
             raise ValueError(f"cost_model must be 'online' or 'fixed', not {self.cost_model!r}")
 
 

@@ -1,6 +1,12 @@
 """Engine-agnostic relQuery scheduling policy (never imports vLLM)."""
 
-from relstream.scheduler.cost import CostModel, Linear, OnlineCostModel
+from relstream.scheduler.cost import (
+    COST_MODEL_KINDS,
+    CostModel,
+    Linear,
+    OnlineCostModel,
+    cost_model_of,
+)
 from relstream.scheduler.policies import Policy, static_priority
 from relstream.scheduler.registry import (
     DEFAULT_POLICY,
@@ -23,6 +29,7 @@ from relstream.scheduler.view import (
 )
 
 __all__ = [
+    "COST_MODEL_KINDS",
     "DEFAULT_POLICY",
     "POLICIES",
     "CostModel",
@@ -40,6 +47,7 @@ __all__ = [
     "StepKind",
     "StepPlan",
     "VllmQueue",
+    "cost_model_of",
     "make_policy",
     "policy_spec",
     "static_priority",

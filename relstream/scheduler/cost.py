@@ -117,6 +117,20 @@ class OnlineCostModel(CostModel):
             _copy_non_negative(self._decode_fit.line, self.decode)
 
 
+COST_MODEL_KINDS = ("online", "fixed")
+
+
+def cost_model_of(kind: str, prior: CostModel) -> CostModel:
+    """`fixed` keeps `prior`, as the paper's offline fit would; `online` starts from it
+    and refits on every executed step. The one place a kind becomes a model, for the
+    simulator and the vLLM plug-in alike."""
+    if kind == "fixed":
+        return prior
+    if kind == "online":
+        return OnlineCostModel(prior)
+    raise ValueError(f"cost_model must be 'online' or 'fixed', not {kind!r}")
+
+
 def _copy_non_negative(fitted: Linear, used: Linear) -> None:
     """A line fitted on a narrow range can extrapolate below zero; durations cannot.
     The fit itself stays unconstrained so later steps can still correct it."""
