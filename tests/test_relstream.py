@@ -16,6 +16,7 @@ from relstream.scheduler.relstream import (
 )
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.stepcost import OnlineStepCost
+from relstream.scheduler.view import SeqInfo
 
 # b = 20 ms per step, 1 ms per prompt token, 2 ms per decode; 10 requests running.
 C = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=10)
@@ -57,6 +58,16 @@ def test_rows_are_expected_to_answer_like_their_finished_siblings():
     assert expected_output(info) == 4  # (3 + 4) / 2 = 3.5, rounded half to even
     left = remaining(info)
     assert (left.rows, left.prompt_tokens, left.output_tokens, left.steps) == (2, 20, 8, 4)
+
+
+def test_rows_still_on_their_way_count_like_the_rows_seen():
+    # A 40-row relQuery whose first 2 rows (12 and 8 prompt tokens) have reached the engine
+    # is ranked as 40 rows: 38 more of 10 prompt tokens and 5 output tokens each.
+    view = ScriptedView(EngineLimits(8, 100, 1000, 4))
+    for row, prompt in enumerate((12, 8)):
+        view.tracker.add_request(SeqInfo(f"a#{row}", "a", prompt, 5, 0.0), relquery_size=40)
+    left = remaining(view.tracker.relqueries["a"])
+    assert (left.rows, left.prompt_tokens, left.output_tokens, left.steps) == (40, 400, 200, 5)
 
 
 def test_the_regime_comes_from_the_fitted_cost_and_the_limits():

@@ -5,6 +5,10 @@ A row is expected to generate as many tokens as the finished rows of its relQuer
 average (rows of one template tend to answer alike: a label, a digit, a sentence), or
 its whole budget OL(R) before any row has finished. A clairvoyant reference passes the
 true remaining length of each row instead (`oracle`).
+
+A real engine receives a relQuery's rows one request at a time, so a step may see only
+the first few: the rows still on their way count as rows like those seen (their mean
+prompt, the expected output), so R is ranked by the size it was submitted with.
 """
 
 from __future__ import annotations
@@ -52,4 +56,10 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
                 prompt += uncomputed
             outputs += left
             steps = max(steps, left)
-    return Remaining(len(info.running) + len(info.waiting), prompt, outputs, steps)
+    present = len(info.running) + len(info.waiting)
+    arriving = max(info.total_requests - info.finished - present, 0)
+    if arriving:
+        prompt += arriving * info.prompt_tokens_seen // max(info.finished + present, 1)
+        outputs += arriving * expected
+        steps = max(steps, expected)
+    return Remaining(present + arriving, prompt, outputs, steps)
