@@ -1,8 +1,8 @@
-"""The real-engine report judges each target on its worst trace."""
+"""The real-engine report judges each target on its worst trace and finds each run's steps."""
 
 import pytest
 
-from relstream.bench.vllmbench import offline_cost_lines
+from relstream.bench.vllmbench import offline_cost_lines, run_windows
 from relstream.bench.vllmreport import judge_targets
 
 
@@ -71,3 +71,20 @@ def test_relserves_offline_lines_come_from_the_capacity_runs_steps():
     assert lines == pytest.approx(
         {"alpha_p": 0.001, "beta_p": 0.020, "alpha_d": 0.002, "beta_d": 0.020}, rel=1e-6
     )
+
+
+def test_each_run_finds_its_steps_walking_back_from_the_engines_last_step():
+    # One engine served loads 0.4, 0.75 and 1.3 back to back; its last step ran at t=100.
+    # Walking back: 1.3 took 30 s (70-100), 0.75 took 20 s (50-70), 0.4 took 40 s (10-50).
+    records = [
+        {"rate": 0.4, "makespan": 40.0},
+        {"rate": 0.75, "makespan": 20.0},
+        {"rate": 1.3, "makespan": 30.0},
+    ]
+    steps = [{"t": t} for t in (12.0, 49.0, 55.0, 100.0)]
+    assert run_windows(records, steps) == [(10.0, 50.0), (50.0, 70.0), (70.0, 100.0)]
+
+
+def test_a_stored_window_is_taken_as_it_is():
+    records = [{"rate": 0.4, "makespan": 40.0, "window": [3.0, 44.0]}]
+    assert run_windows(records, [{"t": 100.0}]) == [(3.0, 44.0)]

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from relstream.backend import RelQueryBackend
+from relstream.bench.report import machine_description
 from relstream.bench.runner import Measured, summarize_outcomes
 from relstream.bench.stepfit import fit_step_costs, profile_document
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
@@ -291,7 +292,26 @@ def _record(
         "arrival": trace.arrival,
         "row_errors": run.row_errors,
         "step_stats": stats,
+        "window": list(run.window),
+        "machine": machine_description(),  # a campaign may span sessions and machines
     }
+
+
+def run_windows(records: Sequence[dict], steps: Sequence[dict]) -> list[tuple[float, float]]:
+    """Each record's window (monotonic start, end) in the step log of its engine, in the
+    records' order. Records that predate the stored `window` get theirs from the log: an
+    engine serves its loads back to back in rising order, so walking back from its last
+    step by each run's makespan finds them (this reproduces every older record's step
+    count to within the one step at a boundary)."""
+    derived: dict[int, tuple[float, float]] = {}
+    end = steps[-1]["t"] if steps else 0.0
+    for index in sorted(range(len(records)), key=lambda i: -records[i]["rate"]):
+        derived[index] = (end - records[index]["makespan"], end)
+        end = derived[index][0]
+    return [
+        tuple(record["window"]) if "window" in record else derived[index]
+        for index, record in enumerate(records)
+    ]
 
 
 def mean_overhead_fraction(runs: Sequence[dict], policy: str) -> float:
