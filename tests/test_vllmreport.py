@@ -2,7 +2,13 @@
 
 import pytest
 
-from relstream.bench.vllmbench import offline_cost_lines, run_windows
+from relstream.bench.vllmbench import (
+    MachineSpeedError,
+    check_speed,
+    offline_cost_lines,
+    run_windows,
+    speed_against,
+)
 from relstream.bench.vllmreport import judge_targets
 
 
@@ -88,3 +94,32 @@ def test_each_run_finds_its_steps_walking_back_from_the_engines_last_step():
 def test_a_stored_window_is_taken_as_it_is():
     records = [{"rate": 0.4, "makespan": 40.0, "window": [3.0, 44.0]}]
     assert run_windows(records, [{"t": 100.0}]) == [(3.0, 44.0)]
+
+
+# A capacity run's fit: 20 ms a step, 1 ms a prompt token, 2 ms a decode, 0 per context.
+REFERENCE = {
+    "base": 0.02,
+    "per_uncached_token": 1e-3,
+    "per_decode_request": 2e-3,
+    "per_context_token": 0.0,
+}
+
+
+def step(tokens: int, decodes: int, seconds: float) -> dict:
+    return {
+        "uncached_tokens": tokens,
+        "decode_requests": decodes,
+        "decode_context_tokens": 0,
+        "duration_s": seconds,
+    }
+
+
+def test_speed_is_real_step_time_over_what_the_capacity_runs_fit_predicts():
+    # Predicted: 0.02 + 0.1 = 0.12 s and 0.02 + 0.02 = 0.04 s; real 0.24 and 0.08: 2x.
+    assert speed_against(REFERENCE, [step(100, 0, 0.24), step(0, 10, 0.08)]) == pytest.approx(2.0)
+
+
+def test_a_resumed_campaign_stops_on_a_machine_of_another_speed():
+    check_speed(REFERENCE, [step(100, 0, 0.13)])  # 1.08x: the same kind of machine
+    with pytest.raises(MachineSpeedError, match=r"2\.50x"):
+        check_speed(REFERENCE, [step(100, 0, 0.30)])

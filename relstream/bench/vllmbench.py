@@ -34,6 +34,30 @@ from relstream.sim.profiles import fit_line, profile_from_document
 # beta_d 26-257 ms), where the simulator's exact step times hold it still (notes.md).
 FIXED_COST_POLICIES = frozenset({"relserve"})
 
+# Loads are fractions of the capacity measured on the machine that started the campaign.
+# A campaign resumed on a machine whose steps run at another speed would run other loads
+# than it says: machines of one kind here have differed 2.5x per step. Each engine's
+# warm-up steps, priced by the capacity run's step-cost fit, must land within this band
+# (the campaign's own engines: 0.94-1.27).
+SPEED_BAND = (0.7, 1.4)
+
+
+class MachineSpeedError(RuntimeError):
+    """This machine's steps run too far from the speed of the capacity run's machine."""
+
+
+def speed_against(reference: dict, steps: Sequence[dict]) -> float:
+    """Real step time over the time `reference` (a `fit_step_costs` result) predicts for
+    the same steps: above 1, this machine is slower than the one the fit came from."""
+    predicted = sum(
+        reference["base"]
+        + reference["per_uncached_token"] * s["uncached_tokens"]
+        + reference["per_decode_request"] * s["decode_requests"]
+        + reference["per_context_token"] * s["decode_context_tokens"]
+        for s in steps
+    )
+    return sum(s["duration_s"] for s in steps) / predicted if predicted else float("nan")
+
 
 @dataclass(frozen=True)
 class VllmBenchOptions:
@@ -160,6 +184,7 @@ async def _serve_policy(
     rates: Sequence[float | None],
     log: Path,
     cost_prior: dict[str, float] | None = None,
+    reference: dict | None = None,
 ) -> list[ReplayResult]:
     settings = EngineSettings(model=options.model, policy=policy, step_log=log)
     if cost_prior:
@@ -167,9 +192,25 @@ async def _serve_policy(
     engine = await RelQueryEngine.start(settings)
     try:
         await replay(engine, entries[:2], None)  # warm-up: first steps pay one-off costs
+        if reference is not None:
+            check_speed(reference, read_step_log(log)[1])
         return [await replay(engine, entries, rate) for rate in rates]
     finally:
         engine.shutdown()
+
+
+def check_speed(reference: dict, warm_up_steps: Sequence[dict]) -> None:
+    if not warm_up_steps:
+        return
+    speed = speed_against(reference, warm_up_steps)
+    low, high = SPEED_BAND
+    if not low <= speed <= high:
+        raise MachineSpeedError(
+            f"this machine's warm-up steps took {speed:.2f}x the time the capacity run's "
+            f"step costs predict (allowed {low}-{high}x): its loads would not be the "
+            "fractions of capacity the campaign says. Resume on the kind of machine that "
+            "measured capacity, or start a new campaign here (without --resume)."
+        )
 
 
 def trace_name(trace: TraceConfig) -> str:
@@ -239,7 +280,9 @@ def run_vllm_benchmark(
         checkpoint.save_capacity(capacity, traces[0])
         checkpoint.save_outputs(traces[0], run.output_tokens)
     say(f"capacity {capacity:.4f} relQueries/s")
-    offline_fit = offline_cost_lines(*read_step_log(options.out_dir / "steps-capacity.jsonl"))
+    capacity_log = read_step_log(options.out_dir / "steps-capacity.jsonl")
+    offline_fit = offline_cost_lines(*capacity_log)
+    reference = fit_step_costs(capacity_log[1])
     for trace in traces:
         entries = generate_relqueries(trace, datasets)
         loads = options.loads_for(trace)
@@ -250,11 +293,13 @@ def run_vllm_benchmark(
             log.unlink(missing_ok=True)
             rates = [load * capacity for load in loads]
             prior = offline_fit if policy in FIXED_COST_POLICIES else None
-            runs = asyncio.run(_serve_policy(options, policy, entries, rates, log, prior))
+            runs = asyncio.run(
+                _serve_policy(options, policy, entries, rates, log, prior, reference)
+            )
             checkpoint.save_outputs(trace, runs[0].output_tokens)
             _, steps = read_step_log(log)
             records = [
-                _record(policy, trace, load, run, steps, prior)
+                _record(policy, trace, load, run, steps, prior, reference)
                 for load, run in zip(loads, runs, strict=True)
             ]
             checkpoint.add_runs(records)
@@ -272,6 +317,7 @@ def _record(
     run: ReplayResult,
     steps,
     cost_prior: dict[str, float] | None,
+    reference: dict,
 ) -> dict:
     window = [s for s in steps if run.window[0] <= s["t"] <= run.window[1]]
     stats = step_stats(window)
@@ -294,6 +340,7 @@ def _record(
         "step_stats": stats,
         "window": list(run.window),
         "machine": machine_description(),  # a campaign may span sessions and machines
+        "speed_vs_capacity_run": speed_against(reference, window),
     }
 
 

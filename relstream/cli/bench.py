@@ -237,7 +237,11 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
     out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
     if not opts["report_only"]:
         reexec_with_tcmalloc()
-        from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
+        from relstream.bench.vllmbench import (
+            MachineSpeedError,
+            VllmBenchOptions,
+            run_vllm_benchmark,
+        )
 
         options = VllmBenchOptions(
             model=opts["model"],
@@ -265,7 +269,10 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
             if not options.resume or not (out_dir / "campaign.json").exists():
                 out_dir.mkdir(parents=True, exist_ok=True)
                 save_campaign(options)
-            run_vllm_benchmark(options, on_run)
+            try:
+                run_vllm_benchmark(options, on_run)
+            except MachineSpeedError as error:
+                raise click.ClickException(str(error)) from error
     document = write_vllm_report(out_dir, datasets_dir)
     _print_top_rate(document, max(run["rate"] for run in document["runs"]))
     console.print(f"wrote {out_dir}/results.json, README.md, plots, {out_dir.name} checkpoint")
