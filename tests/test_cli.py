@@ -72,3 +72,36 @@ def test_sigterm_to_the_broker_command_takes_its_broker_down():
         assert not broker.is_running()
     finally:
         process.kill()
+
+
+UNWINDING = """
+import asyncio, sys, time
+from relstream.cli.common import unwind_on_sigterm
+
+async def serve():
+    try:
+        print("serving", flush=True)
+        await asyncio.sleep(60)
+    finally:
+        print("engine shut down", flush=True)  # where a bench shuts its vLLM engine down
+
+unwind_on_sigterm()
+asyncio.run(serve())
+"""
+
+
+def test_sigterm_unwinds_a_bench_through_its_finally_blocks():
+    # A benchmark shuts its engine down in `finally`; SIGTERM's default ends Python
+    # without running it and left vLLM's engine core and worker running (measured).
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", UNWINDING], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "serving\n"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 128 + signal.SIGTERM
+        assert process.stdout.read() == "engine shut down\n"
+    finally:
+        process.kill()

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from relstream.bench.runner import RunSummary
 from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
-from relstream.cli.common import console, progress
+from relstream.cli.common import console, progress, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
@@ -237,6 +237,7 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
     out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
     if not opts["report_only"]:
         reexec_with_tcmalloc()
+        unwind_on_sigterm()
         from relstream.bench.vllmbench import (
             MachineSpeedError,
             VllmBenchOptions,
@@ -282,6 +283,7 @@ def _bench_streaming(
     opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str
 ) -> None:
     reexec_with_tcmalloc()
+    unwind_on_sigterm()
     from relstream.bench.streambench import StreamBenchOptions, run_stream_benchmark
     from relstream.bench.streamreport import write_stream_report
 
