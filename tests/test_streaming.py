@@ -94,20 +94,24 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
                 await producer.send_and_wait(topics.rows("reviews"), bad, key=b"bad", partition=0)
             await producer.stop()
             answered: dict[str, str] = {}
-            results = []
+            # Every result read so far, by id: each read starts a new group and stops at
+            # the count asked, so across 4 partitions a later read may miss one an earlier
+            # read returned.
+            results: dict[str, object] = {}
             async with asyncio.timeout(90):
                 while len(answered) < len(rows):
                     batch = await read_messages(
                         broker.bootstrap, topics.results, len(results) + 1, broker.kind, 90
                     )
-                    results = batch
-                    for message in results:
-                        for row in decode(ResultMessage, message.value).rows:
+                    for message in batch:
+                        result = decode(ResultMessage, message.value)
+                        results[result.id] = message
+                        for row in result.rows:
                             answered[row.key] = row.output
             dead = await read_messages(
                 broker.bootstrap, topics.deadletter, len(malformed), broker.kind, 30
             )
-            return answered, dead, results
+            return answered, dead, list(results.values())
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(30)
