@@ -177,16 +177,21 @@ def test_the_plug_in_keeps_async_scheduling_where_vllm_has_it():
 
 
 def test_the_plug_in_decides_relstreams_order_where_stock_vllm_would_not(served):
-    """While a 4-row relQuery runs, three arrive together, the largest (40 rows) first.
-    Stock V1 admits them in arrival order at once; relstream ranks them by remaining work,
-    admits the 2-row one first and holds the 40-row one back until the others are done
-    (its Δ: on this CPU a running request costs more than a step's base, and the 40-row
-    prompt would stall every running row). With vLLM deciding (the plug-in off) the
-    relstream half of this test fails."""
+    """While a 4-row relQuery runs, three are submitted together, the largest (40 rows)
+    first. Stock V1 admits them in arrival order at once; relstream ranks them by remaining
+    work and holds the 40-row one back until the others are done (its Δ: on this CPU a
+    running request costs more than a step's base, and the 40-row prompt would stall every
+    running row). With vLLM deciding (the plug-in off) the relstream half of this test
+    fails.
+
+    Their 52 rows reach the engine core one request at a time, and a step may come
+    between the 10-row relQuery's last row and the 2-row one's first: relstream then
+    rightly admits the 10-row one first (seen on CI). So the order between those two is
+    left open; the 40-row one, though it arrived first, must come last."""
     trio = {name for name, _ in ORDER_TRIO}
     stock, ours = served["v1-fcfs"], served["relstream"]
     assert admission_order(stock["steps"], trio) == ["A", "B", "C"]
-    assert admission_order(ours["steps"], trio) == ["C", "B", "A"]
+    assert admission_order(ours["steps"], trio) in (["C", "B", "A"], ["B", "C", "A"])
     assert stock["A"].latency.waiting < 0.2 * stock["C"].latency.total
     held_back = max(ours["B"].latency.total, ours["C"].latency.total)
     assert ours["A"].latency.waiting > 0.8 * held_back

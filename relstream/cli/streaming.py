@@ -39,18 +39,26 @@ def broker(
     from relstream.kafka.brokers import EmbeddedBroker
     from relstream.kafka.topics import Topics
 
-    # Blocked before the broker starts, so SIGTERM reaches sigwait below instead of
-    # killing this process and orphaning the broker it started.
-    stopping = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    # A Python handler, set before the broker starts, so SIGTERM unwinds through the
+    # `finally` that stops it. (Blocking SIGTERM and sigwait-ing for it was not enough:
+    # a thread started before the mask still took the signal's default, killing this
+    # process and orphaning the broker; seen once in the test suite.)
+    signal.signal(signal.SIGTERM, _interrupt)
     embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables)
-    bootstrap = embedded.start()
-    console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
     try:
-        signal.sigwait(stopping)
+        bootstrap = embedded.start()
+        console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
     finally:
         embedded.stop()
         console.print(f"{kind} stopped")
+
+
+def _interrupt(_signum: int, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 @click.command()
