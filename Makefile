@@ -49,7 +49,8 @@ demo: setup
 	RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(BIN)/relstream demo $(DEMO_ARGS)
 
 # The real-engine campaign: hours on 2 cores. `make bench-vllm BENCH_ARGS=--resume`
-# continues an interrupted one from its checkpoint in the out folder.
+# continues an interrupted one from its checkpoint in the out folder, on a machine of
+# another speed in an epoch of its own (relstream/bench/campaign.py).
 bench-vllm: setup
 	$(BIN)/relstream bench --backend vllm --model smollm2 \
 		--policies relstream,v1-fcfs,v1-priority,relserve --load 0.4,0.75,1,1.3 \

@@ -2,14 +2,9 @@
 
 import pytest
 
-from relstream.bench.vllmbench import (
-    MachineSpeedError,
-    check_speed,
-    offline_cost_lines,
-    run_windows,
-    speed_against,
-)
-from relstream.bench.vllmreport import judge_targets
+from relstream.bench.campaign import MachineSpeedError, check_speed, speed_against
+from relstream.bench.targets import judge_targets
+from relstream.bench.vllmbench import offline_cost_lines, run_windows
 
 
 def test_each_target_is_judged_on_its_worst_trace():

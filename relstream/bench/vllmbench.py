@@ -5,22 +5,31 @@ Capacity is measured first: the first trace submitted all at once to stock vLLM 
 (`v1-fcfs`), relQueries divided by the time to answer them all, i.e. the throughput of
 the engine kept saturated. Every load is a fraction of it, so the same command means the
 same on any machine. Traces differ by arrival process (Poisson, bursty gamma) and seed;
-the loads in `seeded_loads` run on every seed, the others on the first. Each policy runs
-in its own engine per trace, with a step log; every finished (policy, trace) is
-checkpointed, so a campaign of hours resumes where it stopped (`resume`).
+the loads in `seeded_loads` run on every seed, the others on the first. Each (trace,
+load) is a cell: every policy runs it in its own engine, with a step log, and each run
+is checkpointed, so a campaign of hours resumes where it stopped (`resume`), on the
+same machine speed or in a new epoch with its own capacity (`campaign`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from relstream.backend import RelQueryBackend
+from relstream.bench.campaign import (
+    Checkpoint,
+    Epoch,
+    check_speed,
+    matching_epoch,
+    read_step_log,
+    speed_against,
+    trace_name,
+)
 from relstream.bench.report import machine_description
 from relstream.bench.runner import Measured, summarize_outcomes
 from relstream.bench.stepfit import fit_step_costs, profile_document
@@ -33,30 +42,6 @@ from relstream.sim.profiles import fit_line, profile_from_document
 # least squares, no context term) swung on real steps at overload (alpha_d 0-15 ms,
 # beta_d 26-257 ms), where the simulator's exact step times hold it still (notes.md).
 FIXED_COST_POLICIES = frozenset({"relserve"})
-
-# Loads are fractions of the capacity measured on the machine that started the campaign.
-# A campaign resumed on a machine whose steps run at another speed would run other loads
-# than it says: machines of one kind here have differed 2.5x per step. Each engine's
-# warm-up steps, priced by the capacity run's step-cost fit, must land within this band
-# (the campaign's own engines: 0.94-1.27).
-SPEED_BAND = (0.7, 1.4)
-
-
-class MachineSpeedError(RuntimeError):
-    """This machine's steps run too far from the speed of the capacity run's machine."""
-
-
-def speed_against(reference: dict, steps: Sequence[dict]) -> float:
-    """Real step time over the time `reference` (a `fit_step_costs` result) predicts for
-    the same steps: above 1, this machine is slower than the one the fit came from."""
-    predicted = sum(
-        reference["base"]
-        + reference["per_uncached_token"] * s["uncached_tokens"]
-        + reference["per_decode_request"] * s["decode_requests"]
-        + reference["per_context_token"] * s["decode_context_tokens"]
-        for s in steps
-    )
-    return sum(s["duration_s"] for s in steps) / predicted if predicted else float("nan")
 
 
 @dataclass(frozen=True)
@@ -123,18 +108,6 @@ async def replay(
     return ReplayResult(outcomes, (started, time.monotonic()), errors, output_tokens)
 
 
-def read_step_log(path: Path) -> tuple[dict, list[dict]]:
-    header: dict = {}
-    steps: list[dict] = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("event") == "start":
-            header = record
-        else:
-            steps.append(record)
-    return header, steps
-
-
 def step_stats(steps: Sequence[dict]) -> dict:
     busy = sum(s["duration_s"] for s in steps)
     overhead = sum(s["decision_s"] + s["adapter_s"] for s in steps)
@@ -181,131 +154,89 @@ async def _serve_policy(
     options: VllmBenchOptions,
     policy: str,
     entries: Sequence[TraceEntry],
-    rates: Sequence[float | None],
+    rate: float,
     log: Path,
-    cost_prior: dict[str, float] | None = None,
-    reference: dict | None = None,
-) -> list[ReplayResult]:
+    cost_prior: dict[str, float] | None,
+    reference: dict,
+) -> ReplayResult:
     settings = EngineSettings(model=options.model, policy=policy, step_log=log)
     if cost_prior:
         settings = replace(settings, cost_model="fixed", cost_prior=cost_prior)
     engine = await RelQueryEngine.start(settings)
     try:
         await replay(engine, entries[:2], None)  # warm-up: first steps pay one-off costs
-        if reference is not None:
-            check_speed(reference, read_step_log(log)[1])
-        return [await replay(engine, entries, rate) for rate in rates]
+        check_speed(reference, read_step_log(log)[1])
+        return await replay(engine, entries, rate)
     finally:
         engine.shutdown()
 
 
-def check_speed(reference: dict, warm_up_steps: Sequence[dict]) -> None:
-    if not warm_up_steps:
-        return
-    speed = speed_against(reference, warm_up_steps)
-    low, high = SPEED_BAND
-    if not low <= speed <= high:
-        raise MachineSpeedError(
-            f"this machine's warm-up steps took {speed:.2f}x the time the capacity run's "
-            f"step costs predict (allowed {low}-{high}x): its loads would not be the "
-            "fractions of capacity the campaign says. Resume on the kind of machine that "
-            "measured capacity, or start a new campaign here (without --resume)."
-        )
-
-
-def trace_name(trace: TraceConfig) -> str:
-    return f"{trace.arrival}-s{trace.seed}"
-
-
-class Checkpoint:
-    """What a campaign has finished, on disk in its out_dir, so an interrupted campaign
-    (a session ends, a machine restarts) resumes where it stopped: the capacity, every
-    finished run (one JSON line each), and each trace's real output lengths."""
-
-    def __init__(self, out: Path, resume: bool) -> None:
-        self.out = out
-        self.runs_path = out / "runs.jsonl"
-        out.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            for path in (*out.glob("steps-*.jsonl"), *out.glob("outputs-*.json")):
-                path.unlink()
-            self.runs_path.unlink(missing_ok=True)
-            (out / "capacity.json").unlink(missing_ok=True)
-
-    def capacity(self) -> float | None:
-        path = self.out / "capacity.json"
-        return json.loads(path.read_text())["relqueries_per_s"] if path.exists() else None
-
-    def save_capacity(self, capacity: float, trace: TraceConfig) -> None:
-        document = {"relqueries_per_s": capacity, "trace": asdict(trace)}
-        (self.out / "capacity.json").write_text(json.dumps(document, indent=2) + "\n")
-
-    def runs(self) -> list[dict]:
-        if not self.runs_path.exists():
-            return []
-        return [json.loads(line) for line in self.runs_path.read_text().splitlines() if line]
-
-    def done(self, policy: str, trace: TraceConfig) -> bool:
-        return any(
-            r["policy"] == policy and r["arrival"] == trace.arrival and r["seed"] == trace.seed
-            for r in self.runs()
-        )
-
-    def add_runs(self, records: list[dict]) -> None:
-        with self.runs_path.open("a") as handle:
-            for record in records:
-                handle.write(json.dumps(record) + "\n")
-
-    def save_outputs(self, trace: TraceConfig, output_tokens: dict[str, list[int]]) -> None:
-        path = self.out / f"outputs-{trace_name(trace)}.json"
-        if not path.exists():
-            path.write_text(json.dumps(output_tokens) + "\n")
+async def _find_epoch(
+    options: VllmBenchOptions, checkpoint: Checkpoint, trace: TraceConfig
+) -> tuple[Epoch, ReplayResult | None]:
+    """The epoch whose machine speed this machine matches (its warm-up steps priced by
+    each epoch's capacity-run fit), or a new one: capacity measured here, in the same
+    engine. Returns the capacity run too when there was one."""
+    epochs = checkpoint.epochs()
+    entries = generate_relqueries(trace, load_datasets(options.datasets_dir))
+    log = checkpoint.capacity_log_path(len(epochs))
+    log.unlink(missing_ok=True)  # an interrupted attempt's; the engine appends
+    engine = await RelQueryEngine.start(
+        EngineSettings(model=options.model, policy="v1-fcfs", step_log=log)
+    )
+    try:
+        await replay(engine, entries[:2], None)
+        matched = matching_epoch(epochs, read_step_log(log)[1])
+        if matched is not None:
+            log.unlink()
+            return matched, None
+        run = await replay(engine, entries, None)
+    finally:
+        engine.shutdown()
+    capacity = len(entries) / (run.window[1] - run.window[0])
+    return checkpoint.save_epoch(capacity, trace, machine_description()), run
 
 
 def run_vllm_benchmark(
     options: VllmBenchOptions, on_run: Callable[[str], None] | None = None
 ) -> None:
-    """Every (policy, trace, load) of the campaign on the real engine, each policy in its
-    own engine per trace, checkpointed as it goes. The report reads the checkpoint."""
+    """Every cell (trace, load) of the campaign not yet finished in some epoch, each
+    policy in its own engine, checkpointed as it goes. The report reads the checkpoint."""
     say = on_run or (lambda _message: None)
     checkpoint = Checkpoint(options.out_dir, options.resume)
     datasets = load_datasets(options.datasets_dir)
     traces = options.traces()
-    capacity = checkpoint.capacity()
-    if capacity is None:
-        entries = generate_relqueries(traces[0], datasets)
-        log = options.out_dir / "steps-capacity.jsonl"
-        (run,) = asyncio.run(_serve_policy(options, "v1-fcfs", entries, [None], log))
-        capacity = len(entries) / (run.window[1] - run.window[0])
-        checkpoint.save_capacity(capacity, traces[0])
-        checkpoint.save_outputs(traces[0], run.output_tokens)
-    say(f"capacity {capacity:.4f} relQueries/s")
-    capacity_log = read_step_log(options.out_dir / "steps-capacity.jsonl")
+    capacity_trace = checkpoint.capacity_trace(traces[0])
+    epoch, capacity_run = asyncio.run(_find_epoch(options, checkpoint, capacity_trace))
+    if capacity_run is not None:
+        checkpoint.save_outputs(capacity_trace, capacity_run.output_tokens)
+    say(f"epoch {epoch.number}: capacity {epoch.capacity:.4f} relQueries/s")
+    capacity_log = read_step_log(epoch.capacity_log)
     offline_fit = offline_cost_lines(*capacity_log)
     reference = fit_step_costs(capacity_log[1])
     for trace in traces:
         entries = generate_relqueries(trace, datasets)
-        loads = options.loads_for(trace)
-        for policy in options.policies:
-            if checkpoint.done(policy, trace):
+        for load in options.loads_for(trace):
+            if checkpoint.cell_done(trace, load, options.policies):
                 continue
-            log = options.out_dir / f"steps-{policy}-{trace_name(trace)}.jsonl"
-            log.unlink(missing_ok=True)
-            rates = [load * capacity for load in loads]
-            prior = offline_fit if policy in FIXED_COST_POLICIES else None
-            runs = asyncio.run(
-                _serve_policy(options, policy, entries, rates, log, prior, reference)
-            )
-            checkpoint.save_outputs(trace, runs[0].output_tokens)
-            _, steps = read_step_log(log)
-            records = [
-                _record(policy, trace, load, run, steps, prior, reference)
-                for load, run in zip(loads, runs, strict=True)
-            ]
-            checkpoint.add_runs(records)
-            for record in records:
+            for policy in options.policies:
+                if checkpoint.has_run(policy, trace, load, epoch.number):
+                    continue
+                name = f"steps-{policy}-{trace_name(trace)}-{load:g}-e{epoch.number}.jsonl"
+                log = options.out_dir / name
+                log.unlink(missing_ok=True)
+                prior = offline_fit if policy in FIXED_COST_POLICIES else None
+                run = asyncio.run(
+                    _serve_policy(
+                        options, policy, entries, load * epoch.capacity, log, prior, reference
+                    )
+                )
+                checkpoint.save_outputs(trace, run.output_tokens)
+                record = _record(policy, trace, load, run, read_step_log(log)[1], prior, reference)
+                record.update(epoch=epoch.number, capacity=epoch.capacity, step_log=name)
+                checkpoint.add_runs([record])
                 say(
-                    f"{policy} {trace_name(trace)} at {record['rate']:g} of capacity: "
+                    f"{policy} {trace_name(trace)} at {load:g} of capacity: "
                     f"mean {record['mean']:.2f} s"
                 )
 

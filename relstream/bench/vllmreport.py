@@ -6,29 +6,33 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+from relstream.bench.campaign import (
+    Checkpoint,
+    Epoch,
+    read_step_log,
+    reported_runs,
+    run_epoch,
+    step_log_of,
+    trace_name,
+)
 from relstream.bench.report import machine_description, write_report
 from relstream.bench.runner import run_grid
 from relstream.bench.stepfit import fit_step_costs, profile_document
+from relstream.bench.targets import BASELINES, fidelity, judge_targets, ratios
 from relstream.bench.vllmbench import (
-    Checkpoint,
     VllmBenchOptions,
     fit_cost_model,
     mean_overhead_fraction,
-    read_step_log,
     run_windows,
-    trace_name,
 )
 from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
 from relstream.scheduler import CostModel
 from relstream.sim.profiles import profile_from_document
 
 FITTED_PROFILE_FILE = "fitted_profile.json"
-OURS = "relstream"
-BASELINES = ("v1-fcfs", "v1-priority", "relserve")
-FIDELITY_TARGET = 0.15
 
 
 def save_campaign(options: VllmBenchOptions) -> None:
@@ -50,20 +54,29 @@ def save_campaign(options: VllmBenchOptions) -> None:
 def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
     campaign = json.loads((out / "campaign.json").read_text())
     checkpoint = Checkpoint(out, resume=True)
-    capacity = checkpoint.capacity()
-    runs = checkpoint.runs()
-    steps, limits = _steps(out)
-    fit = fit_step_costs(steps)
-    fitted = profile_document(fit, limits, "cpu-smollm2", str(out))
-    (out / FITTED_PROFILE_FILE).write_text(json.dumps(fitted, indent=2) + "\n")
-    _predict(runs, out, campaign, capacity, fitted, datasets_dir)
+    epochs = checkpoint.epochs()
+    every_run = checkpoint.runs()
+    runs = reported_runs(every_run, campaign["policies"])
+    fits = {}
+    for epoch in epochs:
+        steps, limits = _epoch_steps(out, runs, epoch)
+        fits[epoch.number] = fit_step_costs(steps)
+        fitted = profile_document(fits[epoch.number], limits, "cpu-smollm2", str(out))
+        (out / _profile_file(epoch)).write_text(json.dumps(fitted, indent=2) + "\n")
+    _predict(runs, out, campaign, epochs, datasets_dir)
+    steps, limits = _epoch_steps(out, runs, epochs[0])
     document = {
         "command": campaign["command"],
         "machine": machine_description(),
         "model": campaign["model"],
         "campaign": campaign,
-        "capacity_relqueries_per_s": capacity,
+        "capacity_relqueries_per_s": epochs[0].capacity,
+        "epochs": [
+            {"epoch": e.number, "capacity_relqueries_per_s": e.capacity, "step_cost_fit": fit}
+            for e, fit in zip(epochs, fits.values(), strict=True)
+        ],
         "runs": runs,
+        "runs_not_reported": [run for run in every_run if run not in runs],
         "ratios": ratios(runs),
         "targets": judge_targets(ratios(runs)),
         "fidelity": fidelity(runs),
@@ -71,15 +84,18 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
         "scheduling_overhead": {
             policy: mean_overhead_fraction(runs, policy) for policy in campaign["policies"]
         },
-        "step_cost_fit": fit,
+        "step_cost_fit": fits[0],
         "fitted_cost_model": fit_cost_model(steps),
         "limits": limits,
     }
     _plot(runs, out, campaign)
+    capacities = ", ".join(f"epoch {e.number}: {e.capacity:.4f}" for e in epochs)
     setting = (
-        f"Capacity, measured first with the whole first trace submitted at once to stock "
-        f"vLLM V1 (`v1-fcfs`): {capacity:.4f} relQueries/s; every load is a fraction of "
-        "it. Greedy decoding; each policy in its own engine per trace."
+        "Capacity, measured with the whole first trace submitted at once to stock vLLM V1 "
+        "(`v1-fcfs`) on each machine speed the campaign ran on (an epoch), in "
+        f"relQueries/s: {capacities}. Every load is a fraction of its epoch's capacity, "
+        "and policies are compared only inside one epoch. Greedy decoding; each policy in "
+        "its own engine per trace and load (per trace in epoch 0)."
     )
     write_report(
         out,
@@ -91,10 +107,16 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
     return document
 
 
-def _steps(out: Path) -> tuple[list[dict], dict]:
+def _profile_file(epoch: Epoch) -> str:
+    return f"fitted_profile-e{epoch.number}.json" if epoch.number else FITTED_PROFILE_FILE
+
+
+def _epoch_steps(out: Path, runs: list[dict], epoch: Epoch) -> tuple[list[dict], dict]:
+    """Every step logged on one epoch's machine: its capacity run and its engines."""
+    logs = {out / step_log_of(run) for run in runs if run_epoch(run) == epoch.number}
     steps: list[dict] = []
     limits: dict = {}
-    for path in sorted(out.glob("steps-*.jsonl")):
+    for path in sorted({epoch.capacity_log, *logs}):
         header, logged = read_step_log(path)
         limits = header.get("limits", limits)
         steps += logged
@@ -105,8 +127,7 @@ def _predict(
     runs: list[dict],
     out: Path,
     campaign: dict,
-    capacity: float,
-    fitted: dict,
+    epochs: list[Epoch],
     datasets_dir: Path | None,
 ) -> None:
     """The simulator replays every run: same relQueries and arrival rate, each row ending
@@ -114,12 +135,17 @@ def _predict(
     they were in the run, steps timed by a line fitted to that run's own steps
     (`predicted_mean`). The machine's speed drifts between runs by more than the target
     (the same step shapes ran up to 8 % slower in one engine than in another), so a
-    profile shared by all runs is reported beside it (`predicted_mean_one_profile`)."""
-    shared = profile_from_document(fitted)
+    profile shared by every run of its epoch is reported beside it
+    (`predicted_mean_one_profile`)."""
+    shared = {
+        e.number: profile_from_document(json.loads((out / _profile_file(e)).read_text()))
+        for e in epochs
+    }
     datasets = load_datasets(datasets_dir)
     traces: dict[str, object] = {}
-    for (policy, arrival, seed), records in _by_engine(runs).items():
-        header, steps = read_step_log(out / f"steps-{policy}-{arrival}-s{seed}.jsonl")
+    for log, records in _by_engine(runs).items():
+        header, steps = read_step_log(out / log)
+        arrival, seed = records[0]["arrival"], records[0]["seed"]
         config = TraceConfig(
             **{
                 **campaign["trace"],
@@ -134,8 +160,13 @@ def _predict(
             traces[name] = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
         for run, (start, end) in zip(records, run_windows(records, steps), strict=True):
             own = [s for s in steps if start <= s["t"] <= end]
-            profile = _run_profile(own, header["limits"]) or shared
-            for key, used in (("predicted_mean", profile), ("predicted_mean_one_profile", shared)):
+            epoch_profile = shared[run_epoch(run)]
+            profile = _run_profile(own, header["limits"]) or epoch_profile
+            capacity = epochs[run_epoch(run)].capacity
+            for key, used in (
+                ("predicted_mean", profile),
+                ("predicted_mean_one_profile", epoch_profile),
+            ):
                 run[key] = _replay(traces[name], used, run, capacity)
             run["prediction_error"] = run["predicted_mean"] / run["mean"] - 1.0
             run["prediction_error_one_profile"] = (
@@ -143,11 +174,11 @@ def _predict(
             )
 
 
-def _by_engine(runs: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
-    """The runs each engine served (one step log each), in load order."""
-    engines: dict[tuple[str, str, int], list[dict]] = {}
+def _by_engine(runs: list[dict]) -> dict[str, list[dict]]:
+    """The runs each engine served, by its step log, in load order."""
+    engines: dict[str, list[dict]] = {}
     for run in runs:
-        engines.setdefault((run["policy"], run["arrival"], run["seed"]), []).append(run)
+        engines.setdefault(step_log_of(run), []).append(run)
     return engines
 
 
@@ -167,90 +198,6 @@ def _replay(trace, profile, run: dict, capacity: float) -> float:
     rate = run["rate"] * capacity
     (predicted,) = run_grid(trace, profile, [run["policy"]], [rate], kind, None, prior)
     return predicted.mean
-
-
-def ratios(runs: list[dict]) -> list[dict]:
-    """Per trace and load: each baseline's mean over relstream's (above 1: relstream is
-    faster), and relstream's max over stock V1's max."""
-    rows = []
-    keyed = {(r["arrival"], r["seed"], r["rate"], r["policy"]): r for r in runs}
-    for arrival, seed, load, policy in sorted(keyed):
-        if policy != OURS:
-            continue
-        ours = keyed[(arrival, seed, load, OURS)]
-        row = {"arrival": arrival, "seed": seed, "rate": load}
-        for baseline in BASELINES:
-            other = keyed.get((arrival, seed, load, baseline))
-            if other:
-                row[baseline] = other["mean"] / ours["mean"]
-        fcfs = keyed.get((arrival, seed, load, "v1-fcfs"))
-        if fcfs:
-            row["max_vs_v1_fcfs"] = ours["max"] / fcfs["max"]
-        rows.append(row)
-    return rows
-
-
-@dataclass(frozen=True)
-class Target:
-    """One "done when" line of the scheduler issue, judged on its worst trace."""
-
-    label: str
-    baseline: str  # a key of a `ratios` row
-    loads: tuple[float, float]  # the loads it covers, inclusive
-    bound: float
-    at_most: bool = False  # the ratio must stay at or below `bound` (else at or above)
-
-
-TARGETS = (
-    Target("top load (≥1.2): v1-fcfs / relstream", "v1-fcfs", (1.2, 99.0), 2.3),
-    Target("top load (≥1.2): v1-priority / relstream", "v1-priority", (1.2, 99.0), 1.6),
-    Target("moderate load (0.6-0.9): v1-fcfs / relstream", "v1-fcfs", (0.6, 0.9), 1.4),
-    Target("moderate load (0.6-0.9): v1-priority / relstream", "v1-priority", (0.6, 0.9), 1.2),
-    Target("every load: relserve / relstream", "relserve", (0.0, 99.0), 0.95),
-    Target("every load: relstream max / v1-fcfs max", "max_vs_v1_fcfs", (0.0, 99.0), 1.5, True),
-)
-
-
-def judge_targets(ratio_rows: list[dict]) -> list[dict]:
-    """Each target's worst trace among those measured, and whether it holds there."""
-    judged = []
-    for target in TARGETS:
-        low, high = target.loads
-        covered = [
-            (row[target.baseline], row)
-            for row in ratio_rows
-            if target.baseline in row and low <= row["rate"] <= high
-        ]
-        if not covered:
-            judged.append({"target": target.label, "traces": 0})
-            continue
-        pick = max if target.at_most else min
-        worst, row = pick(covered, key=lambda pair: pair[0])
-        holds = worst <= target.bound if target.at_most else worst >= target.bound
-        judged.append(
-            {
-                "target": target.label,
-                "bound": target.bound,
-                "traces": len(covered),
-                "worst": worst,
-                "worst_trace": f"{row['arrival']} seed {row['seed']} at {row['rate']:g}",
-                "holds": holds,
-            }
-        )
-    return judged
-
-
-def fidelity(runs: list[dict], suffix: str = "") -> dict:
-    """How many replays land within the target; `suffix` "_one_profile" for the replays
-    that share one profile."""
-    key = f"prediction_error{suffix}"
-    errors = [abs(r[key]) for r in runs if key in r]
-    return {
-        "target": FIDELITY_TARGET,
-        "runs": len(errors),
-        "within_target": sum(1 for e in errors if e <= FIDELITY_TARGET),
-        "max_abs_error": max(errors, default=float("nan")),
-    }
 
 
 def _spread(runs: list[dict], arrival: str, load: float, policy: str) -> str:

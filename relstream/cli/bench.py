@@ -238,11 +238,8 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
     if not opts["report_only"]:
         reexec_with_tcmalloc()
         unwind_on_sigterm()
-        from relstream.bench.vllmbench import (
-            MachineSpeedError,
-            VllmBenchOptions,
-            run_vllm_benchmark,
-        )
+        from relstream.bench.campaign import MachineSpeedError
+        from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
 
         options = VllmBenchOptions(
             model=opts["model"],

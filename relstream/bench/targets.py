@@ -1,0 +1,95 @@
+"""The scheduler issue's "done when" lines, judged on a real-engine campaign's runs:
+relstream's mean against each baseline per trace and load, each target on its worst
+trace, and how closely the simulator's replays land."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OURS = "relstream"
+BASELINES = ("v1-fcfs", "v1-priority", "relserve")
+FIDELITY_TARGET = 0.15
+
+
+def ratios(runs: list[dict]) -> list[dict]:
+    """Per trace and load: each baseline's mean over relstream's (above 1: relstream is
+    faster), and relstream's max over stock V1's max."""
+    rows = []
+    keyed = {(r["arrival"], r["seed"], r["rate"], r["policy"]): r for r in runs}
+    for arrival, seed, load, policy in sorted(keyed):
+        if policy != OURS:
+            continue
+        ours = keyed[(arrival, seed, load, OURS)]
+        row = {"arrival": arrival, "seed": seed, "rate": load}
+        for baseline in BASELINES:
+            other = keyed.get((arrival, seed, load, baseline))
+            if other:
+                row[baseline] = other["mean"] / ours["mean"]
+        fcfs = keyed.get((arrival, seed, load, "v1-fcfs"))
+        if fcfs:
+            row["max_vs_v1_fcfs"] = ours["max"] / fcfs["max"]
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class Target:
+    """One "done when" line of the scheduler issue, judged on its worst trace."""
+
+    label: str
+    baseline: str  # a key of a `ratios` row
+    loads: tuple[float, float]  # the loads it covers, inclusive
+    bound: float
+    at_most: bool = False  # the ratio must stay at or below `bound` (else at or above)
+
+
+TARGETS = (
+    Target("top load (≥1.2): v1-fcfs / relstream", "v1-fcfs", (1.2, 99.0), 2.3),
+    Target("top load (≥1.2): v1-priority / relstream", "v1-priority", (1.2, 99.0), 1.6),
+    Target("moderate load (0.6-0.9): v1-fcfs / relstream", "v1-fcfs", (0.6, 0.9), 1.4),
+    Target("moderate load (0.6-0.9): v1-priority / relstream", "v1-priority", (0.6, 0.9), 1.2),
+    Target("every load: relserve / relstream", "relserve", (0.0, 99.0), 0.95),
+    Target("every load: relstream max / v1-fcfs max", "max_vs_v1_fcfs", (0.0, 99.0), 1.5, True),
+)
+
+
+def judge_targets(ratio_rows: list[dict]) -> list[dict]:
+    """Each target's worst trace among those measured, and whether it holds there."""
+    judged = []
+    for target in TARGETS:
+        low, high = target.loads
+        covered = [
+            (row[target.baseline], row)
+            for row in ratio_rows
+            if target.baseline in row and low <= row["rate"] <= high
+        ]
+        if not covered:
+            judged.append({"target": target.label, "traces": 0})
+            continue
+        pick = max if target.at_most else min
+        worst, row = pick(covered, key=lambda pair: pair[0])
+        holds = worst <= target.bound if target.at_most else worst >= target.bound
+        judged.append(
+            {
+                "target": target.label,
+                "bound": target.bound,
+                "traces": len(covered),
+                "worst": worst,
+                "worst_trace": f"{row['arrival']} seed {row['seed']} at {row['rate']:g}",
+                "holds": holds,
+            }
+        )
+    return judged
+
+
+def fidelity(runs: list[dict], suffix: str = "") -> dict:
+    """How many replays land within the target; `suffix` "_one_profile" for the replays
+    that share one profile."""
+    key = f"prediction_error{suffix}"
+    errors = [abs(r[key]) for r in runs if key in r]
+    return {
+        "target": FIDELITY_TARGET,
+        "runs": len(errors),
+        "within_target": sum(1 for e in errors if e <= FIDELITY_TARGET),
+        "max_abs_error": max(errors, default=float("nan")),
+    }

@@ -1,0 +1,104 @@
+"""A campaign spans machines: epochs, cells, and which runs a report compares."""
+
+import json
+
+from relstream.bench.campaign import Checkpoint, matching_epoch, reported_runs
+from relstream.bench.workload import TraceConfig
+
+POLICIES = ("relstream", "v1-fcfs")
+SEED_2 = TraceConfig(48, 1, 48, "poisson", 1.0, 0.02, 2)
+
+
+def run(policy: str, load: float, epoch: int | None, mean: float, **extra) -> dict:
+    record = {"policy": policy, "arrival": "poisson", "seed": 2, "rate": load, "mean": mean}
+    if epoch is not None:  # records from before epochs carry none: epoch 0
+        record["epoch"] = epoch
+    return {**record, **extra}
+
+
+def step(tokens: int, decodes: int) -> dict:
+    """A step of a machine whose steps cost 20 ms + 1 ms a prompt token + 2 ms a decode."""
+    duration = 0.020 + 0.001 * tokens + 0.002 * decodes
+    return {
+        "kind": "mixed",
+        "uncached_tokens": tokens,
+        "decode_requests": decodes,
+        "decode_context_tokens": 0,
+        "duration_s": duration,
+    }
+
+
+def slower(record: dict, factor: float) -> dict:
+    return {**record, "duration_s": record["duration_s"] * factor}
+
+
+CAPACITY_STEPS = [step(t, d) for t in (0, 64, 512) for d in (1, 8, 30)]
+
+
+def write_capacity_log(path, steps) -> None:
+    lines = [{"event": "start", "limits": {}}, *steps]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_a_cell_is_compared_in_the_latest_epoch_that_ran_every_policy():
+    runs = [
+        run("relstream", 1.3, None, 46.4, superseded="relstream changed"),
+        run("v1-fcfs", 1.3, None, 96.5),
+        run("relstream", 1.3, 1, 80.0),
+        run("v1-fcfs", 1.3, 1, 190.0),
+        run("relstream", 0.75, 0, 20.0),
+        run("v1-fcfs", 0.75, 0, 30.0),
+        run("relstream", 0.75, 1, 41.0),  # epoch 1 has not run v1-fcfs here yet
+    ]
+    chosen = {(r["rate"], r["policy"]): r["mean"] for r in reported_runs(runs, POLICIES)}
+    assert chosen == {
+        (1.3, "relstream"): 80.0,
+        (1.3, "v1-fcfs"): 190.0,
+        (0.75, "relstream"): 20.0,
+        (0.75, "v1-fcfs"): 30.0,
+    }
+
+
+def test_an_unfinished_cell_reports_its_latest_epoch_alone():
+    runs = [run("v1-fcfs", 1.3, None, 96.5), run("relstream", 1.3, 1, 80.0)]
+    assert [r["mean"] for r in reported_runs(runs, POLICIES)] == [80.0]
+
+
+def test_a_superseded_run_leaves_its_cell_to_be_run_again(tmp_path):
+    checkpoint = Checkpoint(tmp_path, resume=True)
+    checkpoint.add_runs(
+        [
+            run("relstream", 1.3, None, 46.4, superseded="relstream changed"),
+            run("v1-fcfs", 1.3, 0, 96.5),
+        ]
+    )
+    assert not checkpoint.cell_done(SEED_2, 1.3, POLICIES)
+    assert checkpoint.has_run("v1-fcfs", SEED_2, 1.3, 0)
+    assert not checkpoint.has_run("v1-fcfs", SEED_2, 1.3, 1)
+    checkpoint.add_runs([run("relstream", 1.3, 1, 80.0), run("v1-fcfs", 1.3, 1, 190.0)])
+    assert checkpoint.cell_done(SEED_2, 1.3, POLICIES)
+
+
+def test_epochs_are_numbered_in_order_and_keep_the_first_capacity_trace(tmp_path):
+    checkpoint = Checkpoint(tmp_path, resume=True)
+    seed_0 = TraceConfig(48, 1, 48, "poisson", 1.0, 0.02, 0)
+    assert checkpoint.capacity_trace(SEED_2) == SEED_2  # no epoch yet: the first trace
+    first = checkpoint.save_epoch(0.2, seed_0, "fast")
+    second = checkpoint.save_epoch(0.1, SEED_2, "slow")
+    assert (first.number, first.capacity_log.name) == (0, "steps-capacity.jsonl")
+    assert (second.number, second.capacity_log.name) == (1, "steps-capacity-e1.jsonl")
+    assert [e.capacity for e in checkpoint.epochs()] == [0.2, 0.1]
+    assert checkpoint.capacity_trace(SEED_2) == seed_0
+
+
+def test_a_machine_joins_the_epoch_whose_speed_it_matches(tmp_path):
+    checkpoint = Checkpoint(tmp_path, resume=True)
+    fast = checkpoint.save_epoch(0.2, SEED_2, "fast")
+    write_capacity_log(fast.capacity_log, CAPACITY_STEPS)
+    warm_up = [step(128, 0), step(0, 2), step(0, 2)]
+    assert matching_epoch([fast], warm_up) == fast
+    assert matching_epoch([fast], [slower(s, 1.3) for s in warm_up]) == fast  # within 1.4x
+    assert matching_epoch([fast], [slower(s, 2.0) for s in warm_up]) is None
+    slow = checkpoint.save_epoch(0.1, SEED_2, "slow")
+    write_capacity_log(slow.capacity_log, [slower(s, 2.0) for s in CAPACITY_STEPS])
+    assert matching_epoch([fast, slow], [slower(s, 2.0) for s in warm_up]) == slow
