@@ -197,6 +197,17 @@ async def _find_epoch(
     return checkpoint.save_epoch(capacity, trace, machine_description()), run
 
 
+def runs_to_do(options: VllmBenchOptions) -> int:
+    """Runs of the cells no epoch has finished (some may be done in this one already)."""
+    checkpoint = Checkpoint(options.out_dir, resume=True) if options.resume else None
+    return sum(
+        len(options.policies)
+        for trace in options.traces()
+        for load in options.loads_for(trace)
+        if checkpoint is None or not checkpoint.cell_done(trace, load, options.policies)
+    )
+
+
 def run_vllm_benchmark(
     options: VllmBenchOptions, on_run: Callable[[str], None] | None = None
 ) -> None:

@@ -239,7 +239,7 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
         reexec_with_tcmalloc()
         unwind_on_sigterm()
         from relstream.bench.campaign import MachineSpeedError
-        from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark
+        from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark, runs_to_do
 
         options = VllmBenchOptions(
             model=opts["model"],
@@ -255,9 +255,11 @@ def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, comma
             burstiness=opts["burstiness"],
             resume=opts["resume"],
         )
-        runs = sum(len(options.policies) * len(options.loads_for(t)) for t in options.traces())
         with progress() as bar:
-            task = bar.add_task("capacity (stock vLLM, whole trace at once)", total=runs)
+            task = bar.add_task(
+                "machine speed, capacity if new (stock vLLM, whole trace at once)",
+                total=runs_to_do(options) + 1,
+            )
 
             def on_run(message: str) -> None:
                 bar.advance(task)
