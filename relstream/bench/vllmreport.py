@@ -256,13 +256,14 @@ def _body(document: dict) -> list[str]:
         "## Every run: p50, p99, max, and the simulator's replay",
         "",
         "Simulated: the run replayed with its own steps' cost line; one profile: with the "
-        "line fitted over every run's steps.",
+        "line fitted over every run's steps in its epoch.",
         "",
-        "| policy | arrival | seed | load | mean | p50 | p99 | max | simulated | error "
+        "| policy | arrival | seed | load | epoch | mean | p50 | p99 | max | simulated | error "
         "| one profile | error |",
-        "|---" * 12 + "|",
+        "|---" * 13 + "|",
         *[
             f"| {r['policy']} | {r['arrival']} | {r['seed']} | {r['rate']:g} | "
+            f"{run_epoch(r)} | "
             f"{r['mean']:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | "
             f"{r.get('predicted_mean', float('nan')):.2f} | "
             f"{r.get('prediction_error', float('nan')):+.0%} | "
@@ -281,8 +282,8 @@ def _body(document: dict) -> list[str]:
         f"Simulator fidelity: {fid['within_target']} of {fid['runs']} runs within "
         f"{fid['target']:.0%} replayed with their own steps' line (largest error "
         f"{fid['max_abs_error']:.0%}); {shared['within_target']} of {shared['runs']} with "
-        f"one profile for all (largest {shared['max_abs_error']:.0%}). Step costs, "
-        f"fitted over all {fit['steps']} logged steps (mixed ones included): "
+        f"one profile per epoch (largest {shared['max_abs_error']:.0%}). Step costs, "
+        f"fitted over epoch 0's {fit['steps']} logged steps (mixed ones included): "
         f"{fit['base'] * 1e3:.1f} ms + {fit['per_uncached_token'] * 1e3:.3f} ms × uncached "
         f"tokens + {fit['per_decode_request'] * 1e3:.3f} ms × decodes + "
         f"{fit['per_context_token'] * 1e6:.3f} µs × decode context tokens "
