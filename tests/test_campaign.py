@@ -2,7 +2,14 @@
 
 import json
 
-from relstream.bench.campaign import Checkpoint, matching_epoch, reported_runs
+import pytest
+
+from relstream.bench.campaign import (
+    Checkpoint,
+    matching_epoch,
+    reported_runs,
+    warm_up_speeds,
+)
 from relstream.bench.workload import TraceConfig
 
 POLICIES = ("relstream", "v1-fcfs")
@@ -83,22 +90,30 @@ def test_epochs_are_numbered_in_order_and_keep_the_first_capacity_trace(tmp_path
     checkpoint = Checkpoint(tmp_path, resume=True)
     seed_0 = TraceConfig(48, 1, 48, "poisson", 1.0, 0.02, 0)
     assert checkpoint.capacity_trace(SEED_2) == SEED_2  # no epoch yet: the first trace
-    first = checkpoint.save_epoch(0.2, seed_0, "fast")
-    second = checkpoint.save_epoch(0.1, SEED_2, "slow")
+    first = checkpoint.save_epoch(0.2, seed_0, "fast", {})
+    second = checkpoint.save_epoch(0.1, SEED_2, "slow", {0: 2.0})
     assert (first.number, first.capacity_log.name) == (0, "steps-capacity.jsonl")
     assert (second.number, second.capacity_log.name) == (1, "steps-capacity-e1.jsonl")
     assert [e.capacity for e in checkpoint.epochs()] == [0.2, 0.1]
     assert checkpoint.capacity_trace(SEED_2) == seed_0
+    second_record = json.loads((tmp_path / "capacity-e1.json").read_text())
+    assert second_record["warm_up_speed_vs_epochs"] == {"0": 2.0}  # why it is an epoch
 
 
 def test_a_machine_joins_the_epoch_whose_speed_it_matches(tmp_path):
     checkpoint = Checkpoint(tmp_path, resume=True)
-    fast = checkpoint.save_epoch(0.2, SEED_2, "fast")
+    fast = checkpoint.save_epoch(0.2, SEED_2, "fast", {})
     write_capacity_log(fast.capacity_log, CAPACITY_STEPS)
     warm_up = [step(128, 0), step(0, 2), step(0, 2)]
-    assert matching_epoch([fast], warm_up) == fast
-    assert matching_epoch([fast], [slower(s, 1.3) for s in warm_up]) == fast  # within 1.4x
-    assert matching_epoch([fast], [slower(s, 2.0) for s in warm_up]) is None
-    slow = checkpoint.save_epoch(0.1, SEED_2, "slow")
+
+    def joined(epochs, factor):
+        steps = [slower(s, factor) for s in warm_up]
+        return matching_epoch(epochs, warm_up_speeds(epochs, steps))
+
+    assert warm_up_speeds([fast], warm_up) == {0: pytest.approx(1.0)}
+    assert joined([fast], 1.0) == fast
+    assert joined([fast], 1.3) == fast  # within 1.4x
+    assert joined([fast], 2.0) is None
+    slow = checkpoint.save_epoch(0.1, SEED_2, "slow", {0: 2.0})
     write_capacity_log(slow.capacity_log, [slower(s, 2.0) for s in CAPACITY_STEPS])
-    assert matching_epoch([fast, slow], [slower(s, 2.0) for s in warm_up]) == slow
+    assert joined([fast, slow], 2.0) == slow

@@ -89,10 +89,15 @@ class Epoch:
         return fit_step_costs(read_step_log(self.capacity_log)[1])
 
 
-def matching_epoch(epochs: Sequence[Epoch], warm_up: Sequence[dict]) -> Epoch | None:
-    """The latest epoch whose machine speed `warm_up` steps match, if any."""
+def warm_up_speeds(epochs: Sequence[Epoch], warm_up: Sequence[dict]) -> dict[int, float]:
+    """This machine's speed against each epoch's: `warm_up` steps priced by its fit."""
+    return {epoch.number: speed_against(epoch.reference(), warm_up) for epoch in epochs}
+
+
+def matching_epoch(epochs: Sequence[Epoch], speeds: dict[int, float]) -> Epoch | None:
+    """The latest epoch whose machine speed this one matches (`warm_up_speeds`), if any."""
     for epoch in reversed(epochs):
-        if within_band(speed_against(epoch.reference(), warm_up)):
+        if within_band(speeds[epoch.number]):
             return epoch
     return None
 
@@ -144,9 +149,17 @@ class Checkpoint:
         path = self._capacity_path(0)
         return TraceConfig(**json.loads(path.read_text())["trace"]) if path.exists() else default
 
-    def save_epoch(self, capacity: float, trace: TraceConfig, machine: str) -> Epoch:
+    def save_epoch(
+        self, capacity: float, trace: TraceConfig, machine: str, speeds: dict[int, float]
+    ) -> Epoch:
+        """A new epoch; `speeds` (`warm_up_speeds`) say why no earlier one matched."""
         number = len(self.epochs())
-        document = {"relqueries_per_s": capacity, "trace": asdict(trace), "machine": machine}
+        document = {
+            "relqueries_per_s": capacity,
+            "trace": asdict(trace),
+            "machine": machine,
+            "warm_up_speed_vs_epochs": {str(n): round(v, 3) for n, v in speeds.items()},
+        }
         self._capacity_path(number).write_text(json.dumps(document, indent=2) + "\n")
         return Epoch(number, capacity, self.capacity_log_path(number))
 

@@ -29,6 +29,7 @@ from relstream.bench.campaign import (
     read_step_log,
     speed_against,
     trace_name,
+    warm_up_speeds,
 )
 from relstream.bench.report import machine_description
 from relstream.bench.runner import Measured, summarize_outcomes
@@ -173,10 +174,10 @@ async def _serve_policy(
 
 async def _find_epoch(
     options: VllmBenchOptions, checkpoint: Checkpoint, trace: TraceConfig
-) -> tuple[Epoch, ReplayResult | None]:
+) -> tuple[Epoch, ReplayResult | None, dict[int, float]]:
     """The epoch whose machine speed this machine matches (its warm-up steps priced by
     each epoch's capacity-run fit), or a new one: capacity measured here, in the same
-    engine. Returns the capacity run too when there was one."""
+    engine. Returns the capacity run too when there was one, and the speeds compared."""
     epochs = checkpoint.epochs()
     entries = generate_relqueries(trace, load_datasets(options.datasets_dir))
     log = checkpoint.capacity_log_path(len(epochs))
@@ -186,15 +187,16 @@ async def _find_epoch(
     )
     try:
         await replay(engine, entries[:2], None)
-        matched = matching_epoch(epochs, read_step_log(log)[1])
+        speeds = warm_up_speeds(epochs, read_step_log(log)[1])
+        matched = matching_epoch(epochs, speeds)
         if matched is not None:
             log.unlink()
-            return matched, None
+            return matched, None, speeds
         run = await replay(engine, entries, None)
     finally:
         engine.shutdown()
     capacity = len(entries) / (run.window[1] - run.window[0])
-    return checkpoint.save_epoch(capacity, trace, machine_description()), run
+    return checkpoint.save_epoch(capacity, trace, machine_description(), speeds), run, speeds
 
 
 def runs_to_do(options: VllmBenchOptions) -> int:
@@ -218,10 +220,14 @@ def run_vllm_benchmark(
     datasets = load_datasets(options.datasets_dir)
     traces = options.traces()
     capacity_trace = checkpoint.capacity_trace(traces[0])
-    epoch, capacity_run = asyncio.run(_find_epoch(options, checkpoint, capacity_trace))
+    epoch, capacity_run, speeds = asyncio.run(_find_epoch(options, checkpoint, capacity_trace))
     if capacity_run is not None:
         checkpoint.save_outputs(capacity_trace, capacity_run.output_tokens)
-    say(f"epoch {epoch.number}: capacity {epoch.capacity:.4f} relQueries/s")
+    compared = ", ".join(f"{speed:.2f}x epoch {n}'s" for n, speed in speeds.items())
+    say(
+        f"epoch {epoch.number}{' (new)' if capacity_run else ''}: capacity "
+        f"{epoch.capacity:.4f} relQueries/s; warm-up steps took {compared or 'no'} fit"
+    )
     capacity_log = read_step_log(epoch.capacity_log)
     offline_fit = offline_cost_lines(*capacity_log)
     reference = fit_step_costs(capacity_log[1])
