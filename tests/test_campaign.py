@@ -94,7 +94,7 @@ def test_epochs_are_numbered_in_order_and_keep_the_first_capacity_trace(tmp_path
     second = checkpoint.save_epoch(0.1, SEED_2, "slow", {0: 2.0})
     assert (first.number, first.capacity_log.name) == (0, "steps-capacity.jsonl")
     assert (second.number, second.capacity_log.name) == (1, "steps-capacity-e1.jsonl")
-    assert [e.capacity for e in checkpoint.epochs()] == [0.2, 0.1]
+    assert [(e.capacity, e.machine) for e in checkpoint.epochs()] == [(0.2, "fast"), (0.1, "slow")]
     assert checkpoint.capacity_trace(SEED_2) == seed_0
     second_record = json.loads((tmp_path / "capacity-e1.json").read_text())
     assert second_record["warm_up_speed_vs_epochs"] == {"0": 2.0}  # why it is an epoch

@@ -83,6 +83,7 @@ class Epoch:
     number: int
     capacity: float  # relQueries/s, measured on this epoch's machine
     capacity_log: Path  # the capacity run's step log
+    machine: str = "not recorded"  # what ran it (the first epoch's capacity file lacks it)
 
     def reference(self) -> dict:
         """The capacity run's step-cost fit: what prices every later engine's steps."""
@@ -140,8 +141,10 @@ class Checkpoint:
     def epochs(self) -> list[Epoch]:
         found = []
         while (path := self._capacity_path(len(found))).exists():
-            capacity = json.loads(path.read_text())["relqueries_per_s"]
-            found.append(Epoch(len(found), capacity, self.capacity_log_path(len(found))))
+            record = json.loads(path.read_text())
+            log = self.capacity_log_path(len(found))
+            machine = record.get("machine", Epoch.machine)
+            found.append(Epoch(len(found), record["relqueries_per_s"], log, machine))
         return found
 
     def capacity_trace(self, default: TraceConfig) -> TraceConfig:
@@ -161,7 +164,7 @@ class Checkpoint:
             "warm_up_speed_vs_epochs": {str(n): round(v, 3) for n, v in speeds.items()},
         }
         self._capacity_path(number).write_text(json.dumps(document, indent=2) + "\n")
-        return Epoch(number, capacity, self.capacity_log_path(number))
+        return Epoch(number, capacity, self.capacity_log_path(number), machine)
 
     # runs
     def runs(self) -> list[dict]:

@@ -67,12 +67,18 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
     steps, limits = _epoch_steps(out, runs, epochs[0])
     document = {
         "command": campaign["command"],
-        "machine": machine_description(),
+        "machine": "; ".join(f"epoch {e.number}: {e.machine}" for e in epochs),
+        "report_built_on": machine_description(),
         "model": campaign["model"],
         "campaign": campaign,
         "capacity_relqueries_per_s": epochs[0].capacity,
         "epochs": [
-            {"epoch": e.number, "capacity_relqueries_per_s": e.capacity, "step_cost_fit": fit}
+            {
+                "epoch": e.number,
+                "machine": e.machine,
+                "capacity_relqueries_per_s": e.capacity,
+                "step_cost_fit": fit,
+            }
             for e, fit in zip(epochs, fits.values(), strict=True)
         ],
         "runs": runs,
