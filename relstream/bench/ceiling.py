@@ -1,0 +1,92 @@
+"""How far ordering can take a real-engine campaign's traces: each epoch's fitted
+profile replays a trace (every row ending where it really ended) under relstream, under
+relstream without its Δ admission gate, and under the clairvoyant reference with and
+without the gate, beside stock V1. If the reference, told every true output length, does
+not reach a target ratio, no estimate of remaining work will.
+
+    python -m relstream.bench.ceiling docs/benchmarks/vllm-campaign --load 1.3
+
+writes ceiling.json and ceiling.md in that folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from relstream.bench.campaign import Checkpoint
+from relstream.bench.runner import make_cost_model, summarize
+from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
+from relstream.scheduler import CostModel, Policy
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.sim.engine import SimulatedEngine
+from relstream.sim.policies import Clairvoyant, make_sim_policy
+from relstream.sim.profiles import profile_from_document
+
+UNGATED = RelstreamConfig(gate=False)
+VARIANTS: dict[str, Callable[[CostModel], Policy]] = {
+    "relstream": Relstream,
+    "relstream, no gate": lambda cost: Relstream(cost, UNGATED),
+    "clairvoyant": Clairvoyant,
+    "clairvoyant, no gate": lambda cost: Clairvoyant(cost, UNGATED),
+    "v1-fcfs": lambda cost: make_sim_policy("v1-fcfs", cost),
+    "v1-priority": lambda cost: make_sim_policy("v1-priority", cost),
+}
+ORDERINGS = ("relstream", "relstream, no gate", "clairvoyant", "clairvoyant, no gate")
+
+
+def ceiling(out: Path, datasets_dir: Path | None, load: float, seeds: list[int]) -> list[dict]:
+    """One record per (epoch, seed): every variant's simulated mean at `load`."""
+    campaign = json.loads((out / "campaign.json").read_text())
+    datasets = load_datasets(datasets_dir)
+    records = []
+    for epoch in Checkpoint(out, resume=True).epochs():
+        name = f"fitted_profile-e{epoch.number}.json" if epoch.number else "fitted_profile.json"
+        profile = profile_from_document(json.loads((out / name).read_text()))
+        for seed in seeds:
+            config = TraceConfig(**{**campaign["trace"], "burstiness": 1.0, "seed": seed})
+            outputs = json.loads((out / f"outputs-poisson-s{seed}.json").read_text())
+            trace = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
+            relqueries = trace.at_rate(load * epoch.capacity, profile.limits.block_size)
+            means = {}
+            for variant, build in VARIANTS.items():
+                policy = build(make_cost_model("online", profile))
+                run = SimulatedEngine(profile, policy).run(relqueries)
+                means[variant] = summarize(variant, load, run).mean
+            records.append({"epoch": epoch.number, "seed": seed, "load": load, "mean": means})
+    return records
+
+
+def table(records: list[dict]) -> list[str]:
+    """v1-fcfs (and v1-priority) mean over each ordering's mean."""
+    lines = [
+        "| epoch | seed | " + " | ".join(ORDERINGS) + " | relstream vs v1-priority "
+        "| clairvoyant vs v1-priority |",
+        "|---|---|" + "---|" * (len(ORDERINGS) + 2),
+    ]
+    for record in records:
+        mean = record["mean"]
+        cells = [f"{mean['v1-fcfs'] / mean[name]:.2f}x" for name in ORDERINGS]
+        cells += [f"{mean['v1-priority'] / mean[name]:.2f}x" for name in ORDERINGS[::2]]
+        lines.append(f"| {record['epoch']} | {record['seed']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@click.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--load", type=float, default=1.3, show_default=True)
+@click.option("--seeds", default="0,1,2", show_default=True)
+@click.option("--datasets", type=click.Path(path_type=Path), default=None)
+def main(out: Path, load: float, seeds: str, datasets: Path | None) -> None:
+    records = ceiling(out, datasets, load, [int(seed) for seed in seeds.split(",")])
+    (out / "ceiling.json").write_text(json.dumps(records, indent=2) + "\n")
+    heading = f"Simulated at {load:g} of each epoch's capacity: v1-fcfs mean / each ordering's."
+    (out / "ceiling.md").write_text("\n".join([heading, "", *table(records), ""]))
+    click.echo("\n".join(table(records)))
+
+
+if __name__ == "__main__":
+    main()
