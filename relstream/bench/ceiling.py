@@ -4,7 +4,8 @@ relstream without its Δ admission gate, and under the clairvoyant reference wit
 without the gate, beside stock V1. If the reference, told every true output length, does
 not reach a target ratio, no estimate of remaining work will.
 
-    python -m relstream.bench.ceiling docs/benchmarks/vllm-campaign --load 1.3
+    python -m relstream.bench.ceiling docs/benchmarks/vllm-campaign --load 1.3 \
+        --datasets ../shared/datasets
 
 writes ceiling.json and ceiling.md in that folder.
 """
@@ -48,7 +49,13 @@ def ceiling(out: Path, datasets_dir: Path | None, load: float, seeds: list[int])
         profile = profile_from_document(json.loads((out / name).read_text()))
         for seed in seeds:
             config = TraceConfig(**{**campaign["trace"], "burstiness": 1.0, "seed": seed})
-            outputs = json.loads((out / f"outputs-poisson-s{seed}.json").read_text())
+            outputs_file = out / f"outputs-poisson-s{seed}.json"
+            if not outputs_file.exists():
+                raise click.BadParameter(
+                    f"{outputs_file} is missing: the campaign has not run Poisson seed {seed}",
+                    param_hint="--seeds",
+                )
+            outputs = json.loads(outputs_file.read_text())
             trace = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
             relqueries = trace.at_rate(load * epoch.capacity, profile.limits.block_size)
             means = {}
@@ -77,10 +84,19 @@ def table(records: list[dict]) -> list[str]:
 
 @click.command()
 @click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--load", type=float, default=1.3, show_default=True)
-@click.option("--seeds", default="0,1,2", show_default=True)
-@click.option("--datasets", type=click.Path(path_type=Path), default=None)
-def main(out: Path, load: float, seeds: str, datasets: Path | None) -> None:
+@click.option(
+    "--load", type=float, default=1.3, show_default=True, help="fraction of each epoch's capacity"
+)
+@click.option(
+    "--seeds", default="0,1,2", show_default=True, help="Poisson seeds the campaign has run"
+)
+@click.option(
+    "--datasets",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="the tables the campaign ran on (its command's --datasets)",
+)
+def main(out: Path, load: float, seeds: str, datasets: Path) -> None:
     records = ceiling(out, datasets, load, [int(seed) for seed in seeds.split(",")])
     (out / "ceiling.json").write_text(json.dumps(records, indent=2) + "\n")
     heading = f"Simulated at {load:g} of each epoch's capacity: v1-fcfs mean / each ordering's."
