@@ -63,7 +63,7 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
         fits[epoch.number] = fit_step_costs(steps)
         fitted = profile_document(fits[epoch.number], limits, "cpu-smollm2", str(out))
         (out / _profile_file(epoch)).write_text(json.dumps(fitted, indent=2) + "\n")
-    _predict(runs, out, campaign, epochs, datasets_dir)
+    _predict(runs, every_run, out, campaign, epochs, datasets_dir)
     steps, limits = _epoch_steps(out, runs, epochs[0])
     document = {
         "command": campaign["command"],
@@ -131,6 +131,7 @@ def _epoch_steps(out: Path, runs: list[dict], epoch: Epoch) -> tuple[list[dict],
 
 def _predict(
     runs: list[dict],
+    every_run: list[dict],
     out: Path,
     campaign: dict,
     epochs: list[Epoch],
@@ -164,7 +165,12 @@ def _predict(
         if name not in traces:
             outputs = json.loads((out / f"outputs-{name}.json").read_text())
             traces[name] = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
-        for run, (start, end) in zip(records, run_windows(records, steps), strict=True):
+        # An older record's window is found by walking back over every run its engine
+        # served, the runs no longer reported included.
+        served = [r for r in every_run if step_log_of(r) == log]
+        windows = dict(zip(map(id, served), run_windows(served, steps), strict=True))
+        for run in records:
+            start, end = windows[id(run)]
             own = [s for s in steps if start <= s["t"] <= end]
             epoch_profile = shared[run_epoch(run)]
             profile = _run_profile(own, header["limits"]) or epoch_profile
