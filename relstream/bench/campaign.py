@@ -85,6 +85,11 @@ class Epoch:
     capacity_log: Path  # the capacity run's step log
     machine: str = "not recorded"  # what ran it (the first epoch's capacity file lacks it)
 
+    @property
+    def profile_file(self) -> str:
+        """The simulator profile the report fits over this epoch's steps."""
+        return f"fitted_profile-e{self.number}.json" if self.number else "fitted_profile.json"
+
     def reference(self) -> dict:
         """The capacity run's step-cost fit: what prices every later engine's steps."""
         return fit_step_costs(read_step_log(self.capacity_log)[1])

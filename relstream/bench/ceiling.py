@@ -45,8 +45,7 @@ def ceiling(out: Path, datasets_dir: Path | None, load: float, seeds: list[int])
     datasets = load_datasets(datasets_dir)
     records = []
     for epoch in Checkpoint(out, resume=True).epochs():
-        name = f"fitted_profile-e{epoch.number}.json" if epoch.number else "fitted_profile.json"
-        profile = profile_from_document(json.loads((out / name).read_text()))
+        profile = profile_from_document(json.loads((out / epoch.profile_file).read_text()))
         for seed in seeds:
             config = TraceConfig(**{**campaign["trace"], "burstiness": 1.0, "seed": seed})
             outputs_file = out / f"outputs-poisson-s{seed}.json"
@@ -100,8 +99,9 @@ def main(out: Path, load: float, seeds: str, datasets: Path) -> None:
     records = ceiling(out, datasets, load, [int(seed) for seed in seeds.split(",")])
     (out / "ceiling.json").write_text(json.dumps(records, indent=2) + "\n")
     heading = f"Simulated at {load:g} of each epoch's capacity: v1-fcfs mean / each ordering's."
-    (out / "ceiling.md").write_text("\n".join([heading, "", *table(records), ""]))
-    click.echo("\n".join(table(records)))
+    lines = table(records)
+    (out / "ceiling.md").write_text("\n".join([heading, "", *lines, ""]))
+    click.echo("\n".join(lines))
 
 
 if __name__ == "__main__":

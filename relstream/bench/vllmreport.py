@@ -32,8 +32,6 @@ from relstream.bench.workload import TraceConfig, generate_relqueries, load_data
 from relstream.scheduler import CostModel
 from relstream.sim.profiles import profile_from_document
 
-FITTED_PROFILE_FILE = "fitted_profile.json"
-
 
 def save_campaign(options: VllmBenchOptions) -> None:
     """What the campaign runs, for the report and for a resumed run."""
@@ -62,7 +60,7 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
         steps, limits = _epoch_steps(out, runs, epoch)
         fits[epoch.number] = fit_step_costs(steps)
         fitted = profile_document(fits[epoch.number], limits, "cpu-smollm2", str(out))
-        (out / _profile_file(epoch)).write_text(json.dumps(fitted, indent=2) + "\n")
+        (out / epoch.profile_file).write_text(json.dumps(fitted, indent=2) + "\n")
     _predict(runs, every_run, out, campaign, epochs, datasets_dir)
     steps, limits = _epoch_steps(out, runs, epochs[0])
     document = {
@@ -113,10 +111,6 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
     return document
 
 
-def _profile_file(epoch: Epoch) -> str:
-    return f"fitted_profile-e{epoch.number}.json" if epoch.number else FITTED_PROFILE_FILE
-
-
 def _epoch_steps(out: Path, runs: list[dict], epoch: Epoch) -> tuple[list[dict], dict]:
     """Every step logged on one epoch's machine: its capacity run and its engines."""
     logs = {out / step_log_of(run) for run in runs if run_epoch(run) == epoch.number}
@@ -145,11 +139,12 @@ def _predict(
     profile shared by every run of its epoch is reported beside it
     (`predicted_mean_one_profile`)."""
     shared = {
-        e.number: profile_from_document(json.loads((out / _profile_file(e)).read_text()))
+        e.number: profile_from_document(json.loads((out / e.profile_file).read_text()))
         for e in epochs
     }
     datasets = load_datasets(datasets_dir)
     traces: dict[str, object] = {}
+    engines = _by_engine(every_run)
     for log, records in _by_engine(runs).items():
         header, steps = read_step_log(out / log)
         arrival, seed = records[0]["arrival"], records[0]["seed"]
@@ -167,7 +162,7 @@ def _predict(
             traces[name] = tokenize_trace(generate_relqueries(config, datasets), config, outputs)
         # An older record's window is found by walking back over every run its engine
         # served, the runs no longer reported included.
-        served = [r for r in every_run if step_log_of(r) == log]
+        served = engines[log]
         windows = dict(zip(map(id, served), run_windows(served, steps), strict=True))
         for run in records:
             start, end = windows[id(run)]
@@ -299,7 +294,7 @@ def _body(document: dict) -> list[str]:
         f"{fit['base'] * 1e3:.1f} ms + {fit['per_uncached_token'] * 1e3:.3f} ms × uncached "
         f"tokens + {fit['per_decode_request'] * 1e3:.3f} ms × decodes + "
         f"{fit['per_context_token'] * 1e6:.3f} µs × decode context tokens "
-        f"(`{FITTED_PROFILE_FILE}`, a simulator profile).",
+        f"(`fitted_profile.json`, a simulator profile).",
         "",
         "Scheduling overhead (policy decision + adapter) as a share of busy step time: "
         + ", ".join(f"{p} {v:.2%}" for p, v in document["scheduling_overhead"].items())
