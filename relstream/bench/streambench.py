@@ -22,9 +22,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from relstream.bench.overhead import paired_overhead
 from relstream.bench.vllmbench import replay
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER, EmbeddedBroker
@@ -45,7 +46,10 @@ class StreamBenchOptions:
     out_dir: Path
     broker: str = DEFAULT_BROKER
     command: str = ""
-    repeats: int = 2  # Kafka runs per load, each followed by a direct run
+    repeats: tuple[int, ...] = (2,)  # Kafka runs per load (one for all loads, or one each)
+
+    def repeats_at(self, index: int) -> int:
+        return self.repeats[index] if len(self.repeats) > 1 else self.repeats[0]
 
 
 # How much the engine's resident memory (front end and core) may grow under overload
@@ -57,6 +61,7 @@ SAMPLE_EVERY_S = 0.5
 @dataclass
 class KafkaRun:
     latencies: list[float]  # per relQuery: produced → result consumed
+    in_engine: list[float] = field(default_factory=list)  # per relQuery: waiting+core+tail
     peak_backlog: int = 0  # relQueries produced and not yet answered, at most
     peak_rss: int = 0  # bytes, this process and its children, at most
 
@@ -79,6 +84,7 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
     await producer.start()
     sent_at: dict[str, float] = {}
     latencies: dict[str, float] = {}
+    in_engine: dict[str, float] = {}
     run = KafkaRun([])
 
     async def read_results() -> None:
@@ -87,8 +93,9 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         )
         async with subscription as results:
             async for message in results:
-                result_id = decode(ResultMessage, message.value).id
-                latencies.setdefault(result_id, time.monotonic() - sent_at[result_id])
+                result = decode(ResultMessage, message.value)
+                latencies.setdefault(result.id, time.monotonic() - sent_at[result.id])
+                in_engine.setdefault(result.id, engine_latency(result))
                 if len(latencies) == len(entries):
                     return
 
@@ -113,8 +120,23 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
     await producer.stop()
     stop.set()
     await service
-    run.latencies = list(latencies.values())
+    run.latencies = [latencies[entry.relquery.id] for entry in entries]
+    run.in_engine = [in_engine[entry.relquery.id] for entry in entries]
     return run
+
+
+def engine_latency(result: ResultMessage) -> float:
+    """The engine's own part of a result's latency: from taking it to its last token."""
+    if result.latency is None:
+        return 0.0
+    return result.latency.waiting + result.latency.core + result.latency.tail
+
+
+def kafka_added_share(run: KafkaRun) -> float:
+    """What the Kafka path adds inside one run (produce → taken, plus result published →
+    consumed), over the engine's own latency: a comparison no run-to-run noise enters."""
+    added = statistics.fmean(o - e for o, e in zip(run.latencies, run.in_engine, strict=True))
+    return added / statistics.fmean(run.in_engine)
 
 
 def process_tree_rss() -> int:
@@ -250,7 +272,13 @@ async def _last_relquery_stamp(relqueries, rows: int) -> float:
     raise RuntimeError(f"the worker produced relQueries for {counted} of {rows} rows")
 
 
-def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], None]) -> dict:
+def run_stream_benchmark(
+    options: StreamBenchOptions,
+    on_step: Callable[[str], None],
+    on_load: Callable[[dict], None] = lambda document: None,
+) -> dict:
+    """The whole benchmark; `on_load` gets the document after each load, so an
+    interrupted benchmark still leaves the loads it finished."""
     from relstream.engine.runtime import EngineSettings, RelQueryEngine
     from relstream.stream.launch import relstream_command
 
@@ -265,6 +293,17 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
         on_step(f"window → relQuery: {throughput['rows_per_second']:.0f} rows/s")
     idle_cpu = {kind: broker_idle_cpu(kind) for kind in BROKERS}
     on_step("idle broker CPU: " + ", ".join(f"{k} {v:.0%}" for k, v in idle_cpu.items()))
+    document = {
+        "command": options.command,
+        "broker": options.broker,
+        "model": options.model,
+        "policy": options.policy,
+        "relqueries": len(entries),
+        "loads_planned": list(options.loads),
+        "loads": [],
+        "window_throughput": throughput,
+        "broker_idle_cpu": idle_cpu,
+    }
     with EmbeddedBroker(options.broker, data_dir=workdir / "broker-latency") as broker:
 
         async def latency_runs():
@@ -275,37 +314,26 @@ def run_stream_benchmark(options: StreamBenchOptions, on_step: Callable[[str], N
                 await replay(engine, entries[:2], None)  # warm-up
                 whole = await replay(engine, entries, None)
                 capacity = len(entries) / (whole.window[1] - whole.window[0])
-                at_rest = process_tree_rss()
-                runs = [
-                    await _at_load(
-                        engine, entries, load * capacity, broker, options.repeats, on_step
-                    )
-                    for load in options.loads
-                ]
-                return capacity, at_rest, runs
+                at_rest = process_tree_rss() / 2**20
+                document["capacity_relqueries_per_s"] = capacity
+                document["rss_at_rest_mb"] = at_rest
+                document["rss_cap_mb"] = at_rest + RSS_GROWTH_CAP_MB
+                for index, load in enumerate(options.loads):
+                    repeats = options.repeats_at(index)
+                    run = await _at_load(engine, entries, load * capacity, broker, repeats, on_step)
+                    document["loads"].append({"load": load, **run})
+                    on_load(document)
             finally:
                 engine.shutdown()
 
-        capacity, at_rest, runs = asyncio.run(latency_runs())
-    return {
-        "command": options.command,
-        "broker": options.broker,
-        "model": options.model,
-        "policy": options.policy,
-        "capacity_relqueries_per_s": capacity,
-        "relqueries": len(entries),
-        "loads": [{"load": load, **run} for load, run in zip(options.loads, runs, strict=True)],
-        "rss_at_rest_mb": at_rest / 2**20,
-        "rss_cap_mb": at_rest / 2**20 + RSS_GROWTH_CAP_MB,
-        "window_throughput": throughput,
-        "broker_idle_cpu": idle_cpu,
-    }
+        asyncio.run(latency_runs())
+    return document
 
 
 async def _at_load(engine, entries, rate: float, broker, repeats: int, on_step) -> dict:
     """Straight to the engine, then `repeats` times through Kafka and straight again: the
     direct runs on both sides of every Kafka run bound run-to-run noise and drift."""
-    direct: list[float] = []
+    direct: list[list[float]] = []  # per run, each relQuery's latency in trace order
     kafka: list[KafkaRun] = []
     for label in ("direct", *("kafka", "direct") * repeats):
         on_step(f"rate {rate:.4f} relQueries/s; {label}")
@@ -314,18 +342,28 @@ async def _at_load(engine, entries, rate: float, broker, repeats: int, on_step) 
             kafka.append(await through_kafka(engine, entries, rate, broker))
         else:
             replayed = await replay(engine, entries, rate)
-            direct.append(statistics.fmean(o.latency.total for o in replayed.outcomes))
+            direct.append([o.latency.total for o in replayed.outcomes])
+    direct_means = [statistics.fmean(run) for run in direct]
     kafka_means = [statistics.fmean(run.latencies) for run in kafka]
-    mean_direct, mean_kafka = statistics.fmean(direct), statistics.fmean(kafka_means)
+    overhead = paired_overhead(direct_means, kafka_means)
+    mean_direct, mean_kafka = statistics.fmean(direct_means), statistics.fmean(kafka_means)
     return {
         "rate_relqueries_per_s": rate,
         "mean_latency_direct_s": mean_direct,
-        "mean_latency_direct_runs_s": direct,
-        "direct_run_spread": (max(direct) - min(direct)) / mean_direct,
+        "mean_latency_direct_runs_s": direct_means,
+        "direct_run_spread": (max(direct_means) - min(direct_means)) / mean_direct,
         "mean_latency_kafka_s": mean_kafka,
         "mean_latency_kafka_runs_s": kafka_means,
         "kafka_run_spread": (max(kafka_means) - min(kafka_means)) / mean_kafka,
-        "kafka_overhead": mean_kafka / mean_direct - 1.0,
+        "kafka_overhead": overhead.mean,
+        "kafka_overhead_paired": list(overhead.paired),
+        "kafka_overhead_interval_95": (
+            None if overhead.low is None else [overhead.low, overhead.high]
+        ),
+        "kafka_added_share_runs": [kafka_added_share(run) for run in kafka],
         "peak_backlog_relqueries": max(run.peak_backlog for run in kafka),
         "peak_rss_mb": max(run.peak_rss for run in kafka) / 2**20,
+        "latencies_direct_s": direct,
+        "latencies_kafka_s": [run.latencies for run in kafka],
+        "latencies_kafka_in_engine_s": [run.in_engine for run in kafka],
     }

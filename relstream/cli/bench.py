@@ -122,10 +122,11 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 )
 @click.option(
     "--repeats",
-    default=2,
+    default="2",
     show_default=True,
-    type=click.IntRange(1),
-    help="streaming: Kafka runs per load, each followed by a direct run.",
+    callback=lambda _c, _p, v: _positive_ints(v),
+    help="streaming: Kafka runs per load, each followed by a direct run; one count for "
+    "every load, or comma-separated, one per load.",
 )
 @click.option(
     "--broker",
@@ -164,7 +165,11 @@ def bench(**opts) -> None:
             else {"load": ",".join(f"{r:g}" for r in opts["load"])}
         ),
         **(
-            {"rows": opts["rows"], "broker": opts["broker"], "repeats": opts["repeats"]}
+            {
+                "rows": opts["rows"],
+                "broker": opts["broker"],
+                "repeats": ",".join(map(str, opts["repeats"])),
+            }
             if backend == "streaming"
             else {}
         ),
@@ -287,6 +292,10 @@ def _bench_streaming(
     from relstream.bench.streamreport import write_stream_report
 
     out_dir = opts["out"] or Path("docs/benchmarks") / "streaming"
+    if len(opts["repeats"]) not in (1, len(opts["load"])):
+        raise click.BadParameter(
+            f"give one count or one per load ({len(opts['load'])})", param_hint="--repeats"
+        )
     options = StreamBenchOptions(
         model=opts["model"],
         policy=opts["policies"][0] if opts["policies"] else DEFAULT_POLICY,
@@ -299,8 +308,11 @@ def _bench_streaming(
         command=command,
         repeats=opts["repeats"],
     )
-    document = run_stream_benchmark(options, lambda message: console.print(f"  {message}"))
-    write_stream_report(document, out_dir)
+    document = run_stream_benchmark(
+        options,
+        lambda message: console.print(f"  {message}"),
+        lambda partial: write_stream_report(partial, out_dir),
+    )
     overheads = ", ".join(
         f"{run['kafka_overhead']:+.1%} at {run['load']:g}" for run in document["loads"]
     )
@@ -308,6 +320,13 @@ def _bench_streaming(
         f"Kafka overhead {overheads}; window stage "
         f"{document['window_throughput']['rows_per_second']:,.0f} rows/s; wrote {out_dir}"
     )
+
+
+def _positive_ints(value: str) -> tuple[int, ...]:
+    counts = _csv_list(int, value)
+    if min(counts) < 1:
+        raise click.BadParameter(f"counts must be at least 1, got {value}")
+    return counts
 
 
 def _use_bundled(bundled: bool, datasets: Path) -> bool:
