@@ -188,6 +188,57 @@ def test_an_engine_failure_publishes_and_commits_nothing_past_its_work(broker):
     assert decode(ResultMessage, before_restart[0].value).id == sent[0].id
 
 
+# `relstream engine` in its own process, with the faulty backend in place of the sim one.
+ENGINE_WITH_FAULTS = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+from test_delivery import FaultyBackend
+import relstream.cli.engine as engine_cli
+async def faulty_backend(opts):
+    return FaultyBackend()
+engine_cli._start_backend = faulty_backend
+from relstream.cli import main
+main(sys.argv[1:], prog_name="relstream")
+"""
+
+
+def test_the_engine_command_exits_non_zero_when_its_engine_fails(broker):
+    # A supervisor (compose's `restart:`) restarts an engine only if it exits non-zero.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    dying = relquery(0)
+    dying.id = f"dies-{dying.id}"
+    asyncio.run(send(broker, topics, [dying]))
+    arguments = ["engine", "--backend", "sim", "--bootstrap", broker.bootstrap]
+    arguments += ["--prefix", topics.prefix, "--group", group, "--broker-kind", broker.kind]
+    tests = str(Path(__file__).parent)
+    finished = subprocess.run(
+        [sys.executable, "-c", ENGINE_WITH_FAULTS, tests, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 1, finished.stderr[-2000:]
+    assert "engine failed: the engine core died" in finished.stderr
+    assert asyncio.run(committed(broker, topics, group)) is None  # replayed on restart
+
+
+def test_a_partition_that_moved_away_leaves_the_lag_metrics():
+    from prometheus_client import generate_latest
+
+    from relstream.service.metrics import EngineMetrics
+
+    metrics = EngineMetrics()
+    metrics.observe_lag({0: 5, 1: 3})
+    metrics.observe_lag({1: 2})  # partition 0 was revoked
+    page = generate_latest(metrics.registry).decode()
+    assert 'relstream_consumer_lag{partition="1"} 2.0' in page
+    assert 'partition="0"' not in page
+
+
 def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
     from urllib.request import urlopen
 

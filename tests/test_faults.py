@@ -18,7 +18,7 @@ from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker, free_port
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
+from relstream.schemas import DeadLetterMessage, MetricsMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
@@ -216,7 +216,16 @@ def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
         engines = [engine_process(broker, topics, group, log) for _ in range(2)]
         try:
             asyncio.run(produce_slowly(sent[:16]))
-            engines.append(engine_process(broker, topics, group, log))
+            first_two = {engine.pid for engine in engines}
+            assert wait_for(lambda: first_two <= set(served_by(broker, topics))), (
+                "the first two engines did not both serve the stream"
+            )
+            port = free_port()
+            engines.append(engine_process(broker, topics, group, log, metrics_port=port))
+            # The third engine measures consumer lag only for partitions it was assigned.
+            assert wait_for(lambda: "relstream_consumer_lag" in scrape(port)), (
+                "the third engine never got partitions"
+            )
             asyncio.run(produce_slowly(sent[16:32]))
             engines[0].kill()
             engines[0].wait()
@@ -239,9 +248,38 @@ def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
             for engine in engines:
                 engine.terminate()
                 engine.wait(30)
+        served = served_by(broker, topics)
     assert survivors == [None, None], log.read_text()[-3000:]
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["id"] for line in lines) == sorted(rq.id for rq in sent)
+    assert served[engines[2].pid] > 0, f"the engine that joined served nothing: {served}"
+
+
+def served_by(broker, topics) -> collections.Counter:
+    """relQueries served so far by each engine process id (from the metrics topic)."""
+
+    async def read() -> collections.Counter:
+        subscription = Subscription(
+            broker.bootstrap, topics.metrics, broker_kind=broker.kind, idle_seconds=2, timeout=60
+        )
+        async with subscription as messages:
+            return collections.Counter(
+                [
+                    int(decode(MetricsMessage, m.value).engine.rsplit(":", 1)[1])
+                    async for m in messages
+                ]
+            )
+
+    return asyncio.run(read())
+
+
+def wait_for(condition, seconds: float = 90.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(tmp_path):
@@ -270,19 +308,28 @@ def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(t
             worker = start_worker(broker, topics, config, tmp_path / "worker.log", app_id)
             producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
             await producer.start()
-            try:
-                for index, key in enumerate(keys):
+
+            async def stream(rows: list[str]) -> None:  # ~200 rows/s
+                for index, key in enumerate(rows):
                     row = {**VALID_ROW, "key": key, "values": {"review": key}}
                     await producer.send(topics.rows("reviews"), encode_row(row), key=key.encode())
-                    if index % 20 == 0:
+                    if index % 10 == 0:
                         await asyncio.sleep(0.05)
-                    if index == 300:
-                        worker.kill()  # SIGKILL mid-stream: no commit, no cleanup
-                        worker.wait()
-                        worker = start_worker(
-                            broker, topics, config, tmp_path / "worker.log", app_id
-                        )
                 await producer.flush()
+
+            try:
+                await stream(keys[:200])
+                # The first worker is up and has windowed part of the stream...
+                windowed = await read_messages(
+                    broker.bootstrap, topics.relqueries, 5, broker.kind, 90
+                )
+                streaming = asyncio.create_task(stream(keys[200:]))  # ~2 s of rows
+                await asyncio.sleep(0.5)
+                worker.kill()  # ...when it is SIGKILLed: no commit, no cleanup
+                worker.wait()
+                killed_mid_stream = not streaming.done()
+                worker = start_worker(broker, topics, config, tmp_path / "worker.log", app_id)
+                await streaming
                 sink = JsonlSink(tmp_path / "results.jsonl")
                 rows_stored = 0
                 subscription = Subscription(
@@ -296,6 +343,7 @@ def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(t
                         if rows_stored >= len(keys):
                             break
                 sink.close()
+                return len(windowed), killed_mid_stream
             finally:
                 await producer.stop()
                 worker.terminate()
@@ -303,7 +351,8 @@ def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(t
                 stop.set()
                 await service
 
-        asyncio.run(scenario())
+        windowed_before_kill, killed_mid_stream = asyncio.run(scenario())
+    assert windowed_before_kill == 5 and killed_mid_stream, "the kill did not land mid-stream"
     stored = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     row_keys = [row["key"] for result in stored for row in result["rows"]]
     assert sorted(row_keys) == sorted(keys)  # every row, none twice
@@ -334,19 +383,21 @@ def test_under_a_tenfold_overload_the_engine_holds_its_budget_and_its_memory(tmp
         )
         try:
             process = psutil.Process(engine.pid)
-            peak_rss, peak_rows, answered = 0, 0, 0
+            peak_rss, peak_rows, peak_lag, answered = 0, 0, 0, 0
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and answered < 100:
                 time.sleep(0.5)
                 peak_rss = max(peak_rss, process.memory_info().rss)
                 metrics = scrape(port)
                 peak_rows = max(peak_rows, metrics.get("relstream_rows_in_flight", 0))
+                peak_lag = max(peak_lag, metrics.get("relstream_consumer_lag", 0))
                 answered = metrics.get("relstream_rows_total", 0) / 50
         finally:
             engine.terminate()
             engine.wait(30)
     assert answered >= 100, "the engine did not get through its backlog"
     assert 0 < peak_rows <= 2000
+    assert peak_lag >= 100  # the backlog the budget left in Kafka shows as consumer lag
     assert peak_rss < RSS_CAP_MB * 2**20, f"{peak_rss / 2**20:.0f} MB"
 
 

@@ -15,6 +15,7 @@ class EngineMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._lag_partitions: set[int] = set()  # partitions with a lag sample
         self.latency = Histogram(
             "relstream_relquery_latency_seconds",
             "relQuery latency by component (paper §2.1)",
@@ -76,8 +77,13 @@ class EngineMetrics:
         self.waiting_for_room.set(len(budget.waiting))
 
     def observe_lag(self, lag_by_partition: dict[int, int]) -> None:
+        """The lag of the partitions assigned now; a partition that moved to another
+        engine leaves this one's metrics, so the lags summed over engines stay true."""
+        for gone in self._lag_partitions - lag_by_partition.keys():
+            self.consumer_lag.remove(str(gone))
         for partition, lag in lag_by_partition.items():
             self.consumer_lag.labels(str(partition)).set(lag)
+        self._lag_partitions = set(lag_by_partition)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -26,7 +26,9 @@ def relstream_command(needs_faust: bool) -> list[str]:
 
 
 def spawn_logged(command: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    """`command` with its output appended to `log`: a restarted process keeps the log of
+    the one before it."""
+    return subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
 def start_worker(
