@@ -190,10 +190,12 @@ def test_an_engine_failure_publishes_and_commits_nothing_past_its_work(broker):
 
 # `relstream engine` in its own process, with the faulty backend in place of the sim one.
 ENGINE_WITH_FAULTS = """
+import importlib
 import sys
 sys.path.insert(0, sys.argv.pop(1))
 from test_delivery import FaultyBackend
-import relstream.cli.engine as engine_cli
+# The module, not the `engine` command that relstream.cli exports under the same name.
+engine_cli = importlib.import_module("relstream.cli.engine")
 async def faulty_backend(opts):
     return FaultyBackend()
 engine_cli._start_backend = faulty_backend
