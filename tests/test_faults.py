@@ -4,13 +4,12 @@ with reasons while valid traffic keeps flowing."""
 import asyncio
 import collections
 import json
-import subprocess
-import sys
 import time
 import uuid
 
 import msgpack
 from aiokafka import AIOKafkaProducer
+from engines import engine_process, scrape, served_by, wait_for
 from test_service import relquery
 from test_streaming import encode_row, start_worker
 
@@ -18,7 +17,7 @@ from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker, free_port
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, MetricsMessage, ResultMessage, decode, encode
+from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
@@ -32,32 +31,6 @@ async def published_ids(broker, topics) -> set[str]:
     )
     async with subscription as messages:
         return {decode(ResultMessage, m.value).id async for m in messages}
-
-
-def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_port=None):
-    command = [
-        sys.executable,
-        "-m",
-        "relstream",
-        "engine",
-        "--backend",
-        "sim",
-        "--sim-time-scale",
-        "1.0",
-        "--bootstrap",
-        broker.bootstrap,
-        "--prefix",
-        topics.prefix,
-        "--group",
-        group,
-        "--broker-kind",
-        broker.kind,
-        "--max-backlog-rows",
-        str(budget_rows),
-    ]
-    if metrics_port:
-        command += ["--metrics-port", str(metrics_port)]
-    return subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
 def test_sigkilled_engine_restarts_and_answers_every_relquery(tmp_path):
@@ -255,33 +228,6 @@ def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
     assert served[engines[2].pid] > 0, f"the engine that joined served nothing: {served}"
 
 
-def served_by(broker, topics) -> collections.Counter:
-    """relQueries served so far by each engine process id (from the metrics topic)."""
-
-    async def read() -> collections.Counter:
-        subscription = Subscription(
-            broker.bootstrap, topics.metrics, broker_kind=broker.kind, idle_seconds=2, timeout=60
-        )
-        async with subscription as messages:
-            return collections.Counter(
-                [
-                    int(decode(MetricsMessage, m.value).engine.rsplit(":", 1)[1])
-                    async for m in messages
-                ]
-            )
-
-    return asyncio.run(read())
-
-
-def wait_for(condition, seconds: float = 90.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(tmp_path):
     # Rows stream in while the worker is SIGKILLed and restarted: windows it had
     # produced but not committed are cut again identically, under the same ids, so the
@@ -399,21 +345,3 @@ def test_under_a_tenfold_overload_the_engine_holds_its_budget_and_its_memory(tmp
     assert 0 < peak_rows <= 2000
     assert peak_lag >= 100  # the backlog the budget left in Kafka shows as consumer lag
     assert peak_rss < RSS_CAP_MB * 2**20, f"{peak_rss / 2**20:.0f} MB"
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Prometheus samples without labels (summed over labels) from the /metrics page."""
-    from urllib.error import URLError
-    from urllib.request import urlopen
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        page = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except URLError:
-        return {}
-    totals: dict[str, float] = collections.defaultdict(float)
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            totals[sample.name] += sample.value
-    return totals

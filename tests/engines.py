@@ -1,0 +1,82 @@
+"""Engine processes as a user runs them (`relstream engine` on the simulated backend),
+and what a test can watch of them from outside: the metrics topic and /metrics."""
+
+import asyncio
+import collections
+import subprocess
+import sys
+import time
+
+from relstream.kafka.clients import Subscription
+from relstream.schemas import MetricsMessage, decode
+
+
+def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_port=None):
+    command = [
+        sys.executable,
+        "-m",
+        "relstream",
+        "engine",
+        "--backend",
+        "sim",
+        "--sim-time-scale",
+        "1.0",
+        "--bootstrap",
+        broker.bootstrap,
+        "--prefix",
+        topics.prefix,
+        "--group",
+        group,
+        "--broker-kind",
+        broker.kind,
+        "--max-backlog-rows",
+        str(budget_rows),
+    ]
+    if metrics_port:
+        command += ["--metrics-port", str(metrics_port)]
+    return subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def served_by(broker, topics) -> collections.Counter:
+    """relQueries served so far by each engine process id (from the metrics topic)."""
+
+    async def read() -> collections.Counter:
+        subscription = Subscription(
+            broker.bootstrap, topics.metrics, broker_kind=broker.kind, idle_seconds=2, timeout=60
+        )
+        async with subscription as messages:
+            return collections.Counter(
+                [
+                    int(decode(MetricsMessage, m.value).engine.rsplit(":", 1)[1])
+                    async for m in messages
+                ]
+            )
+
+    return asyncio.run(read())
+
+
+def wait_for(condition, seconds: float = 90.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Prometheus samples without labels (summed over labels) from the /metrics page."""
+    from urllib.error import URLError
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        page = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except URLError:
+        return {}
+    totals: dict[str, float] = collections.defaultdict(float)
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            totals[sample.name] += sample.value
+    return totals
