@@ -3,12 +3,12 @@ and what a test can watch of them from outside: the metrics topic and /metrics."
 
 import asyncio
 import collections
-import subprocess
 import sys
 import time
 
 from relstream.kafka.clients import Subscription
 from relstream.schemas import MetricsMessage, decode
+from relstream.stream.launch import spawn_logged
 
 
 def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_port=None):
@@ -34,7 +34,7 @@ def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_po
     ]
     if metrics_port:
         command += ["--metrics-port", str(metrics_port)]
-    return subprocess.Popen(command, stdout=log.open("a"), stderr=subprocess.STDOUT)
+    return spawn_logged(command, log)
 
 
 def served_by(broker, topics) -> collections.Counter:
