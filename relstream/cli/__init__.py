@@ -10,6 +10,7 @@ from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
 from relstream.cli.rows import produce, results, sink
 from relstream.cli.streaming import broker, worker
+from relstream.cli.sustained import bench_sustained
 
 
 @click.group()
@@ -18,5 +19,17 @@ def main() -> None:
     """relstream: low-latency LLM queries over tables."""
 
 
-for command in (bench, model, broker, engine, serve, worker, produce, results, sink, demo):
+for command in (
+    bench,
+    bench_sustained,
+    model,
+    broker,
+    engine,
+    serve,
+    worker,
+    produce,
+    results,
+    sink,
+    demo,
+):
     main.add_command(command)

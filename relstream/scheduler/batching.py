@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from relstream.scheduler.admission import Chunking, StepAdmission
 from relstream.scheduler.view import EngineView, PrefillChunk, SeqInfo
 
 # vLLM keeps 1% of the KV blocks free when admitting, so decodes can grow a little
@@ -50,37 +51,15 @@ def prefill_candidate(
     chunk_last: bool = False,
     room: Room | None = None,
 ) -> list[PrefillChunk]:
-    """Take requests in order while they fit; stop at the first that does not.
-
-    Limits: uncached tokens within `max_num_batched_tokens` (or `token_budget`), the
-    running set within `max_num_seqs`, and KV for prompt + output within the free cache.
-    Stopping at the first misfit keeps the queue order meaningful (no overtaking). A
-    prompt longer than the token budget may still run alone so it cannot block forever.
-    With `chunk_last` (chunked prefill) the request that overflows the budget is cut to
-    what is left of it instead.
-    """
-    budget = view.limits.max_num_batched_tokens if token_budget is None else token_budget
+    """vLLM V0's prefill batch: requests in order while they fit (`StepAdmission`), whole
+    prompts only (one longer than the budget may run alone, so it cannot block forever)
+    unless `chunk_last` cuts the one that overflows the budget, within `room` (the free
+    KV less vLLM's watermark, and the free seats)."""
     room = room or Room.free_in(view)
-    free_kv = room.kv_tokens
-    chunks: list[PrefillChunk] = []
-    for seq in candidates:
-        if len(chunks) >= room.seqs:
-            break
-        cached = view.cached_prompt_tokens(seq)
-        uncached = seq.uncomputed_tokens - cached
-        needed_kv = view.admission_kv_tokens(seq, cached)
-        if needed_kv > free_kv:
-            break
-        if uncached > budget and chunk_last:
-            uncached = budget
-        elif uncached > budget and chunks:
-            break
-        chunks.append(PrefillChunk(seq.request_id, uncached))
-        budget -= uncached
-        free_kv -= needed_kv
-        if budget <= 0:
-            break
-    return chunks
+    chunking = Chunking.CUT if chunk_last else Chunking.WHOLE
+    step = StepAdmission.for_step(view, chunking, token_budget, room.kv_tokens, room.seqs)
+    step.admit(candidates)
+    return step.admitted
 
 
 def preemption_victims(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.pem import pem
+from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.view import EngineView, RelQueryInfo
 
 PriorityKey = tuple[float, float, str]  # (Prio, arrival, id): ties go to the older relQuery
@@ -34,8 +35,7 @@ class DynamicPriorityUpdater:
         self._rng = random.Random(self.config.seed)
         self._waiting_heap: list[tuple[float, float, str, int]] = []
         self._stamp: dict[str, int] = {}
-        self._deadlines: list[tuple[float, str]] = []
-        self._starved: set[str] = set()
+        self.starvation = StarvationGuard(self.config.starvation_threshold)
         self.recomputed_last_update = 0
 
     def key(self, info: RelQueryInfo) -> PriorityKey:
@@ -47,15 +47,11 @@ class DynamicPriorityUpdater:
         # Requests that moved, grew or finished change R_t; running relQueries change
         # every step. Everything else is fully waiting both now and before: reuse.
         recompute = tracker.drain_changed() | set(tracker.active_relqueries)
-        recompute |= self._newly_starved(view.now(), tracker.relqueries)
+        recompute |= self.starvation.newly_starving(view.now(), tracker.relqueries)
         # sorted: set order differs between processes and would reseed the miss-ratio sampler
         for relquery_id in sorted(recompute):
             info = tracker.relqueries[relquery_id]
-            if relquery_id not in self._stamp:
-                deadline = (
-                    info.arrival_time + self.config.starvation_threshold * info.total_requests
-                )
-                heapq.heappush(self._deadlines, (deadline, relquery_id))
+            self.starvation.watch(info)
             self.priority[relquery_id] = self._estimate(view, info)
             self._push_waiting(info)
         self.recomputed_last_update = len(recompute)
@@ -85,7 +81,7 @@ class DynamicPriorityUpdater:
         return (total - cached) / total
 
     def _estimate(self, view: EngineView, info: RelQueryInfo) -> float:
-        if info.relquery_id in self._starved and info.waiting:
+        if self.starvation.is_starving(info.relquery_id) and info.waiting:
             return 0.0
         miss = self.cache_miss_ratio(view, info) if info.waiting else 1.0
         waiting_uncached = [seq.prompt_tokens * miss for seq in info.waiting.values()]
@@ -98,19 +94,10 @@ class DynamicPriorityUpdater:
             entry = (self.priority[info.relquery_id], info.arrival_time, info.relquery_id, stamp)
             heapq.heappush(self._waiting_heap, entry)
 
-    def _newly_starved(self, now: float, alive: dict[str, RelQueryInfo]) -> set[str]:
-        starved: set[str] = set()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, relquery_id = heapq.heappop(self._deadlines)
-            if relquery_id in alive:
-                self._starved.add(relquery_id)
-                starved.add(relquery_id)
-        return starved
-
     def _forget_finished(self, alive: dict[str, RelQueryInfo]) -> None:
         if len(self.priority) <= 2 * len(alive) + 64:
             return  # amortise: sweep only once the dead outnumber the living
         for relquery_id in [rq for rq in self.priority if rq not in alive]:
             self.priority.pop(relquery_id, None)
             self._stamp.pop(relquery_id, None)
-            self._starved.discard(relquery_id)
+            self.starvation.forget(relquery_id)

@@ -46,7 +46,12 @@ class Policy(ABC):
         """The next step, when no chunked prompt is left half-computed."""
 
     def observe(self, feedback: StepFeedback) -> None:
+        """A step as executed: refits the cost model (kept as given when fixed)."""
         self.cost.observe(feedback)
+
+    def cost_coefficients(self) -> dict[str, float]:
+        """The step costs this policy decides with, as last fitted (for reports)."""
+        return self.cost.coefficients()
 
 
 def _prefill_or_decode(

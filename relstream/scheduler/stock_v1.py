@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.policies import Policy, static_priority
-from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, SeqInfo, StepPlan
+from relstream.scheduler.view import EngineView, SeqInfo, StepPlan
 
 
 class StockV1FCFS(Policy):
@@ -38,38 +39,11 @@ class StockV1FCFS(Policy):
         return self.plan_step(view)  # V1 continues chunked prompts itself, in step 1
 
     def plan_step(self, view: EngineView) -> StepPlan:
-        budget = view.limits.max_num_batched_tokens
-        free = view.free_kv_tokens()
+        step = StepAdmission.for_step(view)
         running = list(view.tracker.running.values())
-        scheduled: dict[str, int] = {}  # request id -> tokens this step
-        growth: dict[str, int] = {}  # request id -> KV tokens its tokens need
-        preempted: list[SeqInfo] = []
-        index = 0
-        while index < len(running) and budget > 0:
-            seq = running[index]
-            tokens = min(seq.uncomputed_tokens, budget)
-            need = view.growth_kv_tokens(seq, tokens)
-            while need > free:
-                victim = self.victim(view, running)
-                if running.index(victim) < index:
-                    index -= 1
-                running.remove(victim)
-                preempted.append(victim)
-                free += view.releasable_kv_tokens(victim) + growth.pop(victim.request_id, 0)
-                budget += scheduled.pop(victim.request_id, 0)
-                if victim is seq:
-                    break
-            if preempted and preempted[-1] is seq:
-                break
-            free -= need
-            budget -= tokens
-            scheduled[seq.request_id] = tokens
-            growth[seq.request_id] = need
-            index += 1
-        admitted: list[PrefillChunk] = []
-        if not preempted:
-            admitted = self._admit(view, budget, free, len(running))
-        return self._plan(view, scheduled, admitted, preempted)
+        step.run_running(running, lambda rows: self.victim(view, rows))
+        step.admit(self.waiting_order(view))
+        return step.plan()
 
     def victim(self, view: EngineView, running: list[SeqInfo]) -> SeqInfo:
         """The running request V1 preempts when KV runs out: the last one admitted."""
@@ -78,45 +52,6 @@ class StockV1FCFS(Policy):
     def waiting_order(self, view: EngineView) -> Iterator[SeqInfo]:
         """Waiting requests in V1's queue order: a deque, preempted requests in front."""
         return iter(view.tracker.waiting.values())
-
-    def _admit(
-        self, view: EngineView, budget: int, free: int, seats_taken: int
-    ) -> list[PrefillChunk]:
-        admitted: list[PrefillChunk] = []
-        for seq in self.waiting_order(view):
-            if budget <= 0 or seats_taken >= view.limits.max_num_seqs:
-                break
-            cached = view.cached_prompt_tokens(seq)
-            need = view.admission_kv_tokens(seq, cached)
-            if need > free:
-                break
-            tokens = min(seq.uncomputed_tokens - cached, budget)
-            admitted.append(PrefillChunk(seq.request_id, tokens))
-            free -= need
-            budget -= tokens
-            seats_taken += 1
-        return admitted
-
-    @staticmethod
-    def _plan(
-        view: EngineView,
-        scheduled: dict[str, int],
-        admitted: list[PrefillChunk],
-        preempted: list[SeqInfo],
-    ) -> StepPlan:
-        running = view.tracker.running
-        prefill = [
-            PrefillChunk(request_id, tokens)
-            for request_id, tokens in scheduled.items()
-            if not running[request_id].prefill_done
-        ]
-        decode = tuple(rid for rid in scheduled if running[rid].prefill_done)
-        plan = StepPlan(
-            prefill=(*prefill, *admitted),
-            decode=decode,
-            preempt=tuple(seq.request_id for seq in preempted),
-        )
-        return plan if plan.prefill or plan.decode or plan.preempt else IDLE
 
 
 class StockV1Priority(StockV1FCFS):

@@ -162,7 +162,7 @@ class SimulatedEngine(EngineView):
             step_counts=dict(self._steps),
             preemptions=self.preemptions,
             makespan=self.clock,
-            cost_coefficients=self.policy.cost.coefficients(),
+            cost_coefficients=self.policy.cost_coefficients(),
         )
 
     def admit(self, relquery: SimRelQuery) -> None:

@@ -1,0 +1,182 @@
+"""`relstream bench-sustained`: policies ranked under the load a stream lives under.
+
+A short burst ends before a queue reaches steady state, so it cannot show a policy that
+finishes less work per second: here every trace is long (300 relQueries of 1-48 rows by
+default), arrives as a Poisson or a bursty gamma process, and is replayed at fixed
+fractions of the capacity stock V1 reaches on that very trace (its FCFS policy serving
+every relQuery at once: relQueries over makespan). Each run reports its mean, p50, p99
+and max latency, its makespan (the throughput figure) and the mean latency of the last
+third of relQueries over the first third (above 1, a queue that grows while the stream
+runs).
+
+Profiles are the simulator's named ones or profile files (a campaign epoch's fitted
+`fitted_profile*.json`), labelled by file name.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from relstream.bench.runner import make_cost_model, summarize
+from relstream.bench.workload import (
+    TokenizedTrace,
+    TraceConfig,
+    generate_relqueries,
+    load_datasets,
+    tokenize_trace,
+)
+from relstream.sim.engine import SimRun, SimulatedEngine
+from relstream.sim.policies import make_sim_policy
+from relstream.sim.profiles import PROFILE_NAMES, CostProfile, get_profile, profile_from_document
+
+POLICIES = ("relstream", "v1-fcfs", "v1-priority", "clairvoyant")
+STOCK = ("v1-fcfs", "v1-priority")
+ALL_AT_ONCE = 1e9  # relQueries/s: every relQuery arrives at time 0 (the capacity run)
+
+
+@dataclass(frozen=True)
+class SustainedOptions:
+    profiles: tuple[str, ...]  # profile names or profile files
+    datasets_dir: Path | None
+    out_dir: Path
+    arrivals: tuple[str, ...] = ("poisson", "gamma")
+    burstiness: float = 2.0  # gamma arrivals: CV of the gaps
+    seeds: tuple[int, ...] = (0, 1, 2)
+    loads: tuple[float, ...] = (0.8, 0.95, 1.1)
+    policies: tuple[str, ...] = POLICIES
+    relqueries: int = 300
+    max_rows: int = 48
+    workers: int = 2
+    command: str = ""
+
+    def trace(self, arrival: str, seed: int) -> TraceConfig:
+        burstiness = self.burstiness if arrival == "gamma" else 1.0
+        return TraceConfig(
+            num_relqueries=self.relqueries,
+            max_rows=self.max_rows,
+            arrival=arrival,
+            burstiness=burstiness,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One profile on one trace: a capacity run, then every policy at every load."""
+
+    profile: str
+    arrival: str
+    seed: int
+
+
+def load_profile(spec: str) -> CostProfile:
+    """A named profile, or a profile file (JSON) such as a campaign's fitted profile."""
+    if spec in PROFILE_NAMES:
+        return get_profile(spec)
+    path = Path(spec)
+    if not path.is_file():
+        known = ", ".join(PROFILE_NAMES)
+        raise ValueError(f"profile {spec!r} is neither a name ({known}) nor a file")
+    return profile_from_document(json.loads(path.read_text()))
+
+
+def profile_label(spec: str) -> str:
+    """How a profile is named in the report: its name, or its folder and file stem."""
+    if spec in PROFILE_NAMES:
+        return spec
+    path = Path(spec)
+    return f"{path.parent.name}/{path.stem}"
+
+
+def thirds_ratio(run: SimRun, arrival_order: dict[str, int]) -> float:
+    """Mean latency of the last third of relQueries (by arrival) over the first third's."""
+    by_arrival = sorted(run.outcomes, key=lambda o: arrival_order[o.relquery_id])
+    third = max(len(by_arrival) // 3, 1)
+    first = statistics.fmean(o.latency.total for o in by_arrival[:third])
+    last = statistics.fmean(o.latency.total for o in by_arrival[-third:])
+    return last / first
+
+
+def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> dict:
+    """The capacity run, then one record per (load, policy)."""
+    profile = load_profile(cell.profile)
+    block = profile.limits.block_size
+
+    def serve(policy: str, rate: float) -> SimRun:
+        built = make_sim_policy(policy, make_cost_model("online", profile))
+        return SimulatedEngine(profile, built).run(trace.at_rate(rate, block))
+
+    capacity = len(trace.entries) / serve("v1-fcfs", ALL_AT_ONCE).makespan
+    arrival_order = {entry.relquery.id: n for n, entry in enumerate(trace.entries)}
+    records = []
+    for load in options.loads:
+        for policy in options.policies:
+            run = serve(policy, load * capacity)
+            summary = summarize(policy, load * capacity, run)
+            records.append(
+                {
+                    "profile": profile_label(cell.profile),
+                    "arrival": cell.arrival,
+                    "seed": cell.seed,
+                    "load": load,
+                    "policy": policy,
+                    "mean": summary.mean,
+                    "p50": summary.p50,
+                    "p99": summary.p99,
+                    "max": summary.max,
+                    "makespan": summary.makespan,
+                    "thirds": thirds_ratio(run, arrival_order),
+                    "preemptions": summary.preemptions,
+                    "steps": summary.steps,
+                }
+            )
+    return {"cell": asdict(cell), "capacity": capacity, "records": records}
+
+
+def _cell_job(job: tuple[Cell, SustainedOptions]) -> dict:
+    cell, options = job
+    trace = _trace(options, cell.arrival, cell.seed)
+    return run_cell(cell, trace, options)
+
+
+def _trace(options: SustainedOptions, arrival: str, seed: int) -> TokenizedTrace:
+    config = options.trace(arrival, seed)
+    return tokenize_trace(generate_relqueries(config, load_datasets(options.datasets_dir)), config)
+
+
+def run_sustained(
+    options: SustainedOptions, on_cell: Callable[[dict], None] | None = None
+) -> list[dict]:
+    """Every (profile, arrival, seed) cell, `workers` at a time; `on_cell` after each."""
+    for spec in options.profiles:
+        load_profile(spec)  # a bad name fails now, not in a worker
+    cells = [
+        Cell(spec, arrival, seed)
+        for spec in options.profiles
+        for arrival in options.arrivals
+        for seed in options.seeds
+    ]
+    results = []
+    with ProcessPoolExecutor(max_workers=options.workers) as pool:
+        for result in pool.map(_cell_job, [(cell, options) for cell in cells]):
+            results.append(result)
+            if on_cell:
+                on_cell(result)
+    return results
+
+
+def group(records: Sequence[dict]) -> dict[tuple[str, str, float], dict[str, list[dict]]]:
+    """Records by (profile, arrival, load), then by policy, seeds in order."""
+    grouped: dict[tuple[str, str, float], dict[str, list[dict]]] = {}
+    for record in records:
+        key = (record["profile"], record["arrival"], record["load"])
+        grouped.setdefault(key, {}).setdefault(record["policy"], []).append(record)
+    for policies in grouped.values():
+        for runs in policies.values():
+            runs.sort(key=lambda record: record["seed"])
+    return grouped
