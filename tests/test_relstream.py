@@ -98,16 +98,26 @@ def test_the_smaller_relquery_is_admitted_first_and_the_budget_still_filled():
     assert sum(chunk.num_tokens for chunk in plan.prefill) == 512
 
 
-def test_a_starving_relquery_goes_ahead_of_smaller_ones():
-    # "big" (20 rows) arrived at 0 with a threshold of 1 s per request: it starves at
-    # 20 s. At 25 s its rows take the whole 512-token budget (10 prompts of 50 and 12
-    # tokens of the eleventh) ahead of "small", though its work is ten times larger.
+def test_a_relquery_past_its_fcfs_deadline_goes_ahead_of_smaller_ones():
+    # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms, nothing running (n = 1): W(big) = 1 ms × 1,000
+    # + 27.5 ms × 400 = 12 s. FCFS would answer it in its own 12 s (nothing came before
+    # it), so with a slack of 1 its deadline is 12 s. At 0 s no KV is free: it waits.
+    policy = Relstream(SMALL_COST, RelstreamConfig(fcfs_slack=1.0))
     view = small_engine(seats=20)
     view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
-    view.add_relquery("small", [50] * 2, max_tokens=20, arrival=24.0)
-    view.clock = 25.0
-    plan = Relstream(SMALL_COST, RelstreamConfig(starvation_threshold=1.0)).plan(view)
-    assert [chunk.request_id for chunk in plan.prefill] == [f"big#{row}" for row in range(11)]
+    view.free_tokens = 0
+    assert policy.plan(view).prefill == ()
+    # At 11 s "small" (W = 0.1 + 27.5 ms × 40 = 1.2 s) ranks first; big's rows fill the
+    # rest of the 512-token budget.
+    view.free_tokens = 10**9
+    view.add_relquery("small", [50] * 2, max_tokens=20, arrival=11.0)
+    view.clock = 11.0
+    assert [c.request_id for c in policy.plan(view).prefill][:3] == ["small#0", "small#1", "big#0"]
+    # At 13 s big is past its deadline: its rows take the whole budget (10 prompts of 50
+    # and 12 tokens of the eleventh) ahead of small.
+    view.clock = 13.0
+    ids = [c.request_id for c in policy.plan(view).prefill]
+    assert ids == [f"big#{row}" for row in range(11)]
 
 
 def test_a_full_cache_evicts_the_worst_ranked_relquerys_last_row():
@@ -124,3 +134,16 @@ def test_a_full_cache_evicts_the_worst_ranked_relquerys_last_row():
     plan = Relstream(SMALL_COST).plan(view)
     assert plan.decode == ("small#0", "big#0") and plan.preempt == ("big#1",)
     assert plan.prefill == ()
+
+
+def test_a_relquery_whose_prompts_are_cached_ranks_first():
+    # Twins of 4 rows of 100 prompt tokens, 5 output tokens each: W = 1 ms × 400 +
+    # 27.5 ms × 20 = 0.95 s. 96 tokens of each of "late"'s prompts are in the prefix
+    # cache: its P is 4 % of 400, W = 0.016 + 0.55 s, so it goes first though it came
+    # second, with one seat left after it for "early".
+    view = small_engine(seats=5)
+    view.add_relquery("early", [100] * 4, max_tokens=5, arrival=0.0)
+    view.add_relquery("late", [100] * 4, max_tokens=5, arrival=1.0)
+    view.cached.update({f"late#{row}": 96 for row in range(4)})
+    plan = Relstream(SMALL_COST).plan(view)
+    assert [c.request_id for c in plan.prefill] == [*(f"late#{r}" for r in range(4)), "early#0"]

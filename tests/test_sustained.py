@@ -103,10 +103,11 @@ def test_the_grid_measures_capacity_and_replays_every_policy_at_its_load(small_g
 
 def test_the_report_is_written_with_its_table_and_plot(small_grid):
     options, results = small_grid
-    verdicts = write_sustained_report(options, results)
+    capacities = [{**result["cell"], "capacity": result["capacity"]} for result in results]
+    records = [r for result in results for r in result["records"]]
+    verdicts = write_sustained_report(options, capacities, records)
     readme = (Path(options.out_dir) / "README.md").read_text()
     assert "| cpu-smollm2 | poisson | 0.95 |" in readme
     assert (Path(options.out_dir) / "mean_vs_load.png").stat().st_size > 0
     assert len(verdicts) == 5  # makespan, mean vs V1, p99, and two mean ratios
-    records = [r for result in results for r in result["records"]]
     assert len(markdown_table(records)) == 3

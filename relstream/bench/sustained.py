@@ -30,6 +30,7 @@ from relstream.bench.workload import (
     load_datasets,
     tokenize_trace,
 )
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.sim.engine import SimRun, SimulatedEngine
 from relstream.sim.policies import make_sim_policy
 from relstream.sim.profiles import PROFILE_NAMES, CostProfile, get_profile, profile_from_document
@@ -52,6 +53,7 @@ class SustainedOptions:
     relqueries: int = 300
     max_rows: int = 48
     workers: int = 2
+    fcfs_slack: float | None = None  # relstream's deadline slack, if not its default
     command: str = ""
 
     def trace(self, arrival: str, seed: int) -> TraceConfig:
@@ -109,6 +111,8 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
 
     def serve(policy: str, rate: float) -> SimRun:
         built = make_sim_policy(policy, make_cost_model("online", profile))
+        if options.fcfs_slack is not None and policy == Relstream.name:
+            built = Relstream(built.cost, RelstreamConfig(fcfs_slack=options.fcfs_slack))
         return SimulatedEngine(profile, built).run(trace.at_rate(rate, block))
 
     capacity = len(trace.entries) / serve("v1-fcfs", ALL_AT_ONCE).makespan

@@ -67,14 +67,29 @@ def _csv(kind: type):
 )
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1))
 @click.option(
+    "--fcfs-slack",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="relstream's deadline: this times a relQuery's FCFS latency [its default].",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("docs/benchmarks/sustained"),
     show_default=True,
 )
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="Rebuild README.md and the plot from --out's results.json (after editing notes.md).",
+)
 def bench_sustained(**opts) -> None:
     """Rank policies on long traces at fractions of stock V1's capacity (simulator)."""
     from relstream.bench.sustained import SustainedOptions, run_sustained
+
+    if opts["report_only"]:
+        _rebuild(opts["out"])
+        return
 
     for arrival in opts["arrivals"]:
         if arrival not in ("poisson", "gamma"):
@@ -93,7 +108,8 @@ def bench_sustained(**opts) -> None:
         f"--loads {','.join(f'{load:g}' for load in opts['loads'])} "
         f"--policies {','.join(opts['policies'])} --relqueries {opts['relqueries']} "
         f"--max-rows {opts['max_rows']} "
-        f"--datasets {os.path.relpath(datasets) if datasets else 'bundled'}"
+        + (f"--fcfs-slack {opts['fcfs_slack']:g} " if opts["fcfs_slack"] else "")
+        + f"--datasets {os.path.relpath(datasets) if datasets else 'bundled'}"
     )
     options = SustainedOptions(
         profiles=opts["profiles"],
@@ -107,6 +123,7 @@ def bench_sustained(**opts) -> None:
         relqueries=opts["relqueries"],
         max_rows=opts["max_rows"],
         workers=opts["workers"],
+        fcfs_slack=opts["fcfs_slack"],
         command=command,
     )
     cells = len(options.profiles) * len(options.arrivals) * len(options.seeds)
@@ -116,26 +133,58 @@ def bench_sustained(**opts) -> None:
             results = run_sustained(options, lambda _result: bar.advance(task))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--profiles") from None
-    verdicts = write_sustained_report(options, results)
+    capacities = [{**result["cell"], "capacity": result["capacity"]} for result in results]
+    records = [record for result in results for record in result["records"]]
+    verdicts = write_sustained_report(options, capacities, records)
     failing = [v for v in verdicts if not v.holds]
     console.print(f"{len(verdicts) - len(failing)} of {len(verdicts)} target checks hold")
     console.print(f"report: {options.out_dir / 'README.md'}")
 
 
-def write_sustained_report(options, results: list[dict]) -> list:
+def _rebuild(out: Path) -> None:
+    import json
+
+    from relstream.bench.sustained import SustainedOptions
+
+    try:
+        document = json.loads((out / "results.json").read_text())
+    except FileNotFoundError:
+        raise click.BadParameter(f"no results.json in {out}", param_hint="--out") from None
+    saved = document["options"]
+    datasets_dir = saved.pop("datasets_dir")
+    datasets = Path(datasets_dir) if datasets_dir else None
+    options = SustainedOptions(
+        command=document["command"], datasets_dir=datasets, out_dir=out, **saved
+    )
+    write_sustained_report(options, document["capacities"], document["runs"], document["machine"])
+    console.print(f"report: {out / 'README.md'}")
+
+
+def write_sustained_report(
+    options, capacities: list[dict], records: list[dict], machine: str | None = None
+) -> list:
     """results.json, README.md and plot in the out folder; the verdicts."""
     from relstream.bench.report import machine_description, write_report
     from relstream.bench.sustainedreport import judge, markdown_table, markdown_verdicts, plot
 
-    records = [record for result in results for record in result["records"]]
     verdicts = judge(records)
     out = options.out_dir
     out.mkdir(parents=True, exist_ok=True)
     plot(records, out / "mean_vs_load.png")
     document = {
         "command": options.command,
-        "machine": machine_description(),
-        "capacities": [{**r["cell"], "capacity": r["capacity"]} for r in results],
+        "machine": machine or machine_description(),
+        "options": {
+            "profiles": list(options.profiles),
+            "datasets_dir": str(options.datasets_dir) if options.datasets_dir else None,
+            "arrivals": list(options.arrivals),
+            "burstiness": options.burstiness,
+            "seeds": list(options.seeds),
+            "loads": list(options.loads),
+            "relqueries": options.relqueries,
+            "max_rows": options.max_rows,
+        },
+        "capacities": capacities,
         "runs": records,
         "verdicts": [vars(v) for v in verdicts],
     }

@@ -7,6 +7,7 @@ given by its bootstrap address; `broker_kind` only adds what an embedded broker 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -41,13 +42,33 @@ def new_consumer(
     )
 
 
+# The largest request a relstream producer sends (aiokafka's default, and within the
+# 1 MiB that Kafka brokers accept per message by default). Whatever relstream writes about
+# a producer's message (a dead letter) must fit under it, whatever that message's size.
+MAX_REQUEST_BYTES = 1_048_576
+DEAD_LETTER_ORIGINAL_BYTES = MAX_REQUEST_BYTES // 2  # the rest is the letter's envelope
+
+
 def new_producer(
     bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any
 ) -> AIOKafkaProducer:
     """Every producer relstream makes: all replicas acknowledge each message."""
+    options = {"max_request_size": MAX_REQUEST_BYTES, **options}
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", **security.client_options(), **options
     )
+
+
+async def settle(sending: Awaitable[asyncio.Future], what: str) -> bool:
+    """Wait for a produce to be acknowledged; a failure is logged and answered False,
+    never raised. For messages about a producer's input (dead letters): nothing a
+    producer sends may stop the process that reads it."""
+    try:
+        await (await sending)
+    except KafkaError as exc:
+        log.error("could not publish %s: %s; going on without it", what, exc)
+        return False
+    return True
 
 
 def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any):

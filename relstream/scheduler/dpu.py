@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.pem import pem
-from relstream.scheduler.starvation import StarvationGuard
+from relstream.scheduler.starvation import StarvationGuard, paper_deadline
 from relstream.scheduler.view import EngineView, RelQueryInfo
 
 PriorityKey = tuple[float, float, str]  # (Prio, arrival, id): ties go to the older relQuery
@@ -35,7 +35,7 @@ class DynamicPriorityUpdater:
         self._rng = random.Random(self.config.seed)
         self._waiting_heap: list[tuple[float, float, str, int]] = []
         self._stamp: dict[str, int] = {}
-        self.starvation = StarvationGuard(self.config.starvation_threshold)
+        self.starvation = StarvationGuard()
         self.recomputed_last_update = 0
 
     def key(self, info: RelQueryInfo) -> PriorityKey:
@@ -51,7 +51,9 @@ class DynamicPriorityUpdater:
         # sorted: set order differs between processes and would reseed the miss-ratio sampler
         for relquery_id in sorted(recompute):
             info = tracker.relqueries[relquery_id]
-            self.starvation.watch(info)
+            self.starvation.watch(
+                relquery_id, paper_deadline(info, self.config.starvation_threshold)
+            )
             self.priority[relquery_id] = self._estimate(view, info)
             self._push_waiting(info)
         self.recomputed_last_update = len(recompute)

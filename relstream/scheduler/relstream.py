@@ -11,27 +11,36 @@ admission in a step that preempted) and changes only the order, each step:
 
        W(R) = a_p·P(R) + (a_d + b/n)·O(R)
 
-   P: prompt tokens still to compute; O: output tokens still expected (`remaining`);
+   P: prompt tokens still to compute, at the prefix cache's miss ratio on a sample of
+   R's waiting rows (the paper's utok); O: output tokens still expected (`remaining`);
    n: requests in the running batch. Every step is shared by the n requests it runs, so
    each output token carries b/n of a step's base (PEM charges every relQuery OL(R)·b
-   whole, as if it ran alone). A relQuery past the paper's starvation threshold
-   (seconds of waiting per request of R_0) goes first.
-2. **Run** every running request in rank order; when KV runs out, the last row of the
+   whole, as if it ran alone). Pricing cached prompts low also groups relQueries that
+   share a template, which keeps it cached: fewer prompt tokens, more throughput.
+2. **Bound the wait.** R's deadline is its arrival plus `fcfs_slack` times the latency
+   FCFS would give it (the work of every unfinished relQuery ahead of it and its own,
+   in engine seconds). Past it, R goes ahead of every relQuery that is not, earliest
+   deadline first: no relQuery waits forever behind a stream of smaller ones, on any
+   machine, with no per-machine threshold.
+3. **Run** every running request in rank order; when KV runs out, the last row of the
    worst-ranked running relQuery is preempted by recompute (V1's priority victim).
-3. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
+4. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
    its rank) while they fit.
 
 An earlier version gated admission on a Δ (the paper's ABA): it held batches small and,
 on traces of hundreds of relQueries near capacity, finished 2-14 % less work per second
-than stock V1 (docs/benchmarks/sustained). Order within full batches loses nothing.
+than stock V1. Order within full batches loses nothing; `fcfs_slack` trades the mean
+against the tail (docs/benchmarks/sustained/notes.md).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.cost import CostModel
@@ -44,11 +53,12 @@ from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeed
 Rank = tuple[int, float, float, str]  # (0 when starving else 1, W, arrival, id)
 RESORT_EVERY = 64  # steps between re-ranking every waiting relQuery on fresh coefficients
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
+CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
 
 
 @dataclass(frozen=True)
 class RelstreamConfig:
-    starvation_threshold: float = 10.0  # seconds of waiting per request of R_0
+    fcfs_slack: float = 4.0  # a relQuery's deadline: this times its FCFS latency (inf: none)
 
 
 @dataclass(frozen=True)
@@ -74,10 +84,11 @@ class Relstream(Policy):
         self.config = config or RelstreamConfig()
         self.step_cost = OnlineStepCost.from_prior(cost)
         self.oracle = oracle
-        self.starvation = StarvationGuard(self.config.starvation_threshold)
+        self.starvation = StarvationGuard()
         self._rank: dict[str, Rank] = {}  # relQueries with no running request
         self._order: list[Rank] = []  # the same, sorted
-        self._left: dict[str, Remaining] = {}
+        self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
+        self._left: dict[str, Remaining] = {}  # the same, prompts at the cache's miss ratio
         self._steps = 0
 
     def observe(self, feedback: StepFeedback) -> None:
@@ -132,38 +143,73 @@ class Relstream(Policy):
 
     # ranking
     def _ranked(self, info: RelQueryInfo, coefficients: Coefficients) -> Rank:
-        """The rank of R from its last estimate of remaining work."""
-        starving = 0 if self.starvation.is_starving(info.relquery_id) else 1
-        work = coefficients.work(self._left[info.relquery_id])
-        return (starving, work, info.arrival_time, info.relquery_id)
+        """The rank of R from its last estimate of remaining work; past its deadline, R
+        goes ahead of every relQuery that is not, earliest deadline first."""
+        relquery_id = info.relquery_id
+        if self.starvation.is_starving(relquery_id):
+            return (0, self.starvation.deadline(relquery_id), info.arrival_time, relquery_id)
+        work = coefficients.work(self._left[relquery_id])
+        return (1, work, info.arrival_time, relquery_id)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
-        """Re-rank what changed; the rest keeps its rank (a fully waiting relQuery's
+        """Re-estimate what changed; the rest keeps its rank (a fully waiting relQuery's
         remaining work does not change), re-ranked on fresh coefficients now and then."""
         tracker = view.tracker
         changed = tracker.drain_changed()
+        for relquery_id in self._left.keys() - tracker.relqueries.keys():  # finished
+            self._unrank(relquery_id)
+            self.starvation.forget(relquery_id)
+            del self._left[relquery_id]
+            del self._uncached[relquery_id]
+        newcomers = [tracker.relqueries[rid] for rid in changed if rid not in self._left]
         for relquery_id in changed:
-            self.starvation.watch(tracker.relqueries[relquery_id])
+            self._uncached[relquery_id] = remaining(tracker.relqueries[relquery_id], self.oracle)
+            self._left[relquery_id] = self._priced(view, tracker.relqueries[relquery_id])
+        self._set_deadlines(newcomers, coefficients)
         changed |= self.starvation.newly_starving(view.now(), tracker.relqueries)
         self._steps += 1
         if self._steps % RESORT_EVERY == 0:
             unchanged = [rid for rid in self._rank if rid not in changed]
+            for rid in unchanged:  # the prefix cache moved on since they were estimated
+                self._left[rid] = self._priced(view, tracker.relqueries[rid])
             self._rank.update(
                 (rid, self._ranked(tracker.relqueries[rid], coefficients)) for rid in unchanged
             )
             self._order = sorted(self._rank.values())
-        for relquery_id in changed | (self._left.keys() - tracker.relqueries.keys()):
+        for relquery_id in changed:
             self._unrank(relquery_id)
-            info = tracker.relqueries.get(relquery_id)
-            if info is None:
-                self.starvation.forget(relquery_id)
-                self._left.pop(relquery_id, None)
-                continue
-            self._left[relquery_id] = remaining(info, self.oracle)
+            info = tracker.relqueries[relquery_id]
             if not info.running:
                 rank = self._ranked(info, coefficients)
                 self._rank[relquery_id] = rank
                 bisect.insort(self._order, rank)
+
+    def _priced(self, view: EngineView, info: RelQueryInfo) -> Remaining:
+        """R's remaining work, its prompts priced at the prefix cache's miss ratio on a
+        sample of its waiting rows (the paper's utok): rows whose template or shared
+        values are cached cost less, and ranking them first keeps them cached."""
+        left = self._uncached[info.relquery_id]
+        sample = list(itertools.islice(info.waiting.values(), CACHE_SAMPLE))
+        tokens = sum(seq.uncomputed_tokens for seq in sample)
+        if not tokens:
+            return left
+        cached = sum(view.cached_prompt_tokens(seq) for seq in sample)
+        return replace(left, prompt_tokens=round(left.prompt_tokens * (1 - cached / tokens)))
+
+    def _set_deadlines(self, newcomers: list[RelQueryInfo], c: Coefficients) -> None:
+        """Each newcomer's deadline: its arrival plus `fcfs_slack` times the latency FCFS
+        would give it, the work of every unfinished relQuery that came before it and its
+        own (engine seconds: a backlogged engine drains one per second)."""
+        if not newcomers or math.isinf(self.config.fcfs_slack):
+            return
+        newcomers.sort(key=lambda info: info.arrival_time)
+        fresh = {info.relquery_id for info in newcomers}
+        ahead = sum(c.work(left) for rid, left in self._left.items() if rid not in fresh)
+        for info in newcomers:
+            ahead += c.work(self._left[info.relquery_id])
+            self.starvation.watch(
+                info.relquery_id, info.arrival_time + self.config.fcfs_slack * ahead
+            )
 
     def _unrank(self, relquery_id: str) -> None:
         rank = self._rank.pop(relquery_id, None)

@@ -1,6 +1,6 @@
-"""The starvation guard (paper §4.2): once waiting_time(R) / req(R_0) exceeds a threshold,
-R goes ahead of every relQuery that is not starving, so no relQuery waits forever
-behind a stream of smaller ones."""
+"""The starvation guard: once R is past its deadline it goes ahead of every relQuery that
+is not, so no relQuery waits forever behind a stream of smaller ones. The paper's (§4.2)
+deadline is arrival + threshold × req(R_0) (`paper_deadline`); relstream sets its own."""
 
 from __future__ import annotations
 
@@ -10,22 +10,28 @@ from collections.abc import Container
 from relstream.scheduler.view import RelQueryInfo
 
 
+def paper_deadline(info: RelQueryInfo, threshold: float) -> float:
+    """Arrival + `threshold` seconds of waiting per request of R_0 (paper §4.2)."""
+    return info.arrival_time + threshold * info.total_requests
+
+
 class StarvationGuard:
     """Deadlines of the relQueries seen, in a heap; those past theirs are starving."""
 
-    def __init__(self, threshold: float) -> None:
-        self.threshold = threshold  # seconds of waiting per request of R_0
+    def __init__(self) -> None:
         self._deadlines: list[tuple[float, str]] = []
-        self._watched: set[str] = set()
+        self._deadline: dict[str, float] = {}
         self._starving: set[str] = set()
 
-    def watch(self, info: RelQueryInfo) -> None:
-        """Start R's clock at its arrival (once)."""
-        if info.relquery_id in self._watched:
+    def watch(self, relquery_id: str, deadline: float) -> None:
+        """Give R its deadline (the first one given stands)."""
+        if relquery_id in self._deadline:
             return
-        self._watched.add(info.relquery_id)
-        deadline = info.arrival_time + self.threshold * info.total_requests
-        heapq.heappush(self._deadlines, (deadline, info.relquery_id))
+        self._deadline[relquery_id] = deadline
+        heapq.heappush(self._deadlines, (deadline, relquery_id))
+
+    def deadline(self, relquery_id: str) -> float:
+        return self._deadline[relquery_id]
 
     def newly_starving(self, now: float, alive: Container[str]) -> set[str]:
         """relQueries, still unfinished, whose deadline passed since the last call."""
@@ -42,5 +48,5 @@ class StarvationGuard:
 
     def forget(self, relquery_id: str) -> None:
         """R finished: drop it (its deadline, if still queued, is skipped when due)."""
-        self._watched.discard(relquery_id)
+        self._deadline.pop(relquery_id, None)
         self._starving.discard(relquery_id)

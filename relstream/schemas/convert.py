@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 
@@ -27,6 +28,9 @@ from relstream.schemas.messages import (
     ResultRow,
 )
 from relstream.schemas.messages import OutputSpec as OutputSpecMessage
+
+MAX_REASON_CHARS = 4096  # a reason quoting a huge value is cut: the letter must fit
+MAX_DEAD_LETTER_KEY_BYTES = 1024
 
 
 def relquery_from_message(message: RelQueryMessage) -> RelQuery:
@@ -132,15 +136,27 @@ def partial_result_message(relquery_id: str, row: RowResult) -> PartialResultMes
 
 
 def dead_letter_message(
-    original: bytes | None, topic: str, partition: int | None, offset: int | None, reason: str
+    original: bytes | None,
+    topic: str,
+    partition: int | None,
+    offset: int | None,
+    reason: str,
+    key: bytes | None = None,
+    max_original_bytes: int = 512 * 1024,
 ) -> DeadLetterMessage:
-    """Why a message could not be used, with its exact bytes (empty when it had none)."""
+    """Why a message could not be used, with its bytes up to `max_original_bytes` (the
+    rest stated by size and digest), so the letter itself can always be published."""
+    data = original if isinstance(original, bytes) else b""
     return DeadLetterMessage(
-        original=original if isinstance(original, bytes) else b"",
+        original=data[:max_original_bytes],
+        original_size=len(data),
+        original_sha256=hashlib.sha256(data).hexdigest(),
+        truncated=len(data) > max_original_bytes,
+        key=key[:MAX_DEAD_LETTER_KEY_BYTES] if key is not None else None,
         topic=topic,
         partition=partition,
         offset=offset,
-        reason=reason,
+        reason=reason[:MAX_REASON_CHARS],
         at=time.time(),
     )
 

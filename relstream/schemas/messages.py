@@ -167,10 +167,18 @@ class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
 
 
 class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
-    """A message relstream could not use, with why (key: the original key)."""
+    """A message relstream could not use, with why (key: the original key, cut to a
+    bound). The original bytes are kept up to a bound below the producer's request limit,
+    so a letter always fits; `original_size` and `original_sha256` describe them whole."""
 
     kind: ClassVar[str] = "dead_letter"
-    original: Annotated[bytes, Meta(description="the exact bytes received (msgpack bin)")]
+    original: Annotated[
+        bytes, Meta(description="the bytes received, the first `original_size` or fewer")
+    ]
+    original_size: Annotated[int, Meta(ge=0, description="bytes the message had")] = 0
+    original_sha256: Annotated[str, Meta(description="hex SHA-256 of all its bytes")] = ""
+    truncated: Annotated[bool, Meta(description="`original` holds only its first bytes")] = False
+    key: bytes | None = None
     topic: str
     partition: int | None = None
     offset: int | None = None

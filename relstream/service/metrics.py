@@ -58,6 +58,11 @@ class EngineMetrics:
             "Messages sent to the dead-letter topic",
             registry=self.registry,
         )
+        self.dead_letter_failures = Counter(
+            "relstream_dead_letter_failures_total",
+            "Bad messages committed past whose dead letter the broker refused",
+            registry=self.registry,
+        )
 
     def observe_result(self, result: RelQueryResult, service_seconds: float) -> None:
         if result.latency is not None:

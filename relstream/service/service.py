@@ -35,10 +35,12 @@ from dataclasses import dataclass, field, replace
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
+    DEAD_LETTER_ORIGINAL_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
+    settle,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
@@ -296,10 +298,20 @@ class EngineService:
             "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
         )
         letter = dead_letter_message(
-            message.value, message.topic, message.partition, message.offset, reason
+            message.value,
+            message.topic,
+            message.partition,
+            message.offset,
+            reason,
+            message.key,
+            DEAD_LETTER_ORIGINAL_BYTES,
         )
-        await self._publish(self.config.topics.deadletter, None, letter, message.key)
-        self.metrics.dead_letters.inc()
+        where = f"the dead letter of {message.topic}[{message.partition}]@{message.offset}"
+        sending = self._producer.send(self.config.topics.deadletter, encode(letter), key=letter.key)
+        if await settle(sending, where):
+            self.metrics.dead_letters.inc()
+        else:
+            self.metrics.dead_letter_failures.inc()
 
     async def _publish(
         self, topic: str, key: str | None, payload: Message, raw_key: bytes | None = None

@@ -3,17 +3,23 @@ of the registry (`relstream.scheduler.registry`)."""
 
 from __future__ import annotations
 
+import math
+
 from relstream.scheduler import POLICIES, CostModel, Policy, make_policy
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.view import EngineView, StepPlan
 
 
 class Clairvoyant(Relstream):
-    """relstream's policy told every row's true output length: the same ordering on
-    exact remaining work, the same admission and KV accounting. No real engine can know
-    this; every result says how far each policy is from it."""
+    """The throughput-preserving reference: V1's batches (relstream's admission), relQueries
+    ranked by their exact remaining work (every row's true output length) and no
+    starvation guard, so nothing but the best order. No real engine can know this; every
+    result says how far each policy is from it."""
 
     name = "clairvoyant"
+
+    def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
+        super().__init__(cost, config or RelstreamConfig(fcfs_slack=math.inf))
 
     def plan_step(self, view: EngineView) -> StepPlan:
         self.oracle = view.true_remaining_output  # a SimulatedEngine

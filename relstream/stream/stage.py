@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from relstream.kafka.clients import (
+    DEAD_LETTER_ORIGINAL_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
+    settle,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
@@ -121,12 +123,22 @@ class WindowStage:
         )
 
     async def _dead_letter(self, record, reason: str) -> asyncio.Future:
+        """The letter on its way; it settles True once on the broker, False (logged) if
+        the broker refused it: a bad row never stops the worker."""
         letter = dead_letter_message(
-            record.value, record.topic, record.partition, record.offset, reason
+            record.value,
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+            record.key,
+            DEAD_LETTER_ORIGINAL_BYTES,
         )
-        return await self._producer.send(
-            self.settings.topics.deadletter, encode(letter), key=record.key
+        sending = self._producer.send(
+            self.settings.topics.deadletter, encode(letter), key=letter.key
         )
+        where = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+        return asyncio.ensure_future(settle(sending, where))
 
     async def _commit(self) -> None:
         offsets = {
