@@ -20,6 +20,7 @@ from relstream.schemas import (
     encode,
     validate,
 )
+from relstream.schemas.codec import decode_json
 from relstream.schemas.jsonschema import committed_schema_text, json_schema, schema_text
 
 NOW = time.time()
@@ -160,6 +161,20 @@ def test_a_float_version_is_refused():
     # JSON Schema cannot tell 1.0 from 1; msgpack can, and the decoder wants the integer.
     with pytest.raises(MessageError, match="field version"):
         decode(RowMessage, msgpack.packb({**GOOD["row"], "version": 1.0}))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_requires_its_version(kind):
+    # The published schemas list `version` as required; the decoders agree, on msgpack
+    # and on JSON (the HTTP door), for the relquery's stepwise decoder too.
+    unversioned = {field: value for field, value in GOOD[kind].items() if field != "version"}
+    with pytest.raises(MessageError, match="field version: 'version' is a required field"):
+        decode(KINDS[kind], msgpack.packb(unversioned))
+    if kind == "relquery":
+        with pytest.raises(MessageError, match="'version' is a required field"):
+            asyncio.run(decode_relquery_stepwise(msgpack.packb(unversioned)))
+        with pytest.raises(MessageError, match="'version' is a required field"):
+            decode_json(KINDS[kind], msgspec.json.encode(unversioned))
 
 
 def largest_relquery() -> bytes:

@@ -45,29 +45,51 @@ def encode(message: Message) -> bytes:
     return _ENCODER.encode(message)
 
 
+class _NoVersion(msgspec.Struct, tag_field="version", tag=-1):
+    """Never a valid message. msgspec requires the tag field only of a union's members, so
+    each message type is decoded as a union with this one: a message without `version`
+    is refused, naming the field, as the wire contract says."""
+
+
+def _versioned(message_type: type) -> Any:
+    if isinstance(message_type, type) and issubclass(message_type, Message):
+        return message_type | _NoVersion
+    return message_type
+
+
 @cache
 def _decoder(message_type: type) -> msgspec.msgpack.Decoder:
-    return msgspec.msgpack.Decoder(message_type)
+    return msgspec.msgpack.Decoder(_versioned(message_type))
+
+
+def _checked_version(kind: str, message: Any) -> Any:
+    if isinstance(message, _NoVersion):
+        raise MessageError(
+            kind, f"field version: {_NoVersion.__struct_config__.tag} is not a version"
+        )
+    return message
 
 
 def decode(message_type: type[M], data: bytes | None) -> M:
     """The message in `data`, or a MessageError naming what is wrong."""
     _check_size(message_type.kind, data)
     try:
-        return _decoder(message_type).decode(data)
+        message = _decoder(message_type).decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise MessageError(message_type.kind, _explain(data, exc)) from None
+    return _checked_version(message_type.kind, message)
 
 
 def decode_json(message_type: type[M], data: bytes) -> M:
     """The message from its JSON form (an HTTP body), by the rules of `decode`."""
     _check_size(message_type.kind, data)
     try:
-        return msgspec.json.decode(data, type=message_type)
+        message = msgspec.json.decode(data, type=_versioned(message_type))
     except msgspec.ValidationError as exc:
         raise MessageError(message_type.kind, _field_reason(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise MessageError(message_type.kind, f"not valid JSON ({exc})") from None
+    return _checked_version(message_type.kind, message)
 
 
 def checked(message: M) -> M:
