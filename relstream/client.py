@@ -33,6 +33,15 @@ from relstream.schemas import (
 from relstream.schemas.convert import relquery_message
 
 POLL_MS = 200
+BOOTSTRAP_TIMEOUT_MS = 8_000  # no broker at the address: say so within 10 s
+JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
+# Consumer sessions a reader uses on any broker unless told its kind: Apache Kafka accepts
+# nothing under 6 s; Tansu lets a member join after half of it (3 s, not 5 at the default).
+READER_SESSION = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1500}
+
+
+class ResultsUnavailable(RuntimeError):
+    """The results topic could not be read: the group never assigned a partition."""
 
 
 class RelstreamClient:
@@ -55,7 +64,8 @@ class RelstreamClient:
         self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
 
     def _options(self) -> dict[str, Any]:
-        return self.security.client_options()
+        """Security settings, and a bootstrap that gives up within 8 s (not 30)."""
+        return {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **self.security.client_options()}
 
     # in
     def produce_rows(
@@ -148,41 +158,59 @@ class RelstreamClient:
         follow: bool = False,
         idle_seconds: float = 3.0,
         on_unreadable: Callable[[int, str], None] | None = None,
+        join_timeout: float = JOIN_TIMEOUT_S,
     ) -> Iterator[ResultMessage]:
         """Results from the group's committed offsets (a new group: from the beginning),
-        committing each batch once the caller asked for the next. Ends after
-        `idle_seconds` without one unless following. An unreadable result is skipped,
-        reported to `on_unreadable(offset, reason)`."""
+        committing each batch once the caller asked for the next, so only what it handled.
+        Unless following, ends `idle_seconds` after the last result, counted from when the
+        group gave this reader its partitions (a join takes seconds on some brokers);
+        raises ResultsUnavailable if the group gives it none within `join_timeout`. An
+        unreadable result is skipped, reported to `on_unreadable(offset, reason)`."""
         from kafka import KafkaConsumer
 
+        group = group or f"relstream-results-{uuid.uuid4().hex[:8]}"
         consumer = KafkaConsumer(
             self.topics.results,
             bootstrap_servers=self.bootstrap,
-            group_id=group or f"relstream-results-{uuid.uuid4().hex[:8]}",
+            group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            **client_settings(self.broker_kind),
+            **(client_settings(self.broker_kind) or READER_SESSION),
             **self._options(),
         )
         try:
-            last = time.monotonic()
-            while follow or time.monotonic() - last < idle_seconds:
+            started = time.monotonic()
+            last: float | None = None  # the idle clock starts once partitions are assigned
+            while True:
                 batches = consumer.poll(timeout_ms=POLL_MS)
-                if not batches:
-                    continue
-                last = time.monotonic()
-                for records in batches.values():
-                    for record in records:
-                        try:
-                            result = decode(ResultMessage, record.value)
-                        except MessageError as exc:
-                            if on_unreadable:
-                                on_unreadable(record.offset, exc.reason)
-                            continue
-                        yield result
-                consumer.commit()
+                now = time.monotonic()
+                if last is None and (batches or consumer.assignment()):
+                    last = now
+                if batches:
+                    last = now
+                    yield from self._decoded(batches, on_unreadable)
+                    consumer.commit()
+                elif last is None and now - started > join_timeout:
+                    raise ResultsUnavailable(
+                        f"group {group!r} was given no partition of {self.topics.results} "
+                        f"within {join_timeout:g} s from {self.bootstrap}"
+                    )
+                elif not follow and last is not None and now - last >= idle_seconds:
+                    return
         finally:
             consumer.close()
+
+    @staticmethod
+    def _decoded(
+        batches: dict, on_unreadable: Callable[[int, str], None] | None
+    ) -> Iterator[ResultMessage]:
+        for records in batches.values():
+            for record in records:
+                try:
+                    yield decode(ResultMessage, record.value)
+                except MessageError as exc:
+                    if on_unreadable:
+                        on_unreadable(record.offset, exc.reason)
 
     def _result_ends(self) -> dict:
         from kafka import KafkaConsumer, TopicPartition

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from relstream.cli.bench import bench
@@ -12,8 +14,28 @@ from relstream.cli.rows import produce, results, sink
 from relstream.cli.streaming import broker, worker
 from relstream.cli.sustained import bench_sustained
 
+# What the Kafka clients (aiokafka, kafka-python) raise when no broker answers. Matched by
+# name: the worker's environment has no kafka-python to import them from.
+UNREACHABLE = frozenset({"KafkaConnectionError", "NoBrokersAvailable", "KafkaTimeoutError"})
+DEBUG_ENV = "RELSTREAM_DEBUG"  # set: an unreachable broker shows its traceback
 
-@click.group()
+
+class Commands(click.Group):
+    """The command group, turning "no broker answered" into one line and exit status 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if type(exc).__name__ not in UNREACHABLE or os.environ.get(DEBUG_ENV):
+                raise
+            raise click.ClickException(
+                f"no Kafka broker answered ({exc}). Is one running at that address? "
+                f"`relstream broker` starts one; {DEBUG_ENV}=1 shows the traceback."
+            ) from None
+
+
+@click.group(cls=Commands)
 @click.version_option(package_name="relstream")
 def main() -> None:
     """relstream: low-latency LLM queries over tables."""

@@ -80,11 +80,14 @@ def results(
     bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
 ) -> None:
     """Print results from the results topic (from the beginning)."""
-    from relstream.client import RelstreamClient
+    from relstream.client import RelstreamClient, ResultsUnavailable
 
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for result in client.results(follow=follow, on_unreadable=_print_skipped):
-            _print_result(result)
+        try:
+            for result in client.results(follow=follow, on_unreadable=_print_skipped):
+                _print_result(result)
+        except ResultsUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 @click.command()
@@ -113,11 +116,16 @@ def sink(
         store = open_sink(target)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
+    from relstream.client import ResultsUnavailable
+
     written = 0
     try:
         with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+            # The client commits a batch only once every result in it is stored.
             for result in client.results(group, follow, on_unreadable=_print_skipped):
                 written += bool(store.write(result))
+    except ResultsUnavailable as exc:
+        raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
     finally:
         store.close()
     console.print(f"stored {written} new results in {target}")

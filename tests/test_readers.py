@@ -1,0 +1,75 @@
+"""What a user types to read results: `relstream sink FILE --bootstrap ADDR` and
+`relstream results`, with no broker-kind flag, on each embedded broker; and every
+command against a port where no broker listens."""
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from relstream.kafka.clients import create_topics, produce
+from relstream.kafka.topics import Topics
+from relstream.schemas import ResultMessage, encode
+from relstream.schemas.messages import ResultRow
+
+
+def result(index: int) -> tuple[bytes, bytes]:
+    message = ResultMessage(
+        id=f"q{index}",
+        rows=[ResultRow(key=f"r{index}", status="ok", output=f"answer {index}")],
+        latency=None,
+        policy="relstream",
+        model="test",
+        completed_at=time.time(),
+    )
+    return message.id.encode(), encode(message)
+
+
+def relstream(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_readme_sink_stores_every_result_with_no_broker_flag(broker, tmp_path):
+    # The group is the sink's default; the group join takes seconds on tansu, and the
+    # sink must not give up before its partitions are assigned.
+    prefix = f"k{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    asyncio.run(produce(broker.bootstrap, topics.results, [result(i) for i in range(4)]))
+    target = tmp_path / "results.jsonl"
+    first = relstream("sink", str(target), "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    assert first.returncode == 0, first.stderr
+    assert "stored 4 new results" in first.stdout
+    assert len(target.read_text().splitlines()) == 4
+    # Two more arrive; the group's offsets moved past exactly what the first run stored.
+    asyncio.run(produce(broker.bootstrap, topics.results, [result(i) for i in (4, 5)]))
+    second = relstream("sink", str(target), "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    assert "stored 2 new results" in second.stdout, second.stdout + second.stderr
+    shown = relstream("results", "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    assert all(f"q{i} 1 rows" in shown.stdout for i in range(6)), shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("sink", "out.jsonl"),
+        ("results",),
+        ("produce", "relstream/data/sample_reviews.csv", "--table", "reviews"),
+        ("engine", "--backend", "sim"),
+    ],
+)
+def test_no_broker_is_one_line_within_ten_seconds(command):
+    started = time.monotonic()
+    run = relstream(*command, "--bootstrap", "127.0.0.1:1", timeout=60)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 1 and elapsed < 10 + 3  # the interpreter's start aside
+    assert "Traceback" not in run.stderr and "no Kafka broker answered" in run.stderr
+    assert "127.0.0.1" in run.stderr
