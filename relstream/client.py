@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from relstream.answers import OutputSpec, Sampling
 from relstream.kafka.clients import client_settings
@@ -24,6 +24,8 @@ from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.schemas import (
     ControlMessage,
+    DeadLetterMessage,
+    Message,
     MessageError,
     ResultMessage,
     RowMessage,
@@ -32,6 +34,7 @@ from relstream.schemas import (
 )
 from relstream.schemas.convert import relquery_message
 
+M = TypeVar("M", bound=Message)
 POLL_MS = 200
 BOOTSTRAP_TIMEOUT_MS = 8_000  # no broker at the address: say so within 10 s
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
@@ -166,11 +169,32 @@ class RelstreamClient:
         group gave this reader its partitions (a join takes seconds on some brokers);
         raises ResultsUnavailable if the group gives it none within `join_timeout`. An
         unreadable result is skipped, reported to `on_unreadable(offset, reason)`."""
+        topic = self.topics.results
+        yield from self._read(
+            topic, ResultMessage, group, follow, idle_seconds, on_unreadable, join_timeout
+        )
+
+    def dead_letters(
+        self, follow: bool = False, idle_seconds: float = 3.0
+    ) -> Iterator[DeadLetterMessage]:
+        """Every dead letter from the beginning (a new group each time), as `results`."""
+        yield from self._read(self.topics.deadletter, DeadLetterMessage, None, follow, idle_seconds)
+
+    def _read(
+        self,
+        topic: str,
+        message_type: type[M],
+        group: str | None,
+        follow: bool,
+        idle_seconds: float,
+        on_unreadable: Callable[[int, str], None] | None = None,
+        join_timeout: float = JOIN_TIMEOUT_S,
+    ) -> Iterator[M]:
         from kafka import KafkaConsumer
 
-        group = group or f"relstream-results-{uuid.uuid4().hex[:8]}"
+        group = group or f"relstream-reader-{uuid.uuid4().hex[:8]}"
         consumer = KafkaConsumer(
-            self.topics.results,
+            topic,
             bootstrap_servers=self.bootstrap,
             group_id=group,
             enable_auto_commit=False,
@@ -188,11 +212,11 @@ class RelstreamClient:
                     last = now
                 if batches:
                     last = now
-                    yield from self._decoded(batches, on_unreadable)
+                    yield from self._decoded(batches, message_type, on_unreadable)
                     consumer.commit()
                 elif last is None and now - started > join_timeout:
                     raise ResultsUnavailable(
-                        f"group {group!r} was given no partition of {self.topics.results} "
+                        f"group {group!r} was given no partition of {topic} "
                         f"within {join_timeout:g} s from {self.bootstrap}"
                     )
                 elif not follow and last is not None and now - last >= idle_seconds:
@@ -202,12 +226,12 @@ class RelstreamClient:
 
     @staticmethod
     def _decoded(
-        batches: dict, on_unreadable: Callable[[int, str], None] | None
-    ) -> Iterator[ResultMessage]:
+        batches: dict, message_type: type[M], on_unreadable: Callable[[int, str], None] | None
+    ) -> Iterator[M]:
         for records in batches.values():
             for record in records:
                 try:
-                    yield decode(ResultMessage, record.value)
+                    yield decode(message_type, record.value)
                 except MessageError as exc:
                     if on_unreadable:
                         on_unreadable(record.offset, exc.reason)

@@ -13,6 +13,7 @@ import pytest
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import ResultMessage, encode
+from relstream.schemas.convert import dead_letter_message
 from relstream.schemas.messages import ResultRow
 
 
@@ -73,3 +74,23 @@ def test_no_broker_is_one_line_within_ten_seconds(command):
     assert run.returncode == 1 and elapsed < 10 + 3  # the interpreter's start aside
     assert "Traceback" not in run.stderr and "no Kafka broker answered" in run.stderr
     assert "127.0.0.1" in run.stderr
+
+
+def test_the_dead_letter_command_shows_each_reason_and_counts_them(broker):
+    prefix = f"d{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    letters = [
+        dead_letter_message(b"\xc1", topics.relqueries, 0, 3, "not valid msgpack (bad)", b"a"),
+        dead_letter_message(
+            b"x" * 5000, topics.relqueries, 1, 8, "row 'z1' lacks column(s) {reveiw}", b"b", 100
+        ),
+    ]
+    asyncio.run(
+        produce(broker.bootstrap, topics.deadletter, [(ltr.key, encode(ltr)) for ltr in letters])
+    )
+    shown = relstream("deadletters", "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    assert shown.returncode == 0, shown.stderr
+    assert f"{topics.relqueries}[0]@3 1 bytes: not valid msgpack (bad)" in shown.stdout
+    assert f"{topics.relqueries}[1]@8 5000 bytes (cut): row 'z1' lacks column(s)" in shown.stdout
+    assert "2 dead letters; 1 not valid msgpack; 1 row 'z1' lacks column" in shown.stdout

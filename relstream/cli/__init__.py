@@ -10,7 +10,7 @@ from relstream.cli.bench import bench
 from relstream.cli.demo import demo
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
-from relstream.cli.rows import produce, results, sink
+from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.streaming import broker, worker
 from relstream.cli.sustained import bench_sustained
 
@@ -52,6 +52,7 @@ for command in (
     produce,
     results,
     sink,
+    deadletters,
     demo,
 ):
     main.add_command(command)

@@ -131,6 +131,38 @@ def sink(
     console.print(f"stored {written} new results in {target}")
 
 
+@click.command()
+@bootstrap_option
+@prefix_option
+@click.option("--follow", is_flag=True, help="Keep waiting for new dead letters.")
+@broker_kind_option
+@security_options
+def deadletters(
+    bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
+) -> None:
+    """Print every dead letter (bad input the worker or an engine refused) with its reason,
+    from the beginning, then a count per reason."""
+    import re
+    from collections import Counter
+
+    from relstream.client import RelstreamClient, ResultsUnavailable
+
+    reasons: Counter[str] = Counter()
+    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+        try:
+            for letter in client.dead_letters(follow=follow):
+                reasons[re.split(r"[:(]", letter.reason)[0].strip()] += 1
+                cut = " (cut)" if letter.truncated else ""
+                where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+                console.print(
+                    f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
+                )
+        except ResultsUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+    total = sum(reasons.values())
+    console.print(f"{total} dead letters" + "".join(f"; {n} {r}" for r, n in reasons.items()))
+
+
 def _print_skipped(offset: int, reason: str) -> None:
     console.print(f"[red]skipped unreadable result at offset {offset}: {reason}[/]")
 
