@@ -13,7 +13,7 @@ from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
-from relstream.service.offsets import OffsetBook
+from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
@@ -37,6 +37,20 @@ def test_offset_book_commits_only_a_finished_prefix():
     assert book.committable() == {"p0": 6}
     book.finish("p0", 6)
     assert book.committable() == {"p0": 8}
+
+
+def test_answered_offsets_are_remembered_until_a_commit_passes_them():
+    # p0 was revoked while offsets 5 and 7 were answered (not committed); handed back, it
+    # replays from 5: both are known. A commit to 6 forgets 5, keeps 7; one to 8, all.
+    published = PublishedOffsets()
+    published.add("p0", 5)
+    published.add("p0", 7)
+    assert ("p0", 5) in published and ("p0", 7) in published and ("p0", 6) not in published
+    assert ("p1", 5) not in published
+    published.committed({"p0": 6})
+    assert ("p0", 5) not in published and ("p0", 7) in published
+    published.committed({"p0": 8})
+    assert ("p0", 7) not in published
 
 
 def test_results_map_to_rows_and_bad_messages_are_dead_lettered(broker):

@@ -21,14 +21,18 @@ DEBUG_ENV = "RELSTREAM_DEBUG"  # set: an unreachable broker shows its traceback
 
 
 class Commands(click.Group):
-    """The command group, turning "no broker answered" into one line and exit status 1."""
+    """The command group, turning "no broker answered" (and a reader given no partition)
+    into one line and exit status 1."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except Exception as exc:
-            if type(exc).__name__ not in UNREACHABLE or os.environ.get(DEBUG_ENV):
+            name = type(exc).__name__
+            if os.environ.get(DEBUG_ENV) or name not in {*UNREACHABLE, "ResultsUnavailable"}:
                 raise
+            if name == "ResultsUnavailable":  # a reader's group never got a partition
+                raise click.ClickException(str(exc)) from None
             raise click.ClickException(
                 f"no Kafka broker answered ({exc}). Is one running at that address? "
                 f"`relstream broker` starts one; {DEBUG_ENV}=1 shows the traceback."

@@ -11,22 +11,20 @@ from rich.table import Table
 
 from relstream.bench.runner import RunSummary
 from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
-from relstream.cli.common import console, progress, unwind_on_sigterm
+from relstream.cli.common import console, csv_list, progress, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
 from relstream.sim.policies import SIM_POLICIES
 from relstream.sim.profiles import PROFILE_NAMES
 
-
-def _csv_list(kind: type, value: str) -> tuple:
-    try:
-        items = tuple(kind(item.strip()) for item in value.split(",") if item.strip())
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if not items:
-        raise click.BadParameter("give at least one value")
-    return items
+datasets_option = click.option(
+    "--datasets",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DATASETS_DIR,
+    show_default=True,
+    help="Folder with the paper's tables; the bundled sample table is used if absent.",
+)
 
 
 def _policies(
@@ -34,7 +32,7 @@ def _policies(
 ) -> tuple[str, ...] | None:
     if value is None:
         return None
-    names = _csv_list(str, value)
+    names = csv_list(str, value)
     unknown = [name for name in names if name not in SIM_POLICIES]
     if unknown:
         known = ", ".join(SIM_POLICIES)
@@ -43,7 +41,7 @@ def _policies(
 
 
 def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[float, ...]:
-    rates = _csv_list(float, value)
+    rates = csv_list(float, value)
     if any(rate <= 0 for rate in rates):
         raise click.BadParameter("rates must be positive relQueries per second")
     return rates
@@ -78,32 +76,26 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 @click.option("--burstiness", default=1.0, type=click.FloatRange(min=0.05), help="Gamma CV.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--cost-model", type=click.Choice(["online", "fixed"]), default="online")
-@click.option(
-    "--datasets",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DATASETS_DIR,
-    show_default=True,
-    help="Folder with the paper's tables; the bundled sample table is used if absent.",
-)
+@datasets_option
 @click.option("--bundled", is_flag=True, help="Use the bundled sample table only.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--decision-benchmark/--no-decision-benchmark", default=True)
 @click.option(
     "--seeds",
     default=None,
-    callback=lambda _c, _p, v: _csv_list(int, v) if v else None,
+    callback=lambda _c, _p, v: csv_list(int, v) if v else None,
     help="vllm: comma-separated trace seeds [--seed].",
 )
 @click.option(
     "--seeded-loads",
     default="",
-    callback=lambda _c, _p, v: _csv_list(float, v) if v else (),
+    callback=lambda _c, _p, v: csv_list(float, v) if v else (),
     help="vllm: loads run on every seed (the others on the first seed only).",
 )
 @click.option(
     "--arrivals",
     default=None,
-    callback=lambda _c, _p, v: _csv_list(str, v) if v else None,
+    callback=lambda _c, _p, v: csv_list(str, v) if v else None,
     help="vllm: comma-separated arrival processes, poisson and/or gamma [--arrival].",
 )
 @click.option("--resume", is_flag=True, help="vllm: keep the runs already checkpointed in --out.")
@@ -323,7 +315,7 @@ def _bench_streaming(
 
 
 def _positive_ints(value: str) -> tuple[int, ...]:
-    counts = _csv_list(int, value)
+    counts = csv_list(int, value)
     if min(counts) < 1:
         raise click.BadParameter(f"counts must be at least 1, got {value}")
     return counts

@@ -4,6 +4,7 @@ that many commands take (so each is spelled once)."""
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -97,6 +98,28 @@ def security_options(command):
     for option in reversed(_SECURITY_OPTIONS):
         with_security = option(with_security)
     return with_security
+
+
+def show_logs(logger: str) -> None:
+    """Lines of `logger` at INFO and above on stderr, one per event, as a user watching a
+    long-running command expects (other libraries keep their own levels)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    target = logging.getLogger(logger)
+    target.addHandler(handler)
+    target.setLevel(logging.INFO)
+    target.propagate = False
+
+
+def csv_list(kind: type, value: str) -> tuple:
+    """Comma-separated values of `kind`, at least one; a bad one is a usage error."""
+    try:
+        items = tuple(kind(item.strip()) for item in value.split(",") if item.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not items:
+        raise click.BadParameter("give at least one value")
+    return items
 
 
 def progress() -> Progress:

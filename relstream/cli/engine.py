@@ -14,6 +14,7 @@ from relstream.cli.common import (
     policy_option,
     prefix_option,
     security_options,
+    show_logs,
 )
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
@@ -111,6 +112,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
 
     if opts["backend"] == "vllm":
         reexec_with_tcmalloc()
+    show_logs("relstream.engine")
     try:
         asyncio.run(_serve(opts, http))
     except EngineFailure as exc:

@@ -80,14 +80,11 @@ def results(
     bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
 ) -> None:
     """Print results from the results topic (from the beginning)."""
-    from relstream.client import RelstreamClient, ResultsUnavailable
+    from relstream.client import RelstreamClient
 
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        try:
-            for result in client.results(follow=follow, on_unreadable=_print_skipped):
-                _print_result(result)
-        except ResultsUnavailable as exc:
-            raise click.ClickException(str(exc)) from None
+        for result in client.results(follow=follow, on_unreadable=_print_skipped):
+            _print_result(result)
 
 
 @click.command()
@@ -145,20 +142,17 @@ def deadletters(
     import re
     from collections import Counter
 
-    from relstream.client import RelstreamClient, ResultsUnavailable
+    from relstream.client import RelstreamClient
 
     reasons: Counter[str] = Counter()
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        try:
-            for letter in client.dead_letters(follow=follow):
-                reasons[re.split(r"[:(]", letter.reason)[0].strip()] += 1
-                cut = " (cut)" if letter.truncated else ""
-                where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
-                console.print(
-                    f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
-                )
-        except ResultsUnavailable as exc:
-            raise click.ClickException(str(exc)) from None
+        for letter in client.dead_letters(follow=follow):
+            reasons[re.split(r"[:(]", letter.reason)[0].strip()] += 1
+            cut = " (cut)" if letter.truncated else ""
+            where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+            console.print(
+                f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
+            )
     total = sum(reasons.values())
     console.print(f"{total} dead letters" + "".join(f"; {n} {r}" for r, n in reasons.items()))
 

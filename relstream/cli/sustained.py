@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from relstream.bench.workload import DEFAULT_DATASETS_DIR
-from relstream.cli.common import console, progress
+from relstream.cli.bench import datasets_option
+from relstream.cli.common import console, csv_list, progress
 
 CAMPAIGN = Path("docs/benchmarks/vllm-campaign")
 DEFAULT_PROFILES = (
@@ -20,16 +20,7 @@ DEFAULT_PROFILES = (
 
 
 def _csv(kind: type):
-    def parse(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple:
-        try:
-            items = tuple(kind(item.strip()) for item in value.split(",") if item.strip())
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-        if not items:
-            raise click.BadParameter("give at least one value")
-        return items
-
-    return parse
+    return lambda _ctx, _param, value: csv_list(kind, value)
 
 
 @click.command("bench-sustained")
@@ -58,13 +49,7 @@ def _csv(kind: type):
 )
 @click.option("--relqueries", default=300, show_default=True, type=click.IntRange(1))
 @click.option("--max-rows", default=48, show_default=True, type=click.IntRange(1))
-@click.option(
-    "--datasets",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DATASETS_DIR,
-    show_default=True,
-    help="Folder with the paper's tables; the bundled sample table is used if absent.",
-)
+@datasets_option
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1))
 @click.option(
     "--fcfs-slack",

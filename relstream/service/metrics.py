@@ -58,6 +58,11 @@ class EngineMetrics:
             "Messages sent to the dead-letter topic",
             registry=self.registry,
         )
+        self.replays_skipped = Counter(
+            "relstream_replays_skipped_total",
+            "relQuery messages handed back after a rebalance that this engine had answered",
+            registry=self.registry,
+        )
         self.dead_letter_failures = Counter(
             "relstream_dead_letter_failures_total",
             "Bad messages committed past whose dead letter the broker refused",

@@ -42,3 +42,28 @@ class OffsetBook:
         for partition in partitions:
             self._pending.pop(partition, None)
             self._done.pop(partition, None)
+
+
+class PublishedOffsets:
+    """Offsets whose relQuery this engine has answered (result or dead letter) that may
+    not be committed yet. A partition revoked while they were served, then handed back,
+    replays them from its last commit: they are skipped, not served and published twice."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[object, set[int]] = {}
+
+    def add(self, partition, offset: int) -> None:
+        self._offsets.setdefault(partition, set()).add(offset)
+
+    def __contains__(self, place: tuple[object, int]) -> bool:
+        partition, offset = place
+        return offset in self._offsets.get(partition, ())
+
+    def committed(self, offsets: dict[object, int]) -> None:
+        """Commits reached these next offsets: what lies below needs no memory."""
+        for partition, next_offset in offsets.items():
+            kept = {o for o in self._offsets.get(partition, ()) if o >= next_offset}
+            if kept:
+                self._offsets[partition] = kept
+            else:
+                self._offsets.pop(partition, None)

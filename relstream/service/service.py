@@ -62,7 +62,7 @@ from relstream.schemas.convert import (
 )
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.metrics import EngineMetrics
-from relstream.service.offsets import OffsetBook
+from relstream.service.offsets import OffsetBook, PublishedOffsets
 
 log = logging.getLogger("relstream.engine")
 
@@ -104,6 +104,7 @@ class EngineService:
             min(config.max_backlog_rows, backend.backlog_rows())
         )
         self._book = OffsetBook()
+        self._published = PublishedOffsets()  # answered, maybe not committed
         self._tasks: set[asyncio.Task] = set()
         self._paused = False
         self._failure: EngineFailure | None = None
@@ -166,6 +167,10 @@ class EngineService:
         for partition, messages in batches.items():
             for message in messages:
                 self._book.start(partition, message.offset)
+                if (partition, message.offset) in self._published:  # handed back: answered
+                    self._book.finish(partition, message.offset)
+                    self.metrics.replays_skipped.inc()
+                    continue
                 work = await self._decode(partition, message)
                 if work is not None:
                     self.budget.offer(len(work.relquery.rows), work)
@@ -208,6 +213,7 @@ class EngineService:
         try:
             await self._serve_with_retries(work)
             self._book.finish(work.partition, message.offset)
+            self._published.add(work.partition, message.offset)
         except EngineFailure as exc:
             log.error("engine failed serving %s: %s", work.relquery.id, exc)
             self._failure = self._failure or exc
@@ -247,6 +253,9 @@ class EngineService:
         metrics = metrics_message(result, self.engine_name)
         await self._publish(self.config.topics.metrics, relquery.id, metrics)
         self.metrics.observe_result(result, time.time() - taken_at)
+        total = f"{result.latency.total:.2f} s" if result.latency else "no row ran"
+        rows = ", ".join(f"{n} {status}" for status, n in metrics.rows.items())
+        log.info("answered %s: %d rows (%s), %s", relquery.id, len(result.rows), rows, total)
 
     async def _run(self, relquery: RelQuery) -> RelQueryResult:
         handle = await self.backend.submit(relquery)
@@ -321,13 +330,16 @@ class EngineService:
 
     # offsets
     async def _commit(self) -> None:
-        await commit_assigned(self._consumer, self._book.committable())
+        committed = await commit_assigned(self._consumer, self._book.committable())
+        self._published.committed(committed)
 
     async def _on_revoked(self, revoked) -> None:
-        await commit_assigned(self._consumer, self._book.committable(revoked))
+        committed = await commit_assigned(self._consumer, self._book.committable(revoked))
+        self._published.committed(committed)
         self._book.forget(revoked)
         dropped = self.budget.drop_waiting(lambda work: work.partition not in revoked)
-        log.info("partitions revoked: %s (%d waiting relQueries left)", revoked, dropped)
+        if revoked:
+            log.info("partitions revoked: %s (%d waiting relQueries left)", revoked, dropped)
         self._paused = False  # the new assignment starts resumed
 
 
