@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from relstream.answers import OutputSpec, Sampling
-from relstream.kafka.clients import client_settings
+from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
@@ -38,9 +38,6 @@ M = TypeVar("M", bound=Message)
 POLL_MS = 200
 BOOTSTRAP_TIMEOUT_MS = 8_000  # no broker at the address: say so within 10 s
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
-# Consumer sessions a reader uses on any broker unless told its kind: Apache Kafka accepts
-# nothing under 6 s; Tansu lets a member join after half of it (3 s, not 5 at the default).
-READER_SESSION = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1500}
 
 
 class ResultsUnavailable(RuntimeError):
@@ -199,7 +196,8 @@ class RelstreamClient:
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            **(client_settings(self.broker_kind) or READER_SESSION),
+            **client_settings(self.broker_kind),
+            **portable_session(self.broker_kind),
             **self._options(),
         )
         try:

@@ -15,6 +15,7 @@ from relstream.cli.common import (
     console,
     prefix_option,
     security_options,
+    show_logs,
 )
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.kafka.security import KafkaSecurity
@@ -104,4 +105,5 @@ def worker(
     tables = tuple({r.table for r in registrations})
     asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
     app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security)
+    show_logs("relstream.worker")
     Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

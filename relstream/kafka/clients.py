@@ -85,6 +85,18 @@ def client_settings(broker_kind: str | None) -> dict[str, object]:
     return {}
 
 
+# Consumer sessions that suit any broker: Apache Kafka accepts none under 6 s, and Tansu
+# lets a member join after half the session (3 s here; 30 s at Faust's default).
+PORTABLE_SESSION = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1500}
+
+
+def portable_session(broker_kind: str | None) -> dict[str, object]:
+    """Session options for a consumer that must join quickly on a broker of unknown kind
+    (none when the kind is given: `client_settings` has them). Not for the engine, whose
+    event loop a CPU model step may hold for seconds."""
+    return {} if broker_kind else dict(PORTABLE_SESSION)
+
+
 class Subscription:
     """Messages of one topic, read by a consumer group from its committed offsets (from
     the earliest for a new group), as an async context manager and iterator:

@@ -15,7 +15,7 @@ import asyncio
 
 import faust
 
-from relstream.kafka.clients import client_settings
+from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.stream.registrations import QueryRegistration
@@ -32,9 +32,9 @@ def build_app(
 ) -> faust.App:
     topics = topics or Topics()
     # Faust spells the consumer's session settings in seconds.
+    sessions = {**client_settings(broker_kind), **portable_session(broker_kind)}
     settings = {
-        f"broker_{name.removesuffix('_ms')}": value / 1000
-        for name, value in client_settings(broker_kind).items()
+        f"broker_{name.removesuffix('_ms')}": value / 1000 for name, value in sessions.items()
     }
     app = faust.App(
         app_id,

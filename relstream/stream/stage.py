@@ -11,6 +11,7 @@ consumer group, so registrations over one table keep their own offsets.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from relstream.kafka.clients import (
     commit_assigned,
     new_consumer,
     new_producer,
+    portable_session,
     settle,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
@@ -36,6 +38,8 @@ from relstream.stream.windowing import (
     check_row,
     relquery_for_window,
 )
+
+log = logging.getLogger("relstream.worker")
 
 BATCH_RECORDS = 10_000  # records taken per fetch
 POLL_MS = 100  # how long a fetch waits for records; also how often windows expire
@@ -67,6 +71,7 @@ class WindowStage:
             broker_kind=settings.broker_kind,
             security=settings.security,
             group_id=settings.group,
+            **portable_session(settings.broker_kind),
         )
         self._consumer.subscribe(
             [settings.topics.rows(self.registration.table)],
@@ -75,6 +80,8 @@ class WindowStage:
         self._producer = new_producer(settings.bootstrap, settings.security, linger_ms=5)
         await self._producer.start()
         await self._consumer.start()
+        rows_topic = settings.topics.rows(self.registration.table)
+        log.info("query %s ready: windows of %s", self.registration.name, rows_topic)
         try:
             while True:
                 await self._step()
@@ -86,6 +93,7 @@ class WindowStage:
         batches = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=BATCH_RECORDS)
         sends = []
         closed: list[Window] = []
+        rejected: list[str] = []
         for partition, records in batches.items():
             cutter = self._cutter(partition)
             for record in records:
@@ -93,6 +101,7 @@ class WindowStage:
                 row = None
                 if isinstance(checked, RowRejection):
                     sends.append(await self._dead_letter(record, checked.reason))
+                    rejected.append(checked.reason)
                 else:
                     row = checked
                 stamp = record.timestamp / 1000 if record.timestamp >= 0 else time.time()
@@ -106,6 +115,13 @@ class WindowStage:
         for window in closed:
             sends.append(await self._publish(window))
         await asyncio.gather(*sends)  # every relQuery and dead letter is on the broker
+        if rejected:
+            log.warning(
+                "query %s: %d rows dead-lettered (relstream deadletters lists them); first: %s",
+                self.registration.name,
+                len(rejected),
+                rejected[0],
+            )
         await self._commit()
 
     def _cutter(self, partition: TopicPartition) -> PartitionWindows:
@@ -118,6 +134,7 @@ class WindowStage:
 
     async def _publish(self, window: Window) -> asyncio.Future:
         message = relquery_for_window(self.registration, window.rows, window.window_id)
+        log.info("window %s: %d rows", message.id, len(message.rows))
         return await self._producer.send(
             self.settings.topics.relqueries, encode(message), key=message.id.encode()
         )
