@@ -33,6 +33,7 @@ from relstream.schemas import (
     encode,
 )
 from relstream.schemas.convert import relquery_message
+from relstream.schemas.parts import ResultJoiner
 
 M = TypeVar("M", bound=Message)
 POLL_MS = 200
@@ -138,12 +139,16 @@ class RelstreamClient:
             for partition, offset in starts.items():
                 consumer.seek(partition, offset)
             deadline = time.monotonic() + timeout
+            joiner = ResultJoiner()
             while time.monotonic() < deadline:
                 for records in consumer.poll(timeout_ms=POLL_MS).values():
                     for record in records:
-                        if record.key == relquery_id.encode():
+                        if record.key != relquery_id.encode():
+                            continue
+                        whole = joiner.add(decode(ResultMessage, record.value))
+                        if whole is not None:
                             self._submitted.pop(relquery_id, None)
-                            return decode(ResultMessage, record.value)
+                            return whole
         finally:
             consumer.close()
         raise TimeoutError(f"no result for relQuery {relquery_id!r} after {timeout:g} s")
@@ -166,10 +171,21 @@ class RelstreamClient:
         group gave this reader its partitions (a join takes seconds on some brokers);
         raises ResultsUnavailable if the group gives it none within `join_timeout`. An
         unreadable result is skipped, reported to `on_unreadable(offset, reason)`."""
-        topic = self.topics.results
-        yield from self._read(
-            topic, ResultMessage, group, follow, idle_seconds, on_unreadable, join_timeout
+        joiner = ResultJoiner()  # a big result comes in parts: the user sees it whole
+        messages = self._read(
+            self.topics.results,
+            ResultMessage,
+            group,
+            follow,
+            idle_seconds,
+            on_unreadable,
+            join_timeout,
+            lambda: not joiner.pending,
         )
+        for message in messages:
+            whole = joiner.add(message)
+            if whole is not None:
+                yield whole
 
     def dead_letters(
         self, follow: bool = False, idle_seconds: float = 3.0
@@ -186,7 +202,10 @@ class RelstreamClient:
         idle_seconds: float,
         on_unreadable: Callable[[int, str], None] | None = None,
         join_timeout: float = JOIN_TIMEOUT_S,
+        may_commit: Callable[[], bool] = lambda: True,
     ) -> Iterator[M]:
+        """Messages of `topic` as in `results`; a batch is committed once handled, and only
+        when `may_commit()` (a result's parts still missing hold the commit back)."""
         from kafka import KafkaConsumer
 
         group = group or f"relstream-reader-{uuid.uuid4().hex[:8]}"
@@ -211,7 +230,8 @@ class RelstreamClient:
                 if batches:
                     last = now
                     yield from self._decoded(batches, message_type, on_unreadable)
-                    consumer.commit()
+                    if may_commit():
+                        consumer.commit()
                 elif last is None and now - started > join_timeout:
                     raise ResultsUnavailable(
                         f"group {group!r} was given no partition of {topic} "

@@ -47,6 +47,7 @@ def new_consumer(
 # a producer's message (a dead letter) must fit under it, whatever that message's size.
 MAX_REQUEST_BYTES = 1_048_576
 DEAD_LETTER_ORIGINAL_BYTES = MAX_REQUEST_BYTES // 2  # the rest is the letter's envelope
+RESULT_PART_BYTES = MAX_REQUEST_BYTES - 16 * 1024  # a result's part, its key and the batch
 
 
 def new_producer(

@@ -126,7 +126,10 @@ class ResultRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
-    """Answer to one relQuery (key: the relQuery id). Rows in the relQuery's row order."""
+    """Answer to one relQuery (key: the relQuery id). Rows in the relQuery's row order.
+    A result too big for one Kafka message comes in `parts` messages, `part` 0 first, each
+    with the next rows and the same other fields; readers join them
+    (`relstream.schemas.parts`)."""
 
     kind: ClassVar[str] = "result"
     id: NonEmpty
@@ -135,6 +138,8 @@ class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     policy: str
     model: str
     completed_at: Annotated[float, Meta(description="seconds since the epoch")]
+    part: Annotated[int, Meta(ge=0, description="this message's place among the parts")] = 0
+    parts: Annotated[int, Meta(ge=1, description="messages the result came in")] = 1
 
 
 class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):

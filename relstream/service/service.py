@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
     DEAD_LETTER_ORIGINAL_BYTES,
+    RESULT_PART_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
@@ -60,6 +61,7 @@ from relstream.schemas.convert import (
     relquery_from_message,
     result_message,
 )
+from relstream.schemas.parts import split_result
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook, PublishedOffsets
@@ -249,7 +251,9 @@ class EngineService:
         else:
             answered = await self._run(relquery)
         result = with_queued(answered, max(taken_at - work.submitted_at, 0.0))
-        await self._publish(self.config.topics.results, relquery.id, result_message(result))
+        # A result of any size reaches the user: in parts under the request limit.
+        for part in split_result(result_message(result), RESULT_PART_BYTES):
+            await self._publish(self.config.topics.results, relquery.id, part)
         metrics = metrics_message(result, self.engine_name)
         await self._publish(self.config.topics.metrics, relquery.id, metrics)
         self.metrics.observe_result(result, time.time() - taken_at)

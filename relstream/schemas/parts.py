@@ -1,0 +1,68 @@
+"""A result too big for one Kafka message, in parts, and back.
+
+The engine splits a result's rows over as many messages as its size needs, each under the
+producer's request limit (`split_result`); every reader joins them (`ResultJoiner`)
+before a user sees the result, so a sink stores one whole result per relQuery id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from relstream.schemas.codec import encode
+from relstream.schemas.messages import ResultMessage, ResultRow
+
+_ROW_ENCODER = msgspec.msgpack.Encoder()
+
+
+def split_result(message: ResultMessage, max_bytes: int) -> list[ResultMessage]:
+    """`message` as parts whose encoded size stays under `max_bytes` (one part when it
+    fits). A single row larger than the bound travels alone in its part."""
+    envelope = len(encode(msgspec.structs.replace(message, rows=[])))
+    if envelope + sum(_row_bytes(row) for row in message.rows) <= max_bytes:
+        return [message]
+    groups: list[list[ResultRow]] = [[]]
+    size = envelope
+    for row in message.rows:
+        row_size = _row_bytes(row)
+        if groups[-1] and size + row_size > max_bytes:
+            groups.append([])
+            size = envelope
+        groups[-1].append(row)
+        size += row_size
+    return [
+        msgspec.structs.replace(message, rows=rows, part=index, parts=len(groups))
+        for index, rows in enumerate(groups)
+    ]
+
+
+def _row_bytes(row: ResultRow) -> int:
+    return len(_ROW_ENCODER.encode(row)) + 1  # and a byte of the array's length, at most
+
+
+@dataclass
+class ResultJoiner:
+    """Parts of results as they are read, in any order and repeated (at-least-once);
+    `add` answers the whole result once its last missing part arrives."""
+
+    _waiting: dict[str, dict[int, ResultMessage]] = field(default_factory=dict)
+
+    def add(self, message: ResultMessage) -> ResultMessage | None:
+        if message.parts == 1:
+            return message
+        parts = self._waiting.setdefault(message.id, {})
+        if parts and next(iter(parts.values())).parts != message.parts:
+            parts.clear()  # served again and split otherwise: start over from this one
+        parts[message.part] = message
+        if len(parts) < message.parts:
+            return None
+        del self._waiting[message.id]
+        rows = [row for index in range(message.parts) for row in parts[index].rows]
+        return msgspec.structs.replace(parts[0], rows=rows, part=0, parts=1)
+
+    @property
+    def pending(self) -> bool:
+        """Some result has parts read and parts still missing."""
+        return bool(self._waiting)
