@@ -75,17 +75,16 @@ def fresh_topics() -> Topics:
     return Topics(prefix=f"d{uuid.uuid4().hex[:6]}.")
 
 
-def test_the_budget_admits_in_order_and_never_strands_a_big_relquery():
-    budget = RowBudget(rows=10)
-    for name, rows in (("a", 4), ("b", 5), ("c", 3), ("huge", 50)):
+def test_the_budget_admits_in_order_and_a_big_relquery_beside_the_others():
+    # Budget 12: no relQuery is charged more than 12 // 4 = 3 rows. a 2, b 3 (of 5),
+    # huge 3 (of 50), c 2: 10 rows; d (3) would make 13 and waits.
+    budget = RowBudget(rows=12)
+    for name, rows in (("a", 2), ("b", 5), ("huge", 50), ("c", 2), ("d", 3)):
         budget.offer(rows, name)
-    assert budget.admit() == ["a", "b"]  # 9 rows; c would make 12
-    assert budget.full
-    budget.release(4)
-    assert budget.admit() == ["c"]  # 8 rows; huge waits for an empty engine
-    budget.release(5)
-    budget.release(3)
-    assert budget.admit() == ["huge"] and not budget.full
+    assert budget.admit() == ["a", "b", "huge", "c"]
+    assert budget.full and budget.in_flight == 10
+    budget.release(50)  # huge answered: its 3 rows come back
+    assert budget.admit() == ["d"] and not budget.full and budget.in_flight == 10
 
 
 def test_the_engine_takes_the_whole_backlog_and_counts_latency_from_submission(broker):
@@ -117,13 +116,13 @@ def test_a_small_budget_bounds_the_rows_in_flight_and_loses_nothing(broker):
 
     async def scenario():
         await send(broker, topics, sent)
-        config = config_for(broker, topics, group, max_backlog_rows=7)
+        config = config_for(broker, topics, group, max_backlog_rows=14)
         return await serve_and_watch(
             broker, topics, config, len(sent), lambda service: service.budget.in_flight
         )
 
     most, results = asyncio.run(scenario())
-    assert most == 6  # two relQueries of 3 rows; a third would make 9 > 7
+    assert most == 12  # four relQueries of 3 rows; a fifth would make 15 > 14
     assert {decode(ResultMessage, m.value).id for m in results} == {rq.id for rq in sent}
 
 

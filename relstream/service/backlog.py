@@ -5,6 +5,11 @@ its whole backlog, up to a budget of rows sized from the engine's KV
 (`RelQueryBackend.backlog_rows`) and a configured cap, so memory stays bounded however
 far the stream runs ahead. relQueries taken from Kafka beyond the budget wait here, in
 arrival order, with their partitions paused.
+
+No relQuery is charged more than a quarter of the budget: a table larger than that (or
+than the whole budget) is handed over beside the others instead of alone, so the
+scheduler sees the small relQueries behind it and can serve them first. The engine then
+holds at most the budget plus the rows of the few large relQueries charged partly.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Generic, TypeVar
 Item = TypeVar("Item")
 
 DEFAULT_MAX_BACKLOG_ROWS = 20_000  # the configured cap's default
+LARGEST_SHARE = 4  # no relQuery is charged more than 1/4 of the budget
 
 
 @dataclass
@@ -25,27 +31,31 @@ class RowBudget(Generic[Item]):
     rows: int  # the budget
     in_flight: int = 0  # rows handed to the engine and not yet answered
     relqueries: int = 0  # relQueries handed to the engine and not yet answered
-    waiting: deque[tuple[int, Item]] = field(default_factory=deque)  # (rows, item)
+    waiting: deque[tuple[int, Item]] = field(default_factory=deque)  # (charge, item)
+
+    def charge(self, rows: int) -> int:
+        """What a relQuery of `rows` rows counts against the budget."""
+        return min(rows, max(self.rows // LARGEST_SHARE, 1))
 
     def offer(self, rows: int, item: Item) -> None:
-        self.waiting.append((rows, item))
+        self.waiting.append((self.charge(rows), item))
 
     def admit(self) -> list[Item]:
-        """The waiting items that fit now, in order. One bigger than the whole budget is
-        admitted alone, when nothing else is in flight, so it is never stuck."""
+        """The waiting items that fit now, in order."""
         admitted = []
         while self.waiting:
-            rows, item = self.waiting[0]
-            if self.in_flight and self.in_flight + rows > self.rows:
+            charged, item = self.waiting[0]
+            if self.in_flight and self.in_flight + charged > self.rows:
                 break
             self.waiting.popleft()
-            self.in_flight += rows
+            self.in_flight += charged
             self.relqueries += 1
             admitted.append(item)
         return admitted
 
     def release(self, rows: int) -> None:
-        self.in_flight -= rows
+        """A relQuery of `rows` rows was answered."""
+        self.in_flight -= self.charge(rows)
         self.relqueries -= 1
 
     def drop_waiting(self, keep) -> int:
