@@ -37,22 +37,29 @@ def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_po
     return spawn_logged(command, log)
 
 
-def served_by(broker, topics) -> collections.Counter:
-    """relQueries served so far by each engine process id (from the metrics topic)."""
+def answers_by(broker, topics) -> collections.Counter:
+    """How often each engine process id answered each relQuery: (pid, relQuery id) ->
+    count, from the metrics topic (one message per answer)."""
 
     async def read() -> collections.Counter:
         subscription = Subscription(
             broker.bootstrap, topics.metrics, broker_kind=broker.kind, idle_seconds=2, timeout=60
         )
         async with subscription as messages:
-            return collections.Counter(
-                [
-                    int(decode(MetricsMessage, m.value).engine.rsplit(":", 1)[1])
-                    async for m in messages
-                ]
-            )
+            answers = [decode(MetricsMessage, m.value) async for m in messages]
+        return collections.Counter(
+            (int(answer.engine.rsplit(":", 1)[1]), answer.relquery_id) for answer in answers
+        )
 
     return asyncio.run(read())
+
+
+def served_by(broker, topics) -> collections.Counter:
+    """relQueries served so far by each engine process id (from the metrics topic)."""
+    served: collections.Counter = collections.Counter()
+    for (pid, _), count in answers_by(broker, topics).items():
+        served[pid] += count
+    return served
 
 
 def wait_for(condition, seconds: float = 90.0) -> bool:
