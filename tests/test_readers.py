@@ -81,7 +81,7 @@ def test_the_dead_letter_command_shows_each_reason_and_counts_them(broker):
     topics = Topics(prefix=prefix)
     asyncio.run(create_topics(broker.bootstrap, topics.layout()))
     letters = [
-        dead_letter_message(b"\xc1", topics.relqueries, 0, 3, "not valid msgpack (bad)", b"a"),
+        dead_letter_message(b"\xc1", topics.relqueries, 0, 3, "not valid msgpack (bad)", b"a", 100),
         dead_letter_message(
             b"x" * 5000, topics.relqueries, 1, 8, "row 'z1' lacks column(s) {reveiw}", b"b", 100
         ),

@@ -18,6 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.schemas import encode
+from relstream.schemas.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka")
 
@@ -60,10 +62,28 @@ def new_producer(
     )
 
 
-async def settle(sending: Awaitable[asyncio.Future], what: str) -> bool:
-    """Wait for a produce to be acknowledged; a failure is logged and answered False,
-    never raised. For messages about a producer's input (dead letters): nothing a
-    producer sends may stop the process that reads it."""
+def send_dead_letter(
+    producer: AIOKafkaProducer, topic: str, record: ConsumerRecord, reason: str
+) -> asyncio.Future:
+    """The dead letter of a consumed `record` on its way to `topic`, its bytes cut to fit
+    under the request limit. The future settles True once the broker has it, False
+    (logged) if the broker refused it: nothing a producer sends may stop the process that
+    reads it."""
+    letter = dead_letter_message(
+        record.value,
+        record.topic,
+        record.partition,
+        record.offset,
+        reason,
+        record.key,
+        DEAD_LETTER_ORIGINAL_BYTES,
+    )
+    where = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    sending = producer.send(topic, encode(letter), key=letter.key)
+    return asyncio.ensure_future(_settle(sending, where))
+
+
+async def _settle(sending: Awaitable[asyncio.Future], what: str) -> bool:
     try:
         await (await sending)
     except KafkaError as exc:

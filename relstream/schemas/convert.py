@@ -141,8 +141,8 @@ def dead_letter_message(
     partition: int | None,
     offset: int | None,
     reason: str,
-    key: bytes | None = None,
-    max_original_bytes: int = 512 * 1024,
+    key: bytes | None,
+    max_original_bytes: int,
 ) -> DeadLetterMessage:
     """Why a message could not be used, with its bytes up to `max_original_bytes` (the
     rest stated by size and digest), so the letter itself can always be published."""

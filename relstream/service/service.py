@@ -35,13 +35,12 @@ from dataclasses import dataclass, field, replace
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
-    DEAD_LETTER_ORIGINAL_BYTES,
     RESULT_PART_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
-    settle,
+    send_dead_letter,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
@@ -55,7 +54,6 @@ from relstream.schemas import (
     encode,
 )
 from relstream.schemas.convert import (
-    dead_letter_message,
     metrics_message,
     partial_result_message,
     relquery_from_message,
@@ -310,27 +308,13 @@ class EngineService:
         log.warning(
             "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
         )
-        letter = dead_letter_message(
-            message.value,
-            message.topic,
-            message.partition,
-            message.offset,
-            reason,
-            message.key,
-            DEAD_LETTER_ORIGINAL_BYTES,
-        )
-        where = f"the dead letter of {message.topic}[{message.partition}]@{message.offset}"
-        sending = self._producer.send(self.config.topics.deadletter, encode(letter), key=letter.key)
-        if await settle(sending, where):
+        if await send_dead_letter(self._producer, self.config.topics.deadletter, message, reason):
             self.metrics.dead_letters.inc()
         else:
             self.metrics.dead_letter_failures.inc()
 
-    async def _publish(
-        self, topic: str, key: str | None, payload: Message, raw_key: bytes | None = None
-    ) -> None:
-        key_bytes = raw_key if raw_key is not None else (key.encode() if key else None)
-        await self._producer.send_and_wait(topic, encode(payload), key=key_bytes)
+    async def _publish(self, topic: str, key: str, payload: Message) -> None:
+        await self._producer.send_and_wait(topic, encode(payload), key=key.encode())
 
     # offsets
     async def _commit(self) -> None:

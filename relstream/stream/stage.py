@@ -18,18 +18,16 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from relstream.kafka.clients import (
-    DEAD_LETTER_ORIGINAL_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
     portable_session,
-    settle,
+    send_dead_letter,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.schemas import encode
-from relstream.schemas.convert import dead_letter_message
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import (
     PartitionWindows,
@@ -100,7 +98,7 @@ class WindowStage:
                 checked = check_row(self.registration, record.value)
                 row = None
                 if isinstance(checked, RowRejection):
-                    sends.append(await self._dead_letter(record, checked.reason))
+                    sends.append(self._dead_letter(record, checked.reason))
                     rejected.append(checked.reason)
                 else:
                     row = checked
@@ -139,23 +137,9 @@ class WindowStage:
             self.settings.topics.relqueries, encode(message), key=message.id.encode()
         )
 
-    async def _dead_letter(self, record, reason: str) -> asyncio.Future:
-        """The letter on its way; it settles True once on the broker, False (logged) if
-        the broker refused it: a bad row never stops the worker."""
-        letter = dead_letter_message(
-            record.value,
-            record.topic,
-            record.partition,
-            record.offset,
-            reason,
-            record.key,
-            DEAD_LETTER_ORIGINAL_BYTES,
-        )
-        sending = self._producer.send(
-            self.settings.topics.deadletter, encode(letter), key=letter.key
-        )
-        where = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
-        return asyncio.ensure_future(settle(sending, where))
+    def _dead_letter(self, record, reason: str) -> asyncio.Future:
+        """The letter on its way (`send_dead_letter`): a bad row never stops the worker."""
+        return send_dead_letter(self._producer, self.settings.topics.deadletter, record, reason)
 
     async def _commit(self) -> None:
         offsets = {
