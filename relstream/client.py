@@ -225,10 +225,9 @@ class RelstreamClient:
             while True:
                 batches = consumer.poll(timeout_ms=POLL_MS)
                 now = time.monotonic()
-                if last is None and (batches or consumer.assignment()):
+                if batches or (last is None and consumer.assignment()):
                     last = now
                 if batches:
-                    last = now
                     yield from self._decoded(batches, message_type, on_unreadable)
                     if may_commit():
                         consumer.commit()

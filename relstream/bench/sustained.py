@@ -142,10 +142,11 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
     return {"cell": asdict(cell), "capacity": capacity, "records": records}
 
 
-def _cell_job(job: tuple[Cell, SustainedOptions]) -> dict:
-    cell, options = job
-    trace = _trace(options, cell.arrival, cell.seed)
-    return run_cell(cell, trace, options)
+def _trace_job(job: tuple[str, int, SustainedOptions]) -> list[dict]:
+    """Every profile's cell on one trace, tokenized once."""
+    arrival, seed, options = job
+    trace = _trace(options, arrival, seed)
+    return [run_cell(Cell(spec, arrival, seed), trace, options) for spec in options.profiles]
 
 
 def _trace(options: SustainedOptions, arrival: str, seed: int) -> TokenizedTrace:
@@ -154,23 +155,19 @@ def _trace(options: SustainedOptions, arrival: str, seed: int) -> TokenizedTrace
 
 
 def run_sustained(
-    options: SustainedOptions, on_cell: Callable[[dict], None] | None = None
+    options: SustainedOptions, on_trace: Callable[[list[dict]], None] | None = None
 ) -> list[dict]:
-    """Every (profile, arrival, seed) cell, `workers` at a time; `on_cell` after each."""
+    """Every (profile, arrival, seed) cell, one trace (all its profiles) per worker at a
+    time, `workers` at once; `on_trace` after each trace."""
     for spec in options.profiles:
         load_profile(spec)  # a bad name fails now, not in a worker
-    cells = [
-        Cell(spec, arrival, seed)
-        for spec in options.profiles
-        for arrival in options.arrivals
-        for seed in options.seeds
-    ]
+    jobs = [(arrival, seed, options) for arrival in options.arrivals for seed in options.seeds]
     results = []
     with ProcessPoolExecutor(max_workers=options.workers) as pool:
-        for result in pool.map(_cell_job, [(cell, options) for cell in cells]):
-            results.append(result)
-            if on_cell:
-                on_cell(result)
+        for cells in pool.map(_trace_job, jobs):
+            results += cells
+            if on_trace:
+                on_trace(cells)
     return results
 
 

@@ -111,11 +111,11 @@ def bench_sustained(**opts) -> None:
         fcfs_slack=opts["fcfs_slack"],
         command=command,
     )
-    cells = len(options.profiles) * len(options.arrivals) * len(options.seeds)
+    traces = len(options.arrivals) * len(options.seeds)
     try:
         with progress() as bar:
-            task = bar.add_task("profile × arrival × seed", total=cells)
-            results = run_sustained(options, lambda _result: bar.advance(task))
+            task = bar.add_task("traces (arrival × seed), every profile", total=traces)
+            results = run_sustained(options, lambda _cells: bar.advance(task))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--profiles") from None
     capacities = [{**result["cell"], "capacity": result["capacity"]} for result in results]
