@@ -36,6 +36,7 @@ from relstream.schemas.convert import relquery_message
 from relstream.schemas.parts import ResultJoiner
 
 M = TypeVar("M", bound=Message)
+K = TypeVar("K")
 POLL_MS = 200
 BOOTSTRAP_TIMEOUT_MS = 8_000  # no broker at the address: say so within 10 s
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
@@ -43,6 +44,25 @@ JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
 
 class ResultsUnavailable(RuntimeError):
     """The results topic could not be read: the group never assigned a partition."""
+
+
+class BrokerUnavailable(ConnectionError):
+    """No Kafka broker answered at the client's bootstrap address."""
+
+
+def _connected(bootstrap: str, make: Callable[..., K], *args: Any, **options: Any) -> K:
+    """A kafka-python client, or BrokerUnavailable naming the address (not kafka-python's
+    traceback) when no broker answers there within the bootstrap timeout."""
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    try:
+        return make(*args, bootstrap_servers=bootstrap, **options)
+    except (KafkaConnectionError, KafkaTimeoutError) as exc:
+        raise BrokerUnavailable(
+            f"no Kafka broker answered at {bootstrap} within "
+            f"{BOOTSTRAP_TIMEOUT_MS / 1000:g} s ({type(exc).__name__}). Is one running "
+            "there? `relstream broker` starts one."
+        ) from None
 
 
 class RelstreamClient:
@@ -59,8 +79,8 @@ class RelstreamClient:
         self.topics = Topics(prefix)
         self.security = security
         self.broker_kind = broker_kind
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", linger_ms=5, **self._options()
+        self._producer = _connected(
+            bootstrap, KafkaProducer, acks="all", linger_ms=5, **self._options()
         )
         self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
 
@@ -131,8 +151,8 @@ class RelstreamClient:
         starts = self._submitted.get(relquery_id)
         if starts is None:
             raise KeyError(f"relQuery {relquery_id!r} was not submitted by this client")
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self._options()
+        consumer = _connected(
+            self.bootstrap, KafkaConsumer, enable_auto_commit=False, **self._options()
         )
         try:
             consumer.assign(list(starts))
@@ -209,9 +229,10 @@ class RelstreamClient:
         from kafka import KafkaConsumer
 
         group = group or f"relstream-reader-{uuid.uuid4().hex[:8]}"
-        consumer = KafkaConsumer(
+        consumer = _connected(
+            self.bootstrap,
+            KafkaConsumer,
             topic,
-            bootstrap_servers=self.bootstrap,
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -256,7 +277,7 @@ class RelstreamClient:
     def _result_ends(self) -> dict:
         from kafka import KafkaConsumer, TopicPartition
 
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **self._options())
+        consumer = _connected(self.bootstrap, KafkaConsumer, **self._options())
         try:
             partitions = consumer.partitions_for_topic(self.topics.results) or set()
             return consumer.end_offsets(

@@ -9,12 +9,15 @@ import time
 import uuid
 
 import pytest
+from test_streaming import stream_bin
 
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import ResultMessage, encode
 from relstream.schemas.convert import dead_letter_message
 from relstream.schemas.messages import ResultRow
+
+NO_BROKER = ("--bootstrap", "127.0.0.1:1")  # a port where nothing listens
 
 
 def result(index: int) -> tuple[bytes, bytes]:
@@ -69,11 +72,51 @@ def test_the_readme_sink_stores_every_result_with_no_broker_flag(broker, tmp_pat
 )
 def test_no_broker_is_one_line_within_ten_seconds(command):
     started = time.monotonic()
-    run = relstream(*command, "--bootstrap", "127.0.0.1:1", timeout=60)
+    run = relstream(*command, *NO_BROKER, timeout=60)
     elapsed = time.monotonic() - started
     assert run.returncode == 1 and elapsed < 10 + 3  # the interpreter's start aside
-    assert "Traceback" not in run.stderr and "no Kafka broker answered" in run.stderr
-    assert "127.0.0.1" in run.stderr
+    assert_one_line_naming_the_address(run.stderr)
+
+
+def assert_one_line_naming_the_address(stderr: str) -> None:
+    assert "Traceback" not in stderr and "no Kafka broker answered" in stderr
+    assert "127.0.0.1" in stderr and len(stderr.strip().splitlines()) <= 3, stderr
+
+
+def test_the_worker_with_no_broker_is_one_line_within_ten_seconds(tmp_path):
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "t"\ntemplate = "{x}"\n')
+    started = time.monotonic()
+    run = subprocess.run(
+        [str(stream_bin() / "relstream"), "worker", "--config", str(config), *NO_BROKER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1 and time.monotonic() - started < 10 + 3
+    assert_one_line_naming_the_address(run.stderr)
+
+
+def test_the_client_with_no_broker_raises_one_error_naming_the_address():
+    from relstream.client import BrokerUnavailable, RelstreamClient
+
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable) as raised:
+        RelstreamClient("127.0.0.1:1")
+    assert time.monotonic() - started < 10
+    assert "no Kafka broker answered at 127.0.0.1:1" in str(raised.value)
+    # Raised from None: the user's traceback is theirs and ours, not kafka-python's.
+    assert raised.value.__suppress_context__ and raised.value.__cause__ is None
+
+
+def test_a_wrongly_typed_registration_is_one_line_naming_the_field(tmp_path):
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "t"\ntemplate = "{x}"\nmax_rows = "100"\n')
+    run = relstream("worker", "--config", str(config), *NO_BROKER)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"Error: {config} [[query]] #1: field 'max_rows' = '100' must be an integer in [1, 100000]"
+    ]
 
 
 def test_the_dead_letter_command_shows_each_reason_and_counts_them(broker):

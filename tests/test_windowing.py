@@ -86,6 +86,12 @@ def test_a_registration_carries_its_output_and_sampling_into_every_window(tmp_pa
         ('choices = ["Yes"]\nregex = "Y"', "exactly one of choices, json_schema or regex"),
         ("temperature = 3", "'temperature' must be a number in [0, 2]"),
         ('stop = [""]', "'stop' must be a list of non-empty strings"),
+        ('window_seconds = "2"', "field 'window_seconds' = '2' must be a number of seconds > 0"),
+        ("window_seconds = 0", "field 'window_seconds' = 0 must be a number of seconds > 0"),
+        ("max_rows = 1.5", "field 'max_rows' = 1.5 must be an integer in [1, 100000]"),
+        ("max_rows = true", "field 'max_rows' = True must be an integer in [1, 100000]"),
+        ("max_output_tokens = 0", "'max_output_tokens' = 0 must be an integer in [1, 32768]"),
+        ("system_prompt = 3", "field 'system_prompt' = 3 must be a string"),
     ],
 )
 def test_a_bad_output_or_sampling_field_is_named(tmp_path, extra, reason):

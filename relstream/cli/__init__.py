@@ -17,6 +17,9 @@ from relstream.cli.sustained import bench_sustained
 # What the Kafka clients (aiokafka, kafka-python) raise when no broker answers. Matched by
 # name: the worker's environment has no kafka-python to import them from.
 UNREACHABLE = frozenset({"KafkaConnectionError", "NoBrokersAvailable", "KafkaTimeoutError"})
+# The Python client's own errors, whose message already says what to check: no broker at
+# the address, or a reader's group that never got a partition.
+SAID_IN_FULL = frozenset({"BrokerUnavailable", "ResultsUnavailable"})
 DEBUG_ENV = "RELSTREAM_DEBUG"  # set: an unreachable broker shows its traceback
 
 
@@ -29,9 +32,9 @@ class Commands(click.Group):
             return super().invoke(ctx)
         except Exception as exc:
             name = type(exc).__name__
-            if os.environ.get(DEBUG_ENV) or name not in {*UNREACHABLE, "ResultsUnavailable"}:
+            if os.environ.get(DEBUG_ENV) or name not in {*UNREACHABLE, *SAID_IN_FULL}:
                 raise
-            if name == "ResultsUnavailable":  # a reader's group never got a partition
+            if name in SAID_IN_FULL:
                 raise click.ClickException(str(exc)) from None
             raise click.ClickException(
                 f"no Kafka broker answered ({exc}). Is one running at that address? "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,16 +78,37 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
     sampling = _sampling({name: entry.pop(name) for name in SAMPLING_FIELDS if name in entry})
     if isinstance(sampling, str):
         raise RegistrationError(f"{where}: {sampling}")
-    registration = QueryRegistration(
+    for name, value in entry.items():
+        if name in _BOUNDED and not _BOUNDED[name].holds(value):
+            raise RegistrationError(
+                f"{where}: field {name!r} = {value!r} must be {_BOUNDED[name].expected}"
+            )
+    return QueryRegistration(
         **{**entry, "template": template, "output": output, "sampling": sampling}
     )
-    if not registration.window_seconds > 0:
-        raise RegistrationError(f"{where}: window_seconds must be > 0")
-    if not 1 <= registration.max_rows <= 100_000:
-        raise RegistrationError(f"{where}: max_rows must be in [1, 100000]")
-    if not 1 <= registration.max_output_tokens <= 32_768:
-        raise RegistrationError(f"{where}: max_output_tokens must be in [1, 32768]")
-    return registration
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """What an optional scalar field may hold: its types, its range, and both in words."""
+
+    types: tuple[type, ...]
+    in_range: Callable[[object], bool]
+    expected: str
+
+    def holds(self, value: object) -> bool:
+        # TOML's true is a bool, which Python also counts as an int: never a number here.
+        if isinstance(value, bool) or not isinstance(value, self.types):
+            return False
+        return self.in_range(value)
+
+
+_BOUNDED = {
+    "window_seconds": _Bound((int, float), lambda v: v > 0, "a number of seconds > 0"),
+    "max_rows": _Bound((int,), lambda v: 1 <= v <= 100_000, "an integer in [1, 100000]"),
+    "max_output_tokens": _Bound((int,), lambda v: 1 <= v <= 32_768, "an integer in [1, 32768]"),
+    "system_prompt": _Bound((str,), lambda v: True, "a string"),
+}
 
 
 def _sampling(given: dict) -> Sampling | str:
