@@ -61,6 +61,23 @@ def test_the_readme_sink_stores_every_result_with_no_broker_flag(broker, tmp_pat
     assert all(f"q{i} 1 rows" in shown.stdout for i in range(6)), shown.stdout + shown.stderr
 
 
+def test_a_reader_stopped_before_storing_leaves_its_group_where_it_was(broker):
+    # A sink that dies (or whose store fails) after taking results from a batch but
+    # before storing them must not have moved its group past them.
+    from relstream.client import RelstreamClient
+
+    prefix = f"s{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    asyncio.run(produce(broker.bootstrap, topics.results, [result(i) for i in range(4)]))
+    with RelstreamClient(broker.bootstrap, prefix) as client:
+        reader = client.results(group="a-sink")
+        assert next(reader).id.startswith("q")
+        reader.close()  # the sink stops here, before it stored what it took
+        stored_later = [r.id for r in client.results(group="a-sink")]
+    assert sorted(stored_later) == [f"q{i}" for i in range(4)]
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -120,7 +120,14 @@ def sink(
         with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
             # The client commits a batch only once every result in it is stored.
             for result in client.results(group, follow, on_unreadable=_print_skipped):
-                written += bool(store.write(result))
+                try:
+                    written += bool(store.write(result))
+                except OSError as exc:  # a full disk: what was not stored stays unread
+                    raise click.ClickException(
+                        f"could not store result {result.id} in {target} ({exc}); stored "
+                        f"{written} new results, and group {group!r} has not moved past "
+                        "the rest"
+                    ) from None
     except ResultsUnavailable as exc:
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
     finally:
