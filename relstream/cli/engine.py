@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 
 import click
 
@@ -145,6 +146,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.kafka.topics import Topics
     from relstream.service.service import EngineService, ServiceConfig
 
+    door = _listening(http) if http is not None else None
     backend = await _start_backend(opts)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -170,26 +172,43 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         console.print(
             f"engine ({opts['backend']}, {opts['policy']}) serving {config.topics.relqueries}"
         )
-    if http is not None:
-        doors.append(_http_door(backend, service, http, stop))
-        console.print(f"HTTP door on http://{http[0]}:{http[1]} (docs at /docs)")
+    if door is not None:
+        doors.append(_http_door(backend, service, door, stop))
     try:
         await asyncio.gather(*doors)
     finally:
         backend.shutdown()
 
 
-async def _http_door(backend, service, address: tuple[str, int], stop: asyncio.Event) -> None:
+def _listening(address: tuple[str, int]) -> socket.socket:
+    """The HTTP door's socket, bound before the engine loads (minutes on a real model), so
+    a port in use is one line at once."""
+    door = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
+    door.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        door.bind(address)
+    except OSError as exc:
+        door.close()
+        raise click.ClickException(
+            f"the HTTP door cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
+        ) from None
+    return door
+
+
+async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event) -> None:
     import uvicorn
 
     from relstream.service.http import build_http_app
 
     app = build_http_app(backend, service.cancel if service is not None else None)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=address[0], port=address[1], log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.install_signal_handlers = lambda: None  # the process's handlers set `stop`
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[door]))
+    while not (server.started or task.done()):
+        await asyncio.sleep(0.05)
+    # Said once it listens, so that a request sent on seeing this line is answered.
+    host, port = door.getsockname()[:2]
+    console.print(f"HTTP door on http://{host}:{port} (docs at /docs)")
     await stop.wait()
     server.should_exit = True
     await task
