@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         console.print(
             f"worker and engine ({options.backend}, {options.policy}) starting; logs in {workdir}"
         )
+        with console.status("waiting for the worker and the engine (the model loads first)"):
+            started = time.monotonic()
+            _wait_ready(processes, workdir, options.timeout)
+        console.print(f"worker and engine ready after {time.monotonic() - started:.1f} s")
         rows = list(read_rows(SAMPLE, "reviews", "review_id"))
         results = asyncio.run(_produce_and_follow(broker, rows, options, console, processes))
         _print_results(console, results)
@@ -137,6 +142,21 @@ async def _produce_and_follow(
                 if bar.tasks[0].completed >= expected:
                     break
     return results
+
+
+# What each process prints once it serves: rows produced earlier would count the model's
+# loading as their time queued in Kafka.
+READY_LINES = {"worker.log": "ready: windows", "engine.log": "serving"}
+
+
+def _wait_ready(processes: list[subprocess.Popen], workdir: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for name, line in READY_LINES.items():
+        while line not in (workdir / name).read_text(errors="replace"):
+            _check_alive(processes)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {line!r} in {workdir / name} after {timeout:g} s")
+            time.sleep(0.2)
 
 
 def _check_alive(processes: list[subprocess.Popen]) -> None:
