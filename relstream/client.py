@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from relstream.answers import OutputSpec, Sampling
-from relstream.kafka.clients import client_settings, portable_session
+from relstream.kafka.clients import BOOTSTRAP_TIMEOUT_MS, client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
@@ -38,7 +38,6 @@ from relstream.schemas.parts import ResultJoiner
 M = TypeVar("M", bound=Message)
 K = TypeVar("K")
 POLL_MS = 200
-BOOTSTRAP_TIMEOUT_MS = 8_000  # no broker at the address: say so within 10 s
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
 
 

@@ -24,7 +24,7 @@ CSV_KEYS = ("r1", "r2")  # the rows of the walkthrough's my_reviews.csv
 def test_the_tested_blocks_are_the_walkthrough_the_snippets_and_http():
     found = blocks()
     assert set(found) == {"walkthrough", "kafka-python", "client", "http"}
-    assert len(commands(found["walkthrough"][1])) == 9
+    assert len(commands(found["walkthrough"][1])) == 10
     first_words = [command.split()[0] for command in commands(found["http"][1])]
     assert first_words == [".venv/bin/relstream", "cat", "curl", "curl", "curl"]
 
@@ -64,6 +64,9 @@ def test_the_walkthrough_stores_and_shows_every_row(walkthrough, session):
     stored = [json.loads(line) for line in (session.workdir / "results.jsonl").open()]
     assert sorted(row["key"] for result in stored for row in result["rows"]) == list(CSV_KEYS)
     assert "0 dead letters" in walkthrough[".venv/bin/relstream deadletters"]
+    status = walkthrough[".venv/bin/relstream status"]
+    assert "relstream.rows.reviews" in status and "worker" in status and "engines" in status
+    assert "engine " in status and "relQueries answered" in status, status
 
 
 @pytest.mark.parametrize("name", ["kafka-python", "client"])

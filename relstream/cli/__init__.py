@@ -11,6 +11,7 @@ from relstream.cli.demo import demo
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
 from relstream.cli.rows import deadletters, produce, results, sink
+from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
 from relstream.cli.sustained import bench_sustained
 
@@ -60,6 +61,7 @@ for command in (
     results,
     sink,
     deadletters,
+    status,
     demo,
 ):
     main.add_command(command)

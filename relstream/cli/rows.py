@@ -146,15 +146,15 @@ def deadletters(
 ) -> None:
     """Print every dead letter (bad input the worker or an engine refused) with its reason,
     from the beginning, then a count per reason."""
-    import re
     from collections import Counter
 
     from relstream.client import RelstreamClient
+    from relstream.kafka.inspect import reason_kind
 
     reasons: Counter[str] = Counter()
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
         for letter in client.dead_letters(follow=follow):
-            reasons[re.split(r"[:(]", letter.reason)[0].strip()] += 1
+            reasons[reason_kind(letter.reason)] += 1
             cut = " (cut)" if letter.truncated else ""
             where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
             console.print(

@@ -48,6 +48,9 @@ def new_consumer(
 # 1 MiB that Kafka brokers accept per message by default). Whatever relstream writes about
 # a producer's message (a dead letter) must fit under it, whatever that message's size.
 MAX_REQUEST_BYTES = 1_048_576
+# kafka-python clients (the Python client, `relstream status`) give up on an address where
+# no broker answers after this, not its default 30 s: a user hears of it within 10 s.
+BOOTSTRAP_TIMEOUT_MS = 8_000
 DEAD_LETTER_ORIGINAL_BYTES = MAX_REQUEST_BYTES // 2  # the rest is the letter's envelope
 RESULT_PART_BYTES = MAX_REQUEST_BYTES - 16 * 1024  # a result's part, its key and the batch
 
