@@ -69,3 +69,22 @@ def test_the_engine_model_is_a_hub_id_or_a_mounted_folder_and_the_context_is_lea
     assert "hf-cache:/root/.cache/huggingface" in engine["volumes"]
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv*", ".git", "models", "docs/benchmarks"} <= set(ignored)
+
+
+def test_the_worker_and_the_engine_say_when_they_are_ready():
+    worker, engine = COMPOSE["services"]["worker"], COMPOSE["services"]["engine"]
+    ready_file = worker["command"][worker["command"].index("--ready-file") + 1]
+    assert worker["healthcheck"]["test"] == ["CMD", "test", "-f", ready_file]
+    port = engine["command"][engine["command"].index("--metrics-port") + 1]
+    probe = engine["healthcheck"]["test"]
+    assert probe[:3] == ["CMD", "python3", "-c"] and f"127.0.0.1:{port}/metrics" in probe[3]
+    assert engine["ports"] == [port]  # published on an ephemeral host port per replica
+
+
+def test_prometheus_scrapes_every_engine_replica():
+    engine = COMPOSE["services"]["engine"]["command"]
+    scrape = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    (job,) = scrape["scrape_configs"]
+    (discovery,) = job["dns_sd_configs"]  # one address per replica, not one fixed target
+    assert discovery["names"] == ["engine"] and discovery["type"] == "A"
+    assert str(discovery["port"]) == engine[engine.index("--metrics-port") + 1]

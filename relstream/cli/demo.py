@@ -70,7 +70,13 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         config.write_text(QUERIES)
         common = ["--bootstrap", broker.bootstrap, "--broker-kind", options.broker]
         processes.append(
-            start_worker(relstream_command(True), broker, config, workdir / "worker.log")
+            start_worker(
+                relstream_command(True),
+                broker,
+                config,
+                workdir / "worker.log",
+                ready_file=workdir / "worker.ready",
+            )
         )
         processes.append(
             spawn_logged(
@@ -144,19 +150,16 @@ async def _produce_and_follow(
     return results
 
 
-# What each process prints once it serves: rows produced earlier would count the model's
-# loading as their time queued in Kafka.
-READY_LINES = {"worker.log": "ready: windows", "engine.log": "serving"}
-
-
 def _wait_ready(processes: list[subprocess.Popen], workdir: Path, timeout: float) -> None:
+    """Until every query of the worker reads its rows and the engine serves: rows produced
+    earlier would count the model's loading as their time queued in Kafka."""
     deadline = time.monotonic() + timeout
-    for name, line in READY_LINES.items():
-        while line not in (workdir / name).read_text(errors="replace"):
-            _check_alive(processes)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no {line!r} in {workdir / name} after {timeout:g} s")
-            time.sleep(0.2)
+    engine_log = workdir / "engine.log"
+    while not (workdir / "worker.ready").exists() or "serving" not in engine_log.read_text():
+        _check_alive(processes)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker or the engine not ready after {timeout:g} s")
+        time.sleep(0.2)
 
 
 def _check_alive(processes: list[subprocess.Popen]) -> None:

@@ -74,6 +74,12 @@ def _interrupt(_signum: int, _frame) -> None:
 @prefix_option
 @broker_kind_option
 @click.option("--app-id", default="relstream-worker", show_default=True)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Written once every query reads its rows (removed at start): for healthchecks.",
+)
 @security_options
 def worker(
     config_path: Path,
@@ -81,6 +87,7 @@ def worker(
     prefix: str,
     broker_kind: str | None,
     app_id: str,
+    ready_file: Path | None,
     security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
@@ -104,6 +111,8 @@ def worker(
     topics = Topics(prefix)
     tables = tuple({r.table for r in registrations})
     asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
-    app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security)
+    if ready_file is not None:  # a restarted container keeps the last run's file
+        ready_file.unlink(missing_ok=True)
+    app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security, ready_file)
     show_logs("relstream.worker")
     Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

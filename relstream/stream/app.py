@@ -12,6 +12,7 @@ environment (`relstream[stream]`), since faust-streaming and vLLM pin conflictin
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import faust
 
@@ -29,7 +30,10 @@ def build_app(
     app_id: str = "relstream-worker",
     broker_kind: str | None = None,
     security: KafkaSecurity = PLAINTEXT,
+    ready_file: Path | None = None,
 ) -> faust.App:
+    """The worker's Faust app: one window stage per registration. Once every stage reads
+    its rows topic, `ready_file` (if given) is written, for a container's healthcheck."""
     topics = topics or Topics()
     # Faust spells the consumer's session settings in seconds.
     sessions = {**client_settings(broker_kind), **portable_session(broker_kind)}
@@ -61,6 +65,12 @@ def build_app(
 
     @app.task
     async def window_stages() -> None:
-        await asyncio.gather(*(stage.run() for stage in stages))
+        runs = asyncio.gather(*(stage.run() for stage in stages))
+        ready = asyncio.gather(*(stage.ready.wait() for stage in stages))
+        await asyncio.wait([runs, ready], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and ready_file is not None:
+            ready_file.write_text(f"{len(stages)} window stages ready\n")
+        ready.cancel()
+        await runs
 
     return app

@@ -38,8 +38,10 @@ def start_worker(
     log: Path,
     topics: Topics | None = None,
     app_id: str | None = None,
+    ready_file: Path | None = None,
 ) -> subprocess.Popen:
-    """The Faust worker as a subprocess (`executable` from `relstream_command(True)`)."""
+    """The Faust worker as a subprocess (`executable` from `relstream_command(True)`),
+    writing `ready_file` once every query reads its rows."""
     command = [
         *executable,
         "worker",
@@ -54,4 +56,6 @@ def start_worker(
     ]
     if app_id:
         command += ["--app-id", app_id]
+    if ready_file:
+        command += ["--ready-file", str(ready_file)]
     return spawn_logged(command, log)

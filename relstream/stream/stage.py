@@ -60,6 +60,7 @@ class WindowStage:
         self._cutters: dict[TopicPartition, PartitionWindows] = {}
         self._committed: dict[TopicPartition, int] = {}
         self.rows_seen = 0
+        self.ready = asyncio.Event()  # set once it reads its rows topic
 
     async def run(self) -> None:
         """Window rows until cancelled."""
@@ -80,6 +81,7 @@ class WindowStage:
         await self._consumer.start()
         rows_topic = settings.topics.rows(self.registration.table)
         log.info("query %s ready: windows of %s", self.registration.name, rows_topic)
+        self.ready.set()
         try:
             while True:
                 await self._step()
