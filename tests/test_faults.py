@@ -164,6 +164,10 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
     counts = collections.Counter(next(k for k in bad if k in r) for r in reasons)
     assert counts == {kind: 200 for kind in bad}
     assert answered == {f"v{i}" for i in range(50)}
+    # The worker says so where its user looks, not only on the dead-letter topic.
+    said = (tmp_path / "worker.log").read_text()
+    assert "rows dead-lettered (relstream deadletters lists them)" in said
+    assert "Traceback" not in said
 
 
 def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):

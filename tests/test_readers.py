@@ -78,6 +78,21 @@ def test_a_reader_stopped_before_storing_leaves_its_group_where_it_was(broker):
     assert sorted(stored_later) == [f"q{i}" for i in range(4)]
 
 
+def test_producing_to_a_table_with_no_rows_topic_warns_naming_those_that_exist(broker, tmp_path):
+    prefix = f"t{uuid.uuid4().hex[:6]}."
+    asyncio.run(create_topics(broker.bootstrap, Topics(prefix=prefix).layout(("reviews",))))
+    table = tmp_path / "rows.csv"
+    table.write_text("id,review\nr1,fine\n")
+    args = ("produce", str(table), "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    typo = relstream(*args, "--table", "reveiws", "--key-column", "id")
+    assert typo.returncode == 0 and "Traceback" not in typo.stderr
+    said = " ".join(typo.stdout.split())  # rich wraps long lines
+    assert f"warning: {prefix}rows.reveiws did not exist (created now)" in said
+    assert "Tables with rows topics: reviews" in said
+    known = relstream(*args, "--table", "reviews", "--key-column", "id")
+    assert "warning" not in known.stdout and "produced 1 rows" in known.stdout
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -62,7 +62,17 @@ def _produce_rows(
     from relstream.client import RelstreamClient
     from relstream.kafka.clients import create_topics
 
-    asyncio.run(create_topics(bootstrap, Topics(prefix).layout((table,)), security))
+    topics = Topics(prefix)
+    existing = asyncio.run(create_topics(bootstrap, topics.layout((table,)), security))
+    if topics.rows(table) not in existing:  # a typo, or a table no worker was told of yet
+        tables = sorted(
+            n.removeprefix(topics.rows("")) for n in existing if n.startswith(topics.rows(""))
+        )
+        console.print(
+            f"[yellow]warning: {topics.rows(table)} did not exist (created now); a worker "
+            f"reads only the tables of its [[query]] registrations. Tables with rows topics: "
+            f"{', '.join(tables) or 'none'}[/]"
+        )
     with RelstreamClient(bootstrap, prefix, security) as client, progress() as bar:
         topic = client.topics.rows(table)
         task = bar.add_task(f"producing to {topic}", total=len(rows))

@@ -249,8 +249,9 @@ async def metadata_ok(bootstrap: str) -> None:
 
 async def create_topics(
     bootstrap: str, layout: dict[str, int], security: KafkaSecurity = PLAINTEXT
-) -> None:
-    """Create missing topics with explicit partition counts (existing ones are kept)."""
+) -> set[str]:
+    """Create missing topics with explicit partition counts (existing ones are kept).
+    Returns the topics that existed before."""
     from aiokafka.admin import NewTopic
 
     admin = new_admin(bootstrap, security, request_timeout_ms=10_000)
@@ -266,6 +267,7 @@ async def create_topics(
             await admin.create_topics(missing)
     finally:
         await admin.close()
+    return existing
 
 
 async def commit_assigned(consumer, offsets: dict) -> dict:
