@@ -147,7 +147,7 @@ def test_a_wrongly_typed_registration_is_one_line_naming_the_field(tmp_path):
     run = relstream("worker", "--config", str(config), *NO_BROKER)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines() == [
-        f"Error: {config} [[query]] #1: field 'max_rows' = '100' must be an integer in [1, 100000]"
+        f"Error: {config} [[query]] #1: field max_rows: expected `int`, got `str`"
     ]
 
 

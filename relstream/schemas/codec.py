@@ -29,6 +29,7 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # larger messages are refused before unpack
 ROWS_PER_SLICE = 1024
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 class MessageError(ValueError):
@@ -102,6 +103,15 @@ def validate(message_type: type[M], value: Mapping[str, Any]) -> M:
     """Python values (str keys, scalars, bytes) checked by exactly the rules of `decode`,
     by decoding their msgpack form."""
     return decode(message_type, _ENCODER.encode(value))
+
+
+def convert(struct_type: type[T], value: Mapping[str, Any], kind: str) -> T:
+    """Python values (a parsed TOML table, say) as `struct_type`, by msgspec's strict rules;
+    a MessageError names the field as `decode`'s do."""
+    try:
+        return msgspec.convert(value, struct_type)
+    except msgspec.ValidationError as exc:
+        raise MessageError(kind, _field_reason(str(exc))) from None
 
 
 async def decode_relquery_stepwise(data: bytes | None) -> RelQueryMessage:

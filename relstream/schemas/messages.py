@@ -31,6 +31,24 @@ Scalar = str | int | float | bool | None
 RowStatusName = Literal["ok", "error", "cancelled"]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 RowKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_CHARS)]
+# A relQuery's settings, shared with the worker's registrations (`stream.registrations`),
+# so that a registration is held to exactly the bounds its relQueries are decoded by.
+TemplateText = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="{column} placeholders; {{ and }} are literal braces",
+    ),
+]
+SystemPrompt = Annotated[str, Meta(max_length=MAX_TEMPLATE_CHARS)]
+OutputTokens = Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
+Choices = Annotated[list[NonEmpty], Meta(min_length=1, max_length=MAX_CHOICES)]
+Regex = Annotated[str, Meta(min_length=1, max_length=MAX_REGEX_CHARS)]
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+Seed = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+StopStrings = Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_STRINGS)]
 
 
 class Message(msgspec.Struct, tag_field="version", forbid_unknown_fields=True, kw_only=True):
@@ -63,9 +81,9 @@ class OutputSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     a label from `choices`, a JSON value valid against `json_schema`, or a match of
     `regex`."""
 
-    choices: Annotated[list[NonEmpty], Meta(min_length=1, max_length=MAX_CHOICES)] | None = None
+    choices: Choices | None = None
     json_schema: dict[str, Any] | None = None
-    regex: Annotated[str, Meta(min_length=1, max_length=MAX_REGEX_CHARS)] | None = None
+    regex: Regex | None = None
 
 
 class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -74,27 +92,18 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
 
     kind: ClassVar[str] = "relquery"
     id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
-    template: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=MAX_TEMPLATE_CHARS,
-            description="{column} placeholders; {{ and }} are literal braces",
-        ),
-    ]
+    template: TemplateText
     rows: Annotated[list[RelQueryRow], Meta(min_length=1, max_length=MAX_RELQUERY_ROWS)]
-    system_prompt: Annotated[str, Meta(max_length=MAX_TEMPLATE_CHARS)] | None = None
-    max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
+    system_prompt: SystemPrompt | None = None
+    max_output_tokens: OutputTokens
     submitted_at: Annotated[
         float, Meta(description="seconds since the epoch; latency is measured from it")
     ]
     output: OutputSpec | None = None
-    temperature: Annotated[float, Meta(ge=0, le=2)] = 0.0
-    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
-    stop: Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_STRINGS)] = msgspec.field(
-        default_factory=list
-    )
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    seed: Seed | None = None
+    stop: StopStrings = msgspec.field(default_factory=list)
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
