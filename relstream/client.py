@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from relstream.answers import OutputSpec, Sampling
-from relstream.kafka.clients import BOOTSTRAP_TIMEOUT_MS, client_settings, portable_session
+from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.schemas import (
@@ -35,33 +36,15 @@ from relstream.schemas import (
 from relstream.schemas.convert import relquery_message
 from relstream.schemas.parts import ResultJoiner
 
+__all__ = ["BrokerUnavailable", "RelstreamClient", "ResultsUnavailable"]
+
 M = TypeVar("M", bound=Message)
-K = TypeVar("K")
 POLL_MS = 200
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
 
 
 class ResultsUnavailable(RuntimeError):
     """The results topic could not be read: the group never assigned a partition."""
-
-
-class BrokerUnavailable(ConnectionError):
-    """No Kafka broker answered at the client's bootstrap address."""
-
-
-def _connected(bootstrap: str, make: Callable[..., K], *args: Any, **options: Any) -> K:
-    """A kafka-python client, or BrokerUnavailable naming the address (not kafka-python's
-    traceback) when no broker answers there within the bootstrap timeout."""
-    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
-
-    try:
-        return make(*args, bootstrap_servers=bootstrap, **options)
-    except (KafkaConnectionError, KafkaTimeoutError) as exc:
-        raise BrokerUnavailable(
-            f"no Kafka broker answered at {bootstrap} within "
-            f"{BOOTSTRAP_TIMEOUT_MS / 1000:g} s ({type(exc).__name__}). Is one running "
-            "there? `relstream broker` starts one."
-        ) from None
 
 
 class RelstreamClient:
@@ -72,20 +55,12 @@ class RelstreamClient:
         security: KafkaSecurity = PLAINTEXT,
         broker_kind: str | None = None,
     ) -> None:
-        from kafka import KafkaProducer
-
         self.bootstrap = bootstrap
         self.topics = Topics(prefix)
         self.security = security
         self.broker_kind = broker_kind
-        self._producer = _connected(
-            bootstrap, KafkaProducer, acks="all", linger_ms=5, **self._options()
-        )
+        self._producer = sync_producer(bootstrap, security, acks="all", linger_ms=5)
         self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
-
-    def _options(self) -> dict[str, Any]:
-        """Security settings, and a bootstrap that gives up within 8 s (not 30)."""
-        return {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **self.security.client_options()}
 
     # in
     def produce_rows(
@@ -145,14 +120,10 @@ class RelstreamClient:
     # out
     def result(self, relquery_id: str, timeout: float = 60.0) -> ResultMessage:
         """Block until the result of a relQuery this client submitted arrives."""
-        from kafka import KafkaConsumer
-
         starts = self._submitted.get(relquery_id)
         if starts is None:
             raise KeyError(f"relQuery {relquery_id!r} was not submitted by this client")
-        consumer = _connected(
-            self.bootstrap, KafkaConsumer, enable_auto_commit=False, **self._options()
-        )
+        consumer = sync_consumer(self.bootstrap, security=self.security, enable_auto_commit=False)
         try:
             consumer.assign(list(starts))
             for partition, offset in starts.items():
@@ -225,19 +196,16 @@ class RelstreamClient:
     ) -> Iterator[M]:
         """Messages of `topic` as in `results`; a batch is committed once handled, and only
         when `may_commit()` (a result's parts still missing hold the commit back)."""
-        from kafka import KafkaConsumer
-
         group = group or f"relstream-reader-{uuid.uuid4().hex[:8]}"
-        consumer = _connected(
+        consumer = sync_consumer(
             self.bootstrap,
-            KafkaConsumer,
             topic,
+            security=self.security,
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             **client_settings(self.broker_kind),
             **portable_session(self.broker_kind),
-            **self._options(),
         )
         try:
             started = time.monotonic()
@@ -274,9 +242,9 @@ class RelstreamClient:
                         on_unreadable(record.offset, exc.reason)
 
     def _result_ends(self) -> dict:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
-        consumer = _connected(self.bootstrap, KafkaConsumer, **self._options())
+        consumer = sync_consumer(self.bootstrap, security=self.security)
         try:
             partitions = consumer.partitions_for_topic(self.topics.results) or set()
             return consumer.end_offsets(

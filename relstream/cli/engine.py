@@ -168,10 +168,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             security=opts["security"],
         )
         service = EngineService(config, backend)
-        doors.append(service.run(stop))
-        console.print(
-            f"engine ({opts['backend']}, {opts['policy']}) serving {config.topics.relqueries}"
-        )
+        doors.append(service.run(stop))  # it says when it serves
     if door is not None:
         doors.append(_http_door(backend, service, door, stop))
     try:

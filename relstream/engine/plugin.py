@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -52,6 +53,11 @@ DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d"
 EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
 PLUGIN_CLASS = f"{__name__}.relstream_scheduler"  # the engine arg `scheduler_cls`
 MAX_PENDING_STEPS = 4
+
+
+def step_clock() -> float:
+    """What steps are timed by (a test swaps in its own)."""
+    return time.perf_counter()
 
 
 def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
@@ -95,6 +101,8 @@ class RelstreamPlugin(EngineView):
         if self._step_log:
             header = {
                 "event": "start",
+                "vllm": vllm.__version__,
+                "scheduler": type(self).__name__,
                 "policy": self.policy_name,
                 "limits": asdict(self.limits),
                 "cost_model": cost_model,
@@ -104,6 +112,7 @@ class RelstreamPlugin(EngineView):
         # Steps scheduled and not yet reported back, by their SchedulerOutput: one at a
         # time on the plain Scheduler, two when async scheduling plans a step ahead.
         self._pending: dict[int, dict[str, Any]] = {}
+        self._last_reported = 0.0  # step_clock() when the previous step's output came
 
     # EngineView
     def now(self) -> float:
@@ -142,21 +151,21 @@ class RelstreamPlugin(EngineView):
 
     # scheduling
     def schedule(self, throttle_prefills: bool = False):
-        started = time.perf_counter()
+        started = step_clock()
         self._sync_progress()
         if self.decided_by_vllm:
-            decided = time.perf_counter()
+            decided = step_clock()
             output = super().schedule(throttle_prefills)
         else:
             plan = self.relstream_policy.plan(self)
-            decided = time.perf_counter()
+            decided = step_clock()
             output = self._schedule_plan(plan, throttle_prefills)
         admitted = self._sync_membership(output)
         pending = self._composition(output)
         pending["admitted"] = admitted
         pending["decision_s"] = decided - started
-        pending["adapter_s"] = time.perf_counter() - started - (decided - started)
-        pending["started"] = time.perf_counter()
+        pending["started"] = step_clock()
+        pending["adapter_s"] = pending["started"] - decided
         self._pending[id(output)] = pending
         while len(self._pending) > MAX_PENDING_STEPS:  # a step vLLM never reported back
             del self._pending[next(iter(self._pending))]
@@ -164,8 +173,13 @@ class RelstreamPlugin(EngineView):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         pending = self._pending.pop(id(scheduler_output), None)
+        reported, previous = step_clock(), self._last_reported
+        self._last_reported = reported
         if pending is not None and scheduler_output.total_num_scheduled_tokens:
-            duration = time.perf_counter() - pending.pop("started")
+            # Async scheduling plans step N+1 while step N runs: N+1 runs only once N's
+            # output is back, so it is timed from the later of the two (else every step
+            # would be counted from its planning and span about two steps).
+            duration = reported - max(pending.pop("started"), previous)
             feedback = StepFeedback(
                 pending["kind"],
                 pending["uncached_tokens"],
@@ -226,14 +240,20 @@ class RelstreamPlugin(EngineView):
     def _evict(self, request_id: str) -> None:
         request = self.requests[request_id]
         self.running.remove(request)
-        self._preempt_request(request, time.monotonic())
+        # As vLLM's own preemption: a KV connector that must deliver KV drops stale output.
+        self._preempt_request(
+            request, time.monotonic(), drop_stale_output=self.requires_kv_delivery
+        )
 
     def _sync_progress(self) -> None:
         for request_id, seq in self.tracker.running.items():
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            computed, generated = request.num_computed_tokens, request.num_output_tokens
+            # Async scheduling: outputs of steps still in flight count as generated, as
+            # vLLM counts them (their placeholders) when it decides what may run.
+            computed = request.num_computed_tokens
+            generated = request.num_output_tokens + request.num_output_placeholders
             if computed != seq.computed_tokens or generated != seq.output_tokens:
                 self.tracker.record_progress(
                     seq, computed - seq.computed_tokens, generated - seq.output_tokens

@@ -8,6 +8,7 @@ given by its bootstrap address; `broker_kind` only adds what an embedded broker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -48,9 +49,6 @@ def new_consumer(
 # 1 MiB that Kafka brokers accept per message by default). Whatever relstream writes about
 # a producer's message (a dead letter) must fit under it, whatever that message's size.
 MAX_REQUEST_BYTES = 1_048_576
-# kafka-python clients (the Python client, `relstream status`) give up on an address where
-# no broker answers after this, not its default 30 s: a user hears of it within 10 s.
-BOOTSTRAP_TIMEOUT_MS = 8_000
 DEAD_LETTER_ORIGINAL_BYTES = MAX_REQUEST_BYTES // 2  # the rest is the letter's envelope
 RESULT_PART_BYTES = MAX_REQUEST_BYTES - 16 * 1024  # a result's part, its key and the batch
 
@@ -99,6 +97,30 @@ def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: An
     from aiokafka.admin import AIOKafkaAdminClient
 
     return AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options(), **options)
+
+
+async def start_all(*clients: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+    """Start the clients in order; if one fails (no broker answered), stop them all before
+    raising, so that none is left for the garbage collector to report as unclosed beside
+    the one-line error."""
+    try:
+        for client in clients:
+            await client.start()
+    except BaseException:
+        for client in clients:
+            await client.stop()
+        raise
+
+
+@contextlib.asynccontextmanager
+async def running(*clients: AIOKafkaConsumer | AIOKafkaProducer) -> AsyncIterator[None]:
+    """The clients started (`start_all`), and stopped on leaving."""
+    await start_all(*clients)
+    try:
+        yield
+    finally:
+        for client in clients:
+            await client.stop()
 
 
 def client_settings(broker_kind: str | None) -> dict[str, object]:
@@ -162,7 +184,7 @@ class Subscription:
         self._poll_ms = poll_ms
 
     async def __aenter__(self) -> Subscription:
-        await self._consumer.start()
+        await start_all(self._consumer)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -227,16 +249,13 @@ async def produce(
     """Send (key, value) pairs to `topic` and wait until the broker has them all."""
     sent = 0
     producer = new_producer(bootstrap, security, **producer_options)
-    await producer.start()
-    try:
+    async with running(producer):
         for key, value in messages:
             await producer.send(topic, value, key=key)
             sent += 1
             if on_sent:
                 on_sent()
         await producer.flush()
-    finally:
-        await producer.stop()
     return sent
 
 

@@ -14,10 +14,10 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from relstream.kafka.clients import BOOTSTRAP_TIMEOUT_MS
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.sync import sync_admin, sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, MessageError, MetricsMessage, decode
 
@@ -75,15 +75,8 @@ def stage_of(topics: Topics, read: set[str]) -> str:
 def pipeline_status(
     bootstrap: str, topics: Topics, security: KafkaSecurity = PLAINTEXT
 ) -> PipelineStatus:
-    from kafka import KafkaAdminClient, KafkaConsumer
-
-    options: dict[str, Any] = {
-        "bootstrap_servers": bootstrap,
-        "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
-        **security.client_options(),
-    }
-    admin = KafkaAdminClient(**options)
-    consumer = KafkaConsumer(enable_auto_commit=False, **options)
+    admin = sync_admin(bootstrap, security)
+    consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
     try:
         names = sorted(n for n in admin.list_topics() if n.startswith(topics.prefix))
         partitions = _partitions(consumer, names)

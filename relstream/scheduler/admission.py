@@ -86,12 +86,17 @@ class StepAdmission:
     def run_running(self, running: list[SeqInfo], victim: Victim = victim_last) -> None:
         """Give the budget to `running` in order; preempt `victim(...)` while a request's
         next tokens lack KV. A victim already scheduled gives back its tokens and KV; if
-        the victim is the request itself, the pass ends there (vLLM V1)."""
+        the victim is the request itself, the pass ends there (vLLM V1). A request whose
+        every output token is already in flight (async scheduling) keeps its seat and
+        runs nothing, as in vLLM's AsyncScheduler."""
         running = list(running)
         self.seats = self.view.limits.max_num_seqs - len(running)
         index = 0
         while index < len(running) and self.budget > 0:
             seq = running[index]
+            if not seq.remaining_output:  # every token in flight (async scheduling)
+                index += 1
+                continue
             tokens = min(seq.uncomputed_tokens, self.budget)
             need = self.view.growth_kv_tokens(seq, tokens)
             while need > self.free_kv:

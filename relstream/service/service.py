@@ -41,6 +41,7 @@ from relstream.kafka.clients import (
     new_consumer,
     new_producer,
     send_dead_letter,
+    start_all,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
@@ -128,8 +129,13 @@ class EngineService:
         )
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
-        await self._producer.start()
-        await self._consumer.start()
+        await start_all(self._producer, self._consumer)
+        log.info(
+            "engine (%s) serving %s as group %s",
+            self.backend.policy,
+            config.topics.relqueries,
+            config.group_id,
+        )
         control = asyncio.create_task(self._follow_control())
         try:
             while not stop.is_set() and self._failure is None:
@@ -282,7 +288,7 @@ class EngineService:
             security=config.security,
             group_id=None,
         )
-        await consumer.start()
+        await start_all(consumer)
         try:
             async for message in consumer:
                 try:

@@ -24,6 +24,7 @@ from relstream.kafka.clients import (
     new_producer,
     portable_session,
     send_dead_letter,
+    start_all,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
@@ -77,8 +78,7 @@ class WindowStage:
             listener=RevocationListener(self._forget),
         )
         self._producer = new_producer(settings.bootstrap, settings.security, linger_ms=5)
-        await self._producer.start()
-        await self._consumer.start()
+        await start_all(self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
         log.info("query %s ready: windows of %s", self.registration.name, rows_topic)
         self.ready.set()

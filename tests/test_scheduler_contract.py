@@ -1,0 +1,187 @@
+"""The plug-in inside vLLM's own scheduler classes, built as vLLM's scheduler tests build
+them (a VllmConfig over a local model folder, a KVCacheConfig, no model run) and driven
+with fake model-runner outputs: the plain Scheduler one step at a time, the
+AsyncScheduler with a second step planned before the first one's output returns, as on
+a GPU. It runs against the installed vLLM (0.32) in `make test`, and against 0.33 by
+`make test-vllm-next`, which puts 0.33's scheduler ahead on the path."""
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+vllm = pytest.importorskip("vllm")
+
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from relstream.engine import plugin  # noqa: E402
+from relstream.engine.weights import model_dir  # noqa: E402
+
+BLOCK = 16
+BUDGET = 64  # prompt tokens a step may compute: one relQuery's prompt at a time
+TOKEN = 7  # every fake sampled token
+
+
+def build(async_scheduling: bool, policy: str, step_log=None, num_blocks: int = 256):
+    model = ModelConfig(
+        model=str(model_dir("smollm2")), dtype="float32", seed=0, max_model_len=512,
+        skip_tokenizer_init=True,
+    )  # fmt: skip
+    scheduler = SchedulerConfig(
+        max_num_seqs=8, max_num_batched_tokens=BUDGET, max_model_len=512,
+        enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
+    )  # fmt: skip
+    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
+    settings = {"policy": policy, "step_log": str(step_log) if step_log else None}
+    config = VllmConfig(
+        scheduler_config=scheduler,
+        model_config=model,
+        cache_config=cache,
+        additional_config={"relstream": settings},
+    )
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)]
+    )
+    cache.num_gpu_blocks = num_blocks
+    register_all_kvcache_specs(config)
+    # The CPU platform turns async scheduling off in the config: the class is chosen
+    # here as `relstream_scheduler` chooses it where vLLM schedules ahead.
+    cls = plugin.scheduler_class(async_scheduling)
+    return cls(
+        vllm_config=config,
+        kv_cache_config=kv,
+        block_size=BLOCK,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+    )
+
+
+def add(scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int):
+    init_none_hash(sha256)
+    params = SamplingParams(
+        ignore_eos=True, max_tokens=outputs, extra_args=plugin.relquery_tags(relquery, size)
+    )
+    params.update_from_generation_config({}, 2)
+    scheduler.add_request(
+        Request(
+            request_id=request_id,
+            prompt_token_ids=[3 + sum(map(ord, request_id)) % 500] * prompt,
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=get_request_block_hasher(BLOCK, sha256),
+        )
+    )
+
+
+def model_output(scheduler, step) -> ModelRunnerOutput:
+    """A token for every request whose prompt is done after this step, none for a chunk."""
+    ids = list(step.num_scheduled_tokens)
+    sampled = []
+    for request_id in ids:
+        request = scheduler.requests.get(request_id)
+        done = request is not None and request.num_computed_tokens >= request.num_prompt_tokens
+        sampled.append([TOKEN] if done else [])
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={request_id: i for i, request_id in enumerate(ids)},
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def drive(scheduler, in_flight: int, on_event=lambda event: None) -> list:
+    """Run to the end, `in_flight` steps planned before the oldest one's output returns;
+    returns each step's SchedulerOutput in order."""
+    steps, pending = [], []
+    while scheduler.has_unfinished_requests() or pending:
+        if scheduler.has_unfinished_requests():
+            on_event("schedule")
+            pending.append(scheduler.schedule())
+            steps.append(pending[-1])
+            if len(pending) < in_flight and scheduler.has_unfinished_requests():
+                continue
+        step = pending.pop(0)
+        on_event("output")
+        scheduler.update_from_output(step, model_output(scheduler, step))
+        assert len(steps) < 300
+    return steps
+
+
+def two_relqueries(scheduler) -> None:
+    # A big relQuery first, then a small one: FCFS would give the first steps' budget
+    # to the big one's prompts; relstream ranks the small one first.
+    for i in range(3):
+        add(scheduler, f"big-{i}", "big", 3, prompt=100, outputs=12)
+    add(scheduler, "small-0", "small", 1, prompt=30, outputs=3)
+
+
+@pytest.mark.parametrize("in_flight", [1, 2], ids=["sync", "async"])
+def test_the_plan_is_what_vllm_runs_and_the_tracker_follows(in_flight):
+    scheduler = build(in_flight == 2, "relstream")
+    planned: list[set[str]] = []
+    plan = scheduler.relstream_policy.plan
+
+    def recorded(view):
+        step = plan(view)
+        planned.append({chunk.request_id for chunk in step.prefill} | set(step.decode))
+        return step
+
+    scheduler.relstream_policy.plan = recorded
+    two_relqueries(scheduler)
+    steps = drive(scheduler, in_flight)
+    ran = [set(step.num_scheduled_tokens) for step in steps]
+    assert ran == planned[: len(ran)]  # vLLM ran exactly each plan, step by step
+    assert "small-0" in ran[0]  # the plan's order, not FCFS's
+    assert not scheduler.tracker.running and not scheduler.tracker.waiting
+    assert not scheduler.requests  # every request finished and freed
+
+
+@pytest.mark.parametrize("in_flight", [1, 2], ids=["sync", "async"])
+def test_each_step_is_timed_from_its_own_start(in_flight, tmp_path, monkeypatch):
+    # A clock that moves 1 s per scheduling decision and 3 s per model run: a step
+    # planned while the previous one runs starts only when that one's output is back.
+    now = [0.0]
+    monkeypatch.setattr(plugin, "step_clock", lambda: now[0])
+
+    def advance(event: str) -> None:
+        now[0] += 1.0 if event == "schedule" else 3.0
+
+    log = tmp_path / "steps.jsonl"
+    scheduler = build(in_flight == 2, "relstream", step_log=log)
+    two_relqueries(scheduler)
+    drive(scheduler, in_flight, advance)
+    header, *records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert header["vllm"] == vllm.__version__
+    assert header["scheduler"] == plugin.scheduler_class(in_flight == 2).__name__
+    durations = [record["duration_s"] for record in records]
+    if in_flight == 1:  # planned (1 s), run (3 s), reported: each step its own 3 s
+        assert set(durations) == {3.0}
+    else:
+        # Each step runs from its predecessor's output to its own (3 s, plus the next
+        # step's planning it overlaps): the steps tile the run, none counted twice.
+        assert max(durations) == 4.0, durations
+        assert sum(durations) == now[0] - 1.0  # from the first step's start to the end
+
+
+def test_the_step_log_says_which_vllm_and_scheduler_ran(tmp_path):
+    log = tmp_path / "steps.jsonl"
+    build(False, "v1-fcfs", step_log=log)
+    header = json.loads(log.read_text().splitlines()[0])
+    assert (header["vllm"], header["scheduler"]) == (vllm.__version__, "RelstreamScheduler")
+    assert os.path.getsize(log) > 0
