@@ -48,3 +48,51 @@ def test_every_kafka_client_is_made_in_one_place():
         if str(path.relative_to(package)) != home and pattern.search(path.read_text())
     )
     assert offenders == []
+
+
+def imported_units() -> dict[str, set[str]]:
+    """Each top-level module or package of relstream -> the others it imports (a package's
+    module named where the table names one, as `engine.tokenizer`)."""
+    import ast
+    from pathlib import Path
+
+    import relstream
+
+    root = Path(relstream.__file__).parent
+    found: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).parts
+        unit = parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                target = name.split(".")[1:3]
+                if name.startswith("relstream.") and target[0] != unit:
+                    found.setdefault(unit, set()).add(".".join(target))
+    return found
+
+
+def test_every_package_imports_only_what_the_architecture_table_says():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    table = text[text.index("| package | owns | may import |") :].split("\n\n")[0]
+    allowed: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        package, _, may = [cell.strip() for cell in row.strip("|").split("|")]
+        unit = package.strip("`").removesuffix(".py").removesuffix("/")
+        names = set(re.findall(r"`([^`]+)`", may))
+        allowed[unit] = set(allowed) if may == "everything above" else names
+    units = imported_units()
+    assert set(units) - {"__main__"} <= set(allowed)  # every importing unit has its row
+    for unit, targets in units.items():
+        if unit == "__main__":
+            continue
+        wrong = {t for t in targets if not {t, t.split(".")[0]} & allowed[unit]}
+        assert not wrong, f"{unit} imports {sorted(wrong)}, which its row does not allow"

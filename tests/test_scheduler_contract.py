@@ -185,3 +185,13 @@ def test_the_step_log_says_which_vllm_and_scheduler_ran(tmp_path):
     header = json.loads(log.read_text().splitlines()[0])
     assert (header["vllm"], header["scheduler"]) == (vllm.__version__, "RelstreamScheduler")
     assert os.path.getsize(log) > 0
+
+
+def test_the_vllm_asked_for_is_the_one_imported():
+    # `make test-vllm-next` puts another release ahead on the path: it must be the one
+    # these tests ran against, not the installed one again.
+    expected = os.environ.get("RELSTREAM_EXPECT_VLLM")
+    if expected is None:
+        pytest.skip("the installed vLLM: nothing else was asked for")
+    assert vllm.__version__ == expected
+    assert vllm.__file__.startswith(os.environ["PYTHONPATH"])
