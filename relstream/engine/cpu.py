@@ -1,9 +1,10 @@
 """Settings measured on vLLM's CPU build on this project's 2-core machines.
 
 float32 (no bf16 units: bf16 runs 3-4x slower), eager mode (start in ~15-40 s instead
-of ~180 s), a small KV space, one in-process engine with as many OpenMP threads as
-cores, and tcmalloc, which makes the CPU build several times faster but can only be
-preloaded when a process starts (docs/architecture.md, "Environment facts").
+of ~180 s), a 2 GiB KV space (`VLLM_CPU_KVCACHE_SPACE`), as many OpenMP threads as
+cores for the engine-core process, offline model loading, and tcmalloc, which makes the
+CPU build several times faster but can only be preloaded when a process starts
+(docs/architecture.md, "Environment facts"). None of it applies on a GPU.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ prompt over the model's limit) comes back as an error for that row only.
 
 Every policy runs under relstream's plug-in (`relstream.engine.plugin`), so every run
 can write a step log; the registry (`relstream.scheduler.registry`) says which policies
-stock vLLM decides itself (`fcfs`; `sp` on vLLM's priority queue, fed each relQuery's
-static priority) and which the plug-in decides.
+stock vLLM decides itself (`v1-fcfs`; `v1-priority` on vLLM's priority queue, fed each
+relQuery's static priority) and which the plug-in decides (every other one).
 """
 
 from __future__ import annotations
