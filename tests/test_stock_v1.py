@@ -95,3 +95,35 @@ def test_priority_preempts_the_worst_ranked_running_request_fcfs_the_last():
     assert evicted["v1-fcfs"].preempt == ("C#0",) and evicted["v1-fcfs"].decode == ("B#0",)
     assert evicted["v1-priority"].preempt == ("B#0",)
     assert not evicted["v1-priority"].decode and not evicted["v1-priority"].prefill
+
+
+def test_a_priority_victim_that_is_the_request_itself_ends_the_pass_only_on_0_32():
+    # Block 16, one free block. Running in admission order: hi#0, lo#0, hi#1, each at a
+    # block boundary (16 computed tokens, its next token needs a new block). "lo" is the
+    # worse by V1's static priority (more rows, longer answers). hi#0 takes the free
+    # block; lo#0 finds none and, the worst running request, preempts itself, which
+    # frees its one block. 0.32 stops there; 0.33 goes on, and hi#1 fits in that block.
+    from helpers import ScriptedView
+
+    def view() -> ScriptedView:
+        scripted = ScriptedView(
+            EngineLimits(max_num_seqs=8, max_num_batched_tokens=64, kv_capacity_tokens=256,
+                         block_size=16)
+        )  # fmt: skip
+        scripted.add_relquery("hi", [16, 16], max_tokens=4, arrival=0.0)
+        scripted.add_relquery("lo", [16, 16, 16], max_tokens=50, arrival=0.0)
+        for request_id in ("hi#0", "lo#0", "hi#1"):
+            scripted.start(request_id)
+        scripted.free_tokens = 16
+        return scripted
+
+    cost = LinearProfile("tiny", view().limits, 0.001, 0.01, 0.001, 0.01).prior()
+    plans = {
+        version: make_policy("v1-priority", cost, vllm_version=version).plan(view())
+        for version in ((0, 32), (0, 33))
+    }
+    assert plans[(0, 32)].decode == ("hi#0",) and plans[(0, 32)].preempt == ("lo#0",)
+    assert plans[(0, 33)].decode == ("hi#0", "hi#1") and plans[(0, 33)].preempt == ("lo#0",)
+    # FCFS's victim is the last running request: nothing runs after it either way.
+    fcfs = [make_policy("v1-fcfs", cost, vllm_version=v).plan(view()) for v in ((0, 32), (0, 33))]
+    assert fcfs[0] == fcfs[1]

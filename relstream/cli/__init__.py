@@ -8,6 +8,7 @@ import click
 
 from relstream.cli.bench import bench
 from relstream.cli.demo import demo
+from relstream.cli.drill import drill
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
 from relstream.cli.rows import deadletters, produce, results, sink
@@ -62,6 +63,7 @@ for command in (
     sink,
     deadletters,
     status,
+    drill,
     demo,
 ):
     main.add_command(command)

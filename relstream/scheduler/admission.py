@@ -83,10 +83,16 @@ class StepAdmission:
             chunking,
         )
 
-    def run_running(self, running: list[SeqInfo], victim: Victim = victim_last) -> None:
+    def run_running(
+        self,
+        running: list[SeqInfo],
+        victim: Victim = victim_last,
+        self_preemption_ends_pass: bool = True,
+    ) -> None:
         """Give the budget to `running` in order; preempt `victim(...)` while a request's
         next tokens lack KV. A victim already scheduled gives back its tokens and KV; if
-        the victim is the request itself, the pass ends there (vLLM V1). A request whose
+        the victim is the request itself, the pass ends there (vLLM 0.32), or goes on to
+        the requests after it, which may fit in what it freed (0.33). A request whose
         every output token is already in flight (async scheduling) keeps its seat and
         runs nothing, as in vLLM's AsyncScheduler."""
         running = list(running)
@@ -99,14 +105,18 @@ class StepAdmission:
                 continue
             tokens = min(seq.uncomputed_tokens, self.budget)
             need = self.view.growth_kv_tokens(seq, tokens)
-            while need > self.free_kv:
+            preempted_itself = False
+            while need > self.free_kv and not preempted_itself:
                 evicted = victim(running)
                 if running.index(evicted) < index:
                     index -= 1
                 running.remove(evicted)
                 self._release(evicted)
-                if evicted is seq:
+                preempted_itself = evicted is seq
+            if preempted_itself:
+                if self_preemption_ends_pass:
                     return
+                continue  # `index` already points at the request after it
             self.free_kv -= need
             self.budget -= tokens
             self.scheduled[seq.request_id] = tokens

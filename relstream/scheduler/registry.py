@@ -25,7 +25,7 @@ from relstream.scheduler.policies import (
     StaticPriorityEvicting,
 )
 from relstream.scheduler.relstream import Relstream
-from relstream.scheduler.stock_v1 import StockV1FCFS, StockV1Priority
+from relstream.scheduler.stock_v1 import MODELLED_VLLM, StockV1FCFS, StockV1Priority
 
 
 class VllmQueue(StrEnum):
@@ -38,7 +38,7 @@ class VllmQueue(StrEnum):
 @dataclass(frozen=True)
 class PolicySpec:
     name: str
-    build: Callable[[CostModel], Policy]
+    build: Callable[..., Policy]  # (cost) -> the policy; stock V1's also take vllm_version
     # Set when stock vLLM decides this policy's steps itself with that queue; None when
     # relstream's plug-in decides every step.
     decided_by_vllm: VllmQueue | None = None
@@ -73,5 +73,12 @@ def policy_spec(name: str) -> PolicySpec:
         raise ValueError(f"unknown policy {name!r}; choose one of: {known}") from None
 
 
-def make_policy(name: str, cost: CostModel) -> Policy:
-    return policy_spec(name).build(cost)
+def make_policy(
+    name: str, cost: CostModel, vllm_version: tuple[int, int] = MODELLED_VLLM
+) -> Policy:
+    """The policy; stock V1's as release `vllm_version` schedules (the simulator models
+    the one installed unless told)."""
+    spec = policy_spec(name)
+    if spec.decided_by_vllm is None:
+        return spec.build(cost)
+    return spec.build(cost, vllm_version=vllm_version)

@@ -1,4 +1,5 @@
-"""Stock vLLM V1 (0.32) as a policy: the engine relstream's users would otherwise run.
+"""Stock vLLM V1 (0.32, or 0.33 where they differ) as a policy: the engine relstream's
+users would otherwise run.
 
 `vllm.v1.core.sched.scheduler.Scheduler.schedule()` step by step, so the simulator can
 replay it and predict real V1 runs:
@@ -9,7 +10,9 @@ replay it and predict real V1 runs:
 2. A running request whose next tokens need KV blocks the cache lacks preempts others by
    recompute until they fit: the last running request (FCFS), or the running request
    worst by (priority, arrival) (priority). If the victim is the request itself, the
-   running pass ends there; a victim already scheduled gives its tokens back.
+   running pass ends there (0.32) or goes on to the requests after it (0.33: only the
+   priority queue can choose a victim that is not last); a victim already scheduled
+   gives its tokens back.
 3. Only when nothing was preempted: waiting requests in queue order (FCFS: preempted
    ones first, then arrival order; priority: (priority, arrival, request order)) while
    budget and seats (`max_num_seqs`) remain. A request is admitted only if its whole
@@ -26,14 +29,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from relstream.scheduler.admission import StepAdmission
+from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy, static_priority
 from relstream.scheduler.view import EngineView, SeqInfo, StepPlan
 
+MODELLED_VLLM = (0, 32)  # the release installed here, whose real runs the simulator replays
+
 
 class StockV1FCFS(Policy):
-    """vLLM V1 with `scheduling_policy="fcfs"` (its default)."""
+    """vLLM V1 with `scheduling_policy="fcfs"` (its default), as release `vllm_version`
+    (major, minor) schedules."""
 
     name = "v1-fcfs"
+
+    def __init__(self, cost: CostModel, vllm_version: tuple[int, int] = MODELLED_VLLM) -> None:
+        super().__init__(cost)
+        self.vllm_version = vllm_version
 
     def plan(self, view: EngineView) -> StepPlan:
         return self.plan_step(view)  # V1 continues chunked prompts itself, in step 1
@@ -41,7 +52,11 @@ class StockV1FCFS(Policy):
     def plan_step(self, view: EngineView) -> StepPlan:
         step = StepAdmission.for_step(view)
         running = list(view.tracker.running.values())
-        step.run_running(running, lambda rows: self.victim(view, rows))
+        step.run_running(
+            running,
+            lambda rows: self.victim(view, rows),
+            self_preemption_ends_pass=self.vllm_version < (0, 33),
+        )
         step.admit(self.waiting_order(view))
         return step.plan()
 
