@@ -14,6 +14,7 @@ relQuery's static priority) and which the plug-in decides (every other one).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -172,8 +173,13 @@ class RelQueryEngine:
         """Stop the engine core process. Idempotent."""
         if self._llm is None:
             return
-        self._llm.shutdown(timeout=timeout)
-        self._llm = None
+        llm, self._llm = self._llm, None
+        llm.shutdown(timeout=timeout)
+        del llm
+        # AsyncLLM's __del__ shuts it down again. Left to the interpreter's exit (or to a
+        # forked child's, which inherits it) that runs with vLLM's module globals already
+        # gone and prints a TypeError traceback; collected now, it runs while they exist.
+        gc.collect()
 
     @property
     def policy(self) -> str:
