@@ -24,8 +24,8 @@ def body(relquery_id: str = "q1", **fields) -> dict:
     }
 
 
-def call(time_scale: float, scenario):
-    app = build_http_app(SimRelQueryBackend(SimSettings(time_scale=time_scale)))
+def call(time_scale: float, scenario, **door):
+    app = build_http_app(SimRelQueryBackend(SimSettings(time_scale=time_scale)), **door)
 
     async def run():
         transport = httpx.ASGITransport(app=app)
@@ -90,3 +90,19 @@ def test_delete_cancels_a_running_relquery_and_its_result_says_so():
     result, cancelled, missing = call(50.0, scenario)
     assert (cancelled, missing) == (202, 404)
     assert [row["status"] for row in result["rows"]] == ["cancelled", "cancelled"]
+
+
+def test_a_body_that_trickles_in_is_a_408_and_holds_nothing():
+    async def trickle():
+        yield b'{"version": 1, '
+        await asyncio.sleep(5)  # a slow (or hostile) client
+        yield b'"id": "q1"}'
+
+    async def scenario(client):
+        started = time.monotonic()
+        response = await client.post("/v1/relqueries", content=trickle())
+        return response, time.monotonic() - started
+
+    response, took = call(0.0, scenario, body_seconds=0.5)
+    assert response.status_code == 408 and took < 3
+    assert response.json() == {"error": "the body did not arrive within 0.5 s"}

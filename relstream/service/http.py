@@ -8,12 +8,14 @@ by the same engine, and so the same scheduler, as the Kafka consumer beside it.
                                        rows "cancelled"
     GET    /docs                       OpenAPI documentation
 
-A bad request is a 4xx naming the field (400), the size (413) or the id (404, 409); an
-engine failure is a 503, never a row error. Bodies are read up to MAX_BODY_BYTES.
+A bad request is a 4xx naming the field (400), the size (413), the id (404, 409) or
+the time its body took (408); an engine failure is a 503, never a row error. Bodies are
+read up to MAX_BODY_BYTES, within BODY_SECONDS.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -29,6 +31,7 @@ from relstream.schemas.codec import MAX_MESSAGE_BYTES
 from relstream.schemas.convert import partial_result_message, relquery_from_message, result_message
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same bound as a message on the relqueries topic
+BODY_SECONDS = 30.0  # the longest a client may take to send its body
 
 
 class HttpError(Exception):
@@ -39,10 +42,13 @@ class HttpError(Exception):
 
 
 def build_http_app(
-    backend: RelQueryBackend, cancel_elsewhere: Callable[[str], Awaitable[None]] | None = None
+    backend: RelQueryBackend,
+    cancel_elsewhere: Callable[[str], Awaitable[None]] | None = None,
+    body_seconds: float = BODY_SECONDS,
 ) -> FastAPI:
     """The door over `backend`. `cancel_elsewhere(id)` also reaches relQueries that came by
-    Kafka (the engine service's cancel)."""
+    Kafka (the engine service's cancel). A body not received within `body_seconds` is a
+    408: a client that trickles its bytes holds no connection for long."""
     app = FastAPI(title="relstream", summary="LLM answers over table rows", version="1")
     serving: dict[str, RelQueryHandle] = {}
 
@@ -56,7 +62,12 @@ def build_http_app(
         openapi_extra={"requestBody": _request_body()},
     )
     async def submit(request: Request, stream: bool = False) -> Response:
-        relquery = relquery_from_message(await _read_message(request))
+        try:
+            async with asyncio.timeout(body_seconds):
+                message = await _read_message(request)
+        except TimeoutError:
+            raise HttpError(408, f"the body did not arrive within {body_seconds:g} s") from None
+        relquery = relquery_from_message(message)
         if relquery.id in serving:
             raise HttpError(409, f"relQuery {relquery.id!r} is already being served")
         handle = await backend.submit(relquery)
