@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from relstream.answers import OutputSpec, Sampling
-from relstream.kafka.clients import client_settings, portable_session
+from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
@@ -34,6 +34,7 @@ from relstream.schemas import (
     encode,
 )
 from relstream.schemas.convert import relquery_message
+from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.schemas.parts import ResultJoiner
 
 __all__ = ["BrokerUnavailable", "RelstreamClient", "ResultsUnavailable"]
@@ -76,7 +77,13 @@ class RelstreamClient:
         for row in rows:
             if not isinstance(row, RowMessage):
                 row = RowMessage(table=table, key=str(row["key"]), values=dict(row["values"]))
-            self._producer.send(topic, encode(row), key=row.key.encode())
+            value = encode(row)
+            if len(value) > MAX_ROW_BYTES:  # the worker would only dead-letter it
+                raise ValueError(
+                    f"row {row.key!r} is {len(value):,} bytes encoded; a row is at most "
+                    f"{MAX_ROW_BYTES:,} ({sent} rows before it were sent)"
+                )
+            self._producer.send(topic, value, key=row.key.encode())
             sent += 1
             if on_sent:
                 on_sent()
@@ -104,11 +111,16 @@ class RelstreamClient:
             output=output,
             sampling=sampling or Sampling(),
         )
+        value = encode(relquery_message(relquery))
+        if len(value) > MAX_REQUEST_BYTES:
+            raise ValueError(
+                f"relQuery {relquery.id!r} is {len(value):,} bytes encoded; a Kafka message is "
+                f"at most {MAX_REQUEST_BYTES:,} here (brokers' default): send its rows in "
+                "several relQueries"
+            )
         # Where the results stand now: the answer can only come after.
         self._submitted[relquery.id] = self._result_ends()
-        future = self._producer.send(
-            self.topics.relqueries, encode(relquery_message(relquery)), key=relquery.id.encode()
-        )
+        future = self._producer.send(self.topics.relqueries, value, key=relquery.id.encode())
         future.get(timeout=30)
         return relquery.id
 

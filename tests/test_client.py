@@ -38,3 +38,16 @@ def test_the_client_produces_rows_asks_and_iterates_results(tmp_path):
     ]
     assert [row.output for row in second.rows] == ["Echo: text 2", "Echo: text 3", "Echo: text 4"]
     assert sorted(seen) == sorted([first.id, second.id])
+
+
+def test_what_no_broker_or_worker_would_take_is_refused_before_it_is_sent():
+    import pytest
+
+    with EmbeddedBroker("tansu") as broker, RelstreamClient(broker.bootstrap) as client:
+        rows = [{"key": "ok", "values": {"review": "fine"}}]
+        rows.append({"key": "huge", "values": {"review": "x" * 300_000}})
+        with pytest.raises(ValueError, match=r"row 'huge' is 300,0\d\d bytes encoded.*1 rows"):
+            client.produce_rows("reviews", rows)
+        long_rows = [{"key": f"r{i}", "values": {"text": "y" * 3000}} for i in range(600)]
+        with pytest.raises(ValueError, match=r"relQuery 'big' is 1,8\d\d,\d\d\d bytes"):
+            client.submit("Echo {text}", long_rows, relquery_id="big")

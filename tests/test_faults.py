@@ -19,9 +19,9 @@ from relstream.kafka.clients import Subscription, create_topics, produce, read_m
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
+from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream.windowing import MAX_ROW_BYTES
 
 
 async def published_ids(broker, topics) -> set[str]:

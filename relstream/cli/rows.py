@@ -76,7 +76,10 @@ def _produce_rows(
     with RelstreamClient(bootstrap, prefix, security) as client, progress() as bar:
         topic = client.topics.rows(table)
         task = bar.add_task(f"producing to {topic}", total=len(rows))
-        client.produce_rows(table, rows, on_sent=lambda: bar.advance(task))
+        try:
+            client.produce_rows(table, rows, on_sent=lambda: bar.advance(task))
+        except ValueError as exc:  # a row too large for the worker
+            raise click.ClickException(str(exc)) from None
     console.print(f"produced {len(rows)} rows to {topic}")
 
 

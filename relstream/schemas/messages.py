@@ -26,6 +26,7 @@ MAX_OUTPUT_TOKENS = 32_768
 MAX_CHOICES = 1024
 MAX_REGEX_CHARS = 4096
 MAX_STOP_STRINGS = 16
+MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
 
 Scalar = str | int | float | bool | None
 RowStatusName = Literal["ok", "error", "cancelled"]

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage, decode
 from relstream.schemas.convert import output_message, sampling_fields
+from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.stream.registrations import QueryRegistration
-
-MAX_ROW_BYTES = 256 * 1024  # a row larger than this is refused, not windowed
 
 
 @dataclass(frozen=True)
