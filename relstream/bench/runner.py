@@ -6,6 +6,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from relstream.bench.workload import TokenizedTrace
 from relstream.model import LatencyBreakdown
 from relstream.scheduler import CostModel, cost_model_of
@@ -39,11 +41,11 @@ class RunSummary:
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
+    """The observed value nearest the `fraction` rank (never one interpolated between
+    two runs); NaN for no values."""
+    if not values:
         return float("nan")
-    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
-    return ordered[index]
+    return float(np.percentile(values, fraction * 100, method="nearest"))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ def nonnegative_lstsq(
     not negative: a cost that falls as work grows means the feature explains noise, so it
     is dropped and the rest refitted. With `previous`, each coefficient is held weakly to
     it (ridge), so a stretch of steps that cannot tell two costs apart (many decode steps
-    of one batch size) leaves them where they were instead of splitting them at random."""
+    of one batch size) leaves them where they were instead of splitting them at random.
+    Not scipy's `nnls`: the base stays free and the ridge pin is part of the problem, and
+    the scheduler core imports nothing beyond numpy."""
     if previous is not None:
         scale = np.sqrt(PIN_WEIGHT) * np.sqrt(np.mean(design**2, axis=0)) + 1e-12
         design = np.vstack([design, np.diag(scale)])
