@@ -65,9 +65,19 @@ def faulty_relquery() -> RelQuery:
 
 
 def sized_relquery(name: str, rows: int, max_output_tokens: int = 16) -> RelQuery:
-    things = [Row(f"{name}{i}", {"thing": THINGS[i % len(THINGS)]}) for i in range(rows)]
-    template = Template("Describe {thing} in one short sentence.")
+    """Rows that all differ (an item number), so each is one request of its own."""
+    things = [Row(f"{name}{i}", {"thing": THINGS[i % len(THINGS)], "n": i}) for i in range(rows)]
+    template = Template("Item {n}: describe {thing} in one short sentence.")
     return RelQuery(name, template, things, max_output_tokens)
+
+
+def repeating_relquery(name: str, things: list[str]) -> RelQuery:
+    """Rows that repeat one another: identical requests, computed once."""
+    rows = [Row(f"{name}{i}", {"thing": thing}) for i, thing in enumerate(things)]
+    return RelQuery(name, Template("Describe {thing} in one short sentence."), rows, 12)
+
+
+REPEATS = ("the sea", "the sea", "a forest", "the sea", "a forest", "snow")
 
 
 ORDER_POLICIES = ("v1-fcfs", "relstream")
@@ -94,6 +104,12 @@ async def serve(policy: str, step_log) -> dict:
         if policy == "relserve":
             results["faulty"] = await run(engine, faulty_relquery())
             results["after"] = await run(engine, capitals_relquery())  # still serving
+        if policy == "relstream":
+            # Six rows of three prompts, and two more of them in flight beside: 5 follow.
+            repeats = await engine.submit(repeating_relquery("R", list(REPEATS)))
+            again = await engine.submit(repeating_relquery("S", ["snow", "the sea"]))
+            results.update({h.relquery_id: await h.result() for h in (repeats, again)})
+            results["rows_shared"] = engine.rows_shared
         if policy in ORDER_POLICIES:
             # While an 8-row relQuery holds every seat, three arrive together, largest first.
             blocker = await engine.submit(sized_relquery("Z", ORDER_SEATS, max_output_tokens=32))
@@ -199,6 +215,23 @@ def test_the_plug_in_decides_relstreams_order_where_stock_vllm_would_not(served)
     assert ours["C"].latency.total < stock["C"].latency.total  # served first, not last
     for name in trio:  # the same answers either way
         assert ours[name].outputs == stock[name].outputs
+
+
+def test_identical_rows_are_computed_once_and_answer_like_their_own_request(served):
+    ours = served["relstream"]
+    # Within "R", 3 rows repeat an earlier one; "S", sent while R runs, repeats 2 of R's.
+    assert ours["rows_shared"] == 5
+    by_thing = {}
+    for name in ("R", "S"):
+        for row in ours[name].rows:
+            assert row.status == "ok" and row.output
+            thing = (REPEATS if name == "R" else ("snow", "the sea"))[int(row.row_key[1:])]
+            assert by_thing.setdefault(thing, row.output) == row.output
+    # The same answer a request of its own gets: "describe" asked for these alone, greedy.
+    alone = {
+        row.output[:20] for row in ours["describe"].rows
+    }  # 24 tokens there, 12 here: the same start
+    assert {by_thing[t][:20] for t in ("the sea", "a forest", "snow")} <= alone
 
 
 def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():

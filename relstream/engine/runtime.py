@@ -20,9 +20,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relstream.answers import OutputKind
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
+from relstream.engine.requests import answered_row, cancelled_row, sampling_params
+from relstream.engine.shared import Answer, SharedRequests, request_key
 from relstream.model import (
     LatencyBreakdown,
     RelQuery,
@@ -130,6 +131,7 @@ class RelQueryEngine:
         self._llm = llm
         self._tokenizer = tokenizer
         self.model_name = model_name
+        self._shared = SharedRequests()  # identical requests in flight, computed once
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RelQueryEngine:
@@ -196,15 +198,30 @@ class RelQueryEngine:
     async def submit(self, relquery: RelQuery) -> EngineHandle:
         handle = EngineHandle(relquery, time.monotonic(), self)
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
-        runnable = [p for p in prepared if isinstance(p, _TokenizedRow)]
+        roles = [
+            self._shared.follow_or_lead(request_key(relquery, row.token_ids))
+            if isinstance(row, _TokenizedRow)
+            else (True, None)
+            for row in prepared
+        ]
+        # What vLLM will compute: the runnable rows that lead (the others follow one).
+        leading = [
+            row for row, (leads, _) in zip(prepared, roles, strict=True)
+            if leads and isinstance(row, _TokenizedRow)
+        ]  # fmt: skip
         priority = 0
         if policy_spec(self.settings.policy).vllm_queue is VllmQueue.PRIORITY:
-            prompt_tokens = sum(len(row.token_ids) for row in runnable)
-            priority = static_priority(prompt_tokens, len(runnable), relquery.max_output_tokens)
-        for row in prepared:
-            coroutine = self._run_row(handle, row, len(runnable), priority)
+            prompt_tokens = sum(len(row.token_ids) for row in leading)
+            priority = static_priority(prompt_tokens, len(leading), relquery.max_output_tokens)
+        for row, role in zip(prepared, roles, strict=True):
+            coroutine = self._run_row(handle, row, len(leading), priority, role)
             handle._tasks.append(asyncio.ensure_future(coroutine))
         return handle
+
+    @property
+    def rows_shared(self) -> int:
+        """Rows answered by an identical row's request instead of one of their own."""
+        return self._shared.followed
 
     def _prepare_row(self, relquery: RelQuery, index: int) -> _TokenizedRow | RowFailure:
         """Token ids of the row's chat prompt, or the reason it cannot run."""
@@ -235,7 +252,44 @@ class RelQueryEngine:
         row: _TokenizedRow | RowFailure,
         runnable: int,
         priority: int,
+        role: tuple[bool, asyncio.Future | None],
     ) -> tuple[RowResult, _RowTimes | None]:
+        leads, shared = role
+        if isinstance(row, RowFailure):
+            result, times = RowResult.failed(row), None
+        elif leads:
+            result, times = await self._generate(handle, row, runnable, priority, shared)
+        else:
+            result, times = await self._follow(handle, row, runnable, priority, shared)
+        await handle._finished.put(result)
+        return result, times
+
+    async def _follow(
+        self,
+        handle: EngineHandle,
+        row: _TokenizedRow,
+        runnable: int,
+        priority: int,
+        leader: asyncio.Future,
+    ) -> tuple[RowResult, _RowTimes | None]:
+        """The leader's answer under this row; the row's own request if it did not finish."""
+        try:
+            answer = await self._shared.answer_of(leader)
+        except asyncio.CancelledError:  # this row's relQuery was cancelled; the leader runs on
+            return cancelled_row(row.request), None
+        if answer is None:
+            return await self._generate(handle, row, runnable, priority, None)
+        return answered_row(handle.relquery, row.request, answer.completion), answer.times
+
+    async def _generate(
+        self,
+        handle: EngineHandle,
+        row: _TokenizedRow,
+        runnable: int,
+        priority: int,
+        shared: asyncio.Future | None,
+    ) -> tuple[RowResult, _RowTimes | None]:
+        """The row's own vLLM request; its answer also goes to `shared`'s followers."""
         from vllm.exceptions import VLLMClientError
 
         from relstream.engine.plugin import relquery_tags
@@ -243,90 +297,30 @@ class RelQueryEngine:
         # What vLLM raises about a request itself (validation, a bad parameter); anything
         # else is the engine's own failure.
         row_errors = (ValueError, VLLMClientError)
-
-        relquery = handle.relquery
-        times = None
-        if isinstance(row, RowFailure):
-            result = RowResult.failed(row)
-        else:
-            request = row.request
-            params = sampling_params(relquery, relquery_tags(relquery.id, runnable))
-            final = None
-            try:
-                async for final in self._llm.generate(  # noqa: B007 (the last one is kept)
-                    {"prompt_token_ids": row.token_ids},
-                    params,
-                    request.request_id,
-                    priority=priority,
-                ):
-                    pass
-            except asyncio.CancelledError:
-                # vLLM aborted the request as the cancellation passed through generate();
-                # the row is reported, not raised, so the relQuery's result still comes.
-                result = RowResult(
-                    request.row_index,
-                    request.row_key,
-                    RowStatus.CANCELLED,
-                    error=f"row {request.row_key!r}: relQuery cancelled",
-                )
-            except row_errors as exc:  # the engine refused this row: the row's error
-                result = RowResult(
-                    request.row_index,
-                    request.row_key,
-                    RowStatus.ERROR,
-                    error=f"row {request.row_key!r}: {exc}",
-                )
-            except Exception as exc:  # the engine failed: no row is to blame
-                failure = EngineFailure(f"vLLM failed serving {request.request_id}: {exc!r}")
-                await handle._finished.put(failure)
-                raise failure from exc
-            else:
-                result = answered_row(relquery, request, final.outputs[0])
-                times = _row_times(final)
-        await handle._finished.put(result)
-        return result, times
-
-
-def sampling_params(relquery: RelQuery, extra_args: dict):
-    """vLLM's sampling for a relQuery's rows: its sampling settings (greedy by default)
-    and its structured-output constraint."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    sampling, output = relquery.sampling, relquery.output
-    structured = None
-    if output is not None:
-        structured = StructuredOutputsParams(
-            choice=list(output.choices) if output.kind is OutputKind.CHOICES else None,
-            json=dict(output.json_schema) if output.kind is OutputKind.JSON_SCHEMA else None,
-            regex=output.regex if output.kind is OutputKind.REGEX else None,
-        )
-    return SamplingParams(
-        max_tokens=relquery.max_output_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        stop=list(sampling.stop) or None,
-        structured_outputs=structured,
-        extra_args=extra_args,
-    )
-
-
-def answered_row(relquery: RelQuery, request: RowRequest, completion) -> RowResult:
-    """A finished row; where the relQuery constrains its output, an answer that does not
-    hold (cut off by max tokens, say) is that row's error, text kept."""
-    value, reason = None, None
-    if relquery.output is not None:
-        value, reason = relquery.output.parse(completion.text)
-    return RowResult(
-        request.row_index,
-        request.row_key,
-        RowStatus.ERROR if reason else RowStatus.OK,
-        completion.text,
-        f"row {request.row_key!r}: {reason}" if reason else None,
-        len(completion.token_ids),
-        value,
-    )
+        relquery, request = handle.relquery, row.request
+        params = sampling_params(relquery, relquery_tags(relquery.id, runnable))
+        final = None
+        try:
+            async for final in self._llm.generate(  # noqa: B007 (the last one is kept)
+                {"prompt_token_ids": row.token_ids}, params, request.request_id, priority=priority
+            ):
+                pass
+        except asyncio.CancelledError:
+            # vLLM aborted the request as the cancellation passed through generate();
+            # the row is reported, not raised, so the relQuery's result still comes.
+            return cancelled_row(request), None
+        except row_errors as exc:  # the engine refused this row: the row's error
+            error = f"row {request.row_key!r}: {exc}"
+            return RowResult(request.row_index, request.row_key, RowStatus.ERROR, error=error), None
+        except Exception as exc:  # the engine failed: no row is to blame
+            failure = EngineFailure(f"vLLM failed serving {request.request_id}: {exc!r}")
+            await handle._finished.put(failure)
+            raise failure from exc
+        finally:
+            answered = final is not None and final.finished
+            if shared is not None and not shared.done():
+                shared.set_result(Answer(final.outputs[0], _row_times(final)) if answered else None)
+        return answered_row(relquery, request, final.outputs[0]), _row_times(final)
 
 
 @dataclass(frozen=True)

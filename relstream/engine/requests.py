@@ -1,0 +1,59 @@
+"""A relQuery's row as a vLLM request and back: the sampling parameters, a finished
+row (checked against the relQuery's output constraint), a cancelled one."""
+
+from __future__ import annotations
+
+from relstream.answers import OutputKind
+from relstream.model import RelQuery, RowRequest, RowResult, RowStatus
+
+
+def cancelled_row(request: RowRequest) -> RowResult:
+    """A row whose relQuery was cancelled before it finished."""
+    return RowResult(
+        request.row_index,
+        request.row_key,
+        RowStatus.CANCELLED,
+        error=f"row {request.row_key!r}: relQuery cancelled",
+    )
+
+
+def sampling_params(relquery: RelQuery, extra_args: dict):
+    """vLLM's sampling for a relQuery's rows: its sampling settings (greedy by default)
+    and its structured-output constraint."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    sampling, output = relquery.sampling, relquery.output
+    structured = None
+    if output is not None:
+        structured = StructuredOutputsParams(
+            choice=list(output.choices) if output.kind is OutputKind.CHOICES else None,
+            json=dict(output.json_schema) if output.kind is OutputKind.JSON_SCHEMA else None,
+            regex=output.regex if output.kind is OutputKind.REGEX else None,
+        )
+    return SamplingParams(
+        max_tokens=relquery.max_output_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        structured_outputs=structured,
+        extra_args=extra_args,
+    )
+
+
+def answered_row(relquery: RelQuery, request: RowRequest, completion) -> RowResult:
+    """A finished row; where the relQuery constrains its output, an answer that does not
+    hold (cut off by max tokens, say) is that row's error, text kept."""
+    value, reason = None, None
+    if relquery.output is not None:
+        value, reason = relquery.output.parse(completion.text)
+    return RowResult(
+        request.row_index,
+        request.row_key,
+        RowStatus.ERROR if reason else RowStatus.OK,
+        completion.text,
+        f"row {request.row_key!r}: {reason}" if reason else None,
+        len(completion.token_ids),
+        value,
+    )
