@@ -180,6 +180,7 @@ class RowResult:
     error: str | None = None  # why not, naming the row, otherwise
     output_tokens: int = 0
     value: Any = None  # the answer parsed, where the relQuery's output has a JSON schema
+    cached: bool = False  # answered from the engine's answer cache, not computed for it
 
     @classmethod
     def failed(cls, failure: RowFailure) -> RowResult:

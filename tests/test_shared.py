@@ -1,10 +1,17 @@
-"""Identical requests computed once: who leads, who follows, and what a follower does
-when its leader does not finish (relstream.engine.shared, without vLLM)."""
+"""Identical requests computed once and answers remembered: who leads, who follows, what a
+follower does when its leader does not finish, and the answer cache's byte cap
+(relstream.engine.shared, without vLLM)."""
 
 import asyncio
 
 from relstream.answers import Sampling
-from relstream.engine.shared import Answer, SharedRequests, request_key
+from relstream.engine.shared import (
+    ENTRY_OVERHEAD_BYTES,
+    Answer,
+    AnswerCache,
+    SharedRequests,
+    request_key,
+)
 from relstream.model import RelQuery, Row, Template
 
 GREEDY = Sampling()
@@ -14,61 +21,72 @@ def relquery(sampling: Sampling = GREEDY) -> RelQuery:
     return RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, sampling=sampling)
 
 
+def key(*token_ids: int):
+    return request_key(relquery(), list(token_ids))
+
+
 def test_only_greedy_or_seeded_requests_have_a_key():
-    assert request_key(relquery(), [1, 2]) is not None
     assert request_key(relquery(Sampling(0.8, seed=3)), [1, 2]) is not None
     assert request_key(relquery(Sampling(0.8)), [1, 2]) is None  # meant to differ
-    greedy = relquery()
-    assert request_key(greedy, [1, 2]) == request_key(greedy, [1, 2])
-    assert request_key(greedy, [1, 2]) != request_key(greedy, [1, 3])
-    assert request_key(greedy, [1, 2]) != request_key(relquery(Sampling(0.0, seed=1)), [1, 2])
+    assert key(1, 2) == key(1, 2) and key(1, 2) != key(1, 3)
+    assert key(1, 2) != request_key(relquery(Sampling(0.0, seed=1)), [1, 2])
 
 
 def test_the_first_leads_and_the_others_get_its_answer():
     async def scenario():
         shared = SharedRequests()
-        key = request_key(relquery(), [5, 6])
-        leads, future = shared.follow_or_lead(key)
-        follows, same = shared.follow_or_lead(key)
-        waiting = asyncio.ensure_future(shared.answer_of(same))
-        future.set_result(Answer("text", None))
+        leader, follower = shared.role(key(5, 6)), shared.role(key(5, 6))
+        waiting = asyncio.ensure_future(shared.answer_of(follower))
+        shared.settle(leader, Answer("text", 1))
         answer = await waiting
-        await asyncio.sleep(0)  # the finished leader leaves the table
-        again, _ = shared.follow_or_lead(key)
-        return leads, follows, same is future, answer, shared.followed, again
+        return leader.leads, follower.leads, answer, shared.followed, shared.role(key(5, 6)).leads
 
-    assert asyncio.run(scenario()) == (True, False, True, Answer("text", None), 1, True)
+    assert asyncio.run(scenario()) == (True, False, Answer("text", 1), 1, True)
 
 
 def test_a_leader_that_does_not_finish_leaves_its_followers_to_run_alone():
     async def scenario():
-        shared = SharedRequests()
-        _, future = shared.follow_or_lead(request_key(relquery(), [5]))
-        waiting = asyncio.ensure_future(shared.answer_of(future))
-        await asyncio.sleep(0)
-        future.set_result(None)
-        return await waiting, shared.followed
+        shared = SharedRequests(AnswerCache(10_000))
+        leader, follower = shared.role(key(5)), shared.role(key(5))
+        waiting = asyncio.ensure_future(shared.answer_of(follower))
+        shared.settle(leader, None)
+        return await waiting, shared.followed, shared.cache.bytes
 
-    assert asyncio.run(scenario()) == (None, 0)
+    assert asyncio.run(scenario()) == (None, 0, 0)  # and nothing was cached
 
 
 def test_a_cancelled_follower_leaves_the_leader_running():
     async def scenario():
         shared = SharedRequests()
-        key = request_key(relquery(), [5])
-        _, future = shared.follow_or_lead(key)
-        _, same = shared.follow_or_lead(key)
-        follower = asyncio.ensure_future(shared.answer_of(same))
+        leader, follower = shared.role(key(5)), shared.role(key(5))
+        waiting = asyncio.ensure_future(shared.answer_of(follower))
         await asyncio.sleep(0)
-        follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
-        return future.cancelled(), future.done()
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        return leader.future.cancelled(), leader.future.done()
 
     assert asyncio.run(scenario()) == (False, False)
 
 
-def test_a_request_without_a_key_leads_alone():
+def test_a_finished_answer_is_served_from_the_cache_without_its_step_times():
     async def scenario():
-        return SharedRequests().follow_or_lead(None)
+        shared = SharedRequests(AnswerCache(10_000))
+        shared.settle(shared.role(key(7)), Answer("seven", 2, times="step times"))
+        again = shared.role(key(7))
+        return again.cached, again.leads, shared.cache.hits, shared.cache.misses
 
-    assert asyncio.run(scenario()) == (True, None)
+    assert asyncio.run(scenario()) == (Answer("seven", 2), True, 1, 1)
+
+
+def test_the_cache_evicts_the_least_recently_used_under_its_byte_cap():
+    # Each entry: 8 bytes per prompt token + its text + the overhead = 8 + 1 + 256.
+    entry = 8 + 1 + ENTRY_OVERHEAD_BYTES
+    cache = AnswerCache(max_bytes=2 * entry + 10)
+    cache.put(key(1), Answer("a", 1))
+    cache.put(key(2), Answer("b", 1))
+    assert cache.get(key(1)) is not None  # 1 is now the more recently used
+    cache.put(key(3), Answer("c", 1))  # over the cap: 2 goes
+    assert cache.get(key(2)) is None and cache.get(key(1)) and cache.get(key(3))
+    assert cache.bytes == 2 * entry <= cache.max_bytes
+    cache.put(key(4), Answer("x" * 10_000, 1))  # larger than the whole cache: not kept
+    assert cache.get(key(4)) is None and cache.bytes == 2 * entry

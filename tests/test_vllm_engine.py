@@ -92,6 +92,8 @@ async def serve(policy: str, step_log) -> dict:
     # The order test needs a backlog: 8 seats, all held by the blocker when the trio comes.
     seats = ORDER_SEATS if policy in ORDER_POLICIES else EngineSettings.max_num_seqs
     settings = EngineSettings(policy=policy, step_log=step_log, max_num_seqs=seats)
+    if policy == "relstream":
+        settings = replace(settings, answer_cache_bytes=1 << 20)
     if policy == "relserve":
         settings = replace(settings, cost_model="fixed", cost_prior=RELSERVE_PRIOR)
     engine = await RelQueryEngine.start(settings)
@@ -110,6 +112,11 @@ async def serve(policy: str, step_log) -> dict:
             again = await engine.submit(repeating_relquery("S", ["snow", "the sea"]))
             results.update({h.relquery_id: await h.result() for h in (repeats, again)})
             results["rows_shared"] = engine.rows_shared
+            # Later windows: R again comes from the answer cache; unseeded sampling never.
+            results["R-later"] = await run(engine, repeating_relquery("R", list(REPEATS)))
+            poem = replace(sampled_relquery(), id="unseeded", sampling=Sampling(0.9, 0.95))
+            results["unseeded"] = [await run(engine, poem) for _ in range(2)]
+            results["cache"] = (engine.answer_cache.hits, engine.answer_cache.bytes)
         if policy in ORDER_POLICIES:
             # While an 8-row relQuery holds every seat, three arrive together, largest first.
             blocker = await engine.submit(sized_relquery("Z", ORDER_SEATS, max_output_tokens=32))
@@ -232,6 +239,17 @@ def test_identical_rows_are_computed_once_and_answer_like_their_own_request(serv
         row.output[:20] for row in ours["describe"].rows
     }  # 24 tokens there, 12 here: the same start
     assert {by_thing[t][:20] for t in ("the sea", "a forest", "snow")} <= alone
+
+
+def test_answers_are_remembered_across_windows_but_never_sampled_ones(served):
+    ours = served["relstream"]
+    later, first = ours["R-later"], ours["R"]
+    assert all(row.cached for row in later.rows) and not any(row.cached for row in first.rows)
+    assert later.outputs == first.outputs  # the same answers, without running the model
+    assert later.latency is None  # no row ran
+    assert not any(row.cached for result in ours["unseeded"] for row in result.rows)
+    hits, held = ours["cache"]
+    assert hits == len(REPEATS) and 0 < held <= 1 << 20
 
 
 def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():

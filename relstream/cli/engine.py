@@ -72,6 +72,21 @@ _ENGINE_OPTIONS = (
     click.option("--metrics-port", default=None, type=click.IntRange(1, 65535)),
     click.option("--metrics-host", default="127.0.0.1", show_default=True),
     click.option(
+        "--answer-cache",
+        type=click.Choice(["off", "memory"]),
+        default="off",
+        show_default=True,
+        help="vllm: keep answers of greedy or seeded requests and answer an identical "
+        "request from them (rows say `cached`).",
+    ),
+    click.option(
+        "--answer-cache-mb",
+        default=256,
+        show_default=True,
+        type=click.IntRange(1),
+        help="vllm: the answer cache's size; the least recently used answers go first.",
+    ),
+    click.option(
         "--sim-time-scale",
         default=0.0,
         show_default=True,
@@ -138,6 +153,7 @@ async def _start_backend(opts: dict):
         max_model_len=opts["max_model_len"],
         gpu_memory_utilization=opts["gpu_memory_utilization"],
         tensor_parallel_size=opts["tensor_parallel_size"],
+        answer_cache_bytes=opts["answer_cache_mb"] << 20 if opts["answer_cache"] == "memory" else 0,
     )
     return await RelQueryEngine.start(settings)
 

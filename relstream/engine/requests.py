@@ -4,6 +4,7 @@ row (checked against the relQuery's output constraint), a cancelled one."""
 from __future__ import annotations
 
 from relstream.answers import OutputKind
+from relstream.engine.shared import Answer
 from relstream.model import RelQuery, RowRequest, RowResult, RowStatus
 
 
@@ -42,18 +43,21 @@ def sampling_params(relquery: RelQuery, extra_args: dict):
     )
 
 
-def answered_row(relquery: RelQuery, request: RowRequest, completion) -> RowResult:
+def answered_row(
+    relquery: RelQuery, request: RowRequest, answer: Answer, cached: bool = False
+) -> RowResult:
     """A finished row; where the relQuery constrains its output, an answer that does not
     hold (cut off by max tokens, say) is that row's error, text kept."""
     value, reason = None, None
     if relquery.output is not None:
-        value, reason = relquery.output.parse(completion.text)
+        value, reason = relquery.output.parse(answer.text)
     return RowResult(
         request.row_index,
         request.row_key,
         RowStatus.ERROR if reason else RowStatus.OK,
-        completion.text,
+        answer.text,
         f"row {request.row_key!r}: {reason}" if reason else None,
-        len(completion.token_ids),
+        answer.output_tokens,
         value,
+        cached,
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.engine.requests import answered_row, cancelled_row, sampling_params
-from relstream.engine.shared import Answer, SharedRequests, request_key
+from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
 from relstream.model import (
     LatencyBreakdown,
     RelQuery,
@@ -59,6 +59,8 @@ class EngineSettings:
     # `cost_prior` (alpha_p, beta_p, alpha_d, beta_d), as the paper profiles offline.
     cost_model: str = "online"
     cost_prior: dict[str, float] | None = None
+    # Bytes of answers kept for identical deterministic requests across windows (0: off).
+    answer_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises, naming the known policies
@@ -131,7 +133,9 @@ class RelQueryEngine:
         self._llm = llm
         self._tokenizer = tokenizer
         self.model_name = model_name
-        self._shared = SharedRequests()  # identical requests in flight, computed once
+        # Identical requests in flight computed once; finished answers kept if asked for.
+        cache = AnswerCache(settings.answer_cache_bytes) if settings.answer_cache_bytes else None
+        self._shared = SharedRequests(cache)
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RelQueryEngine:
@@ -199,15 +203,16 @@ class RelQueryEngine:
         handle = EngineHandle(relquery, time.monotonic(), self)
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
         roles = [
-            self._shared.follow_or_lead(request_key(relquery, row.token_ids))
+            self._shared.role(request_key(relquery, row.token_ids))
             if isinstance(row, _TokenizedRow)
-            else (True, None)
+            else Role(None)
             for row in prepared
         ]
-        # What vLLM will compute: the runnable rows that lead (the others follow one).
+        # What vLLM will compute: the runnable rows that lead (the others follow one or
+        # come from the answer cache).
         leading = [
-            row for row, (leads, _) in zip(prepared, roles, strict=True)
-            if leads and isinstance(row, _TokenizedRow)
+            row for row, role in zip(prepared, roles, strict=True)
+            if role.leads and role.cached is None and isinstance(row, _TokenizedRow)
         ]  # fmt: skip
         priority = 0
         if policy_spec(self.settings.policy).vllm_queue is VllmQueue.PRIORITY:
@@ -222,6 +227,10 @@ class RelQueryEngine:
     def rows_shared(self) -> int:
         """Rows answered by an identical row's request instead of one of their own."""
         return self._shared.followed
+
+    @property
+    def answer_cache(self) -> AnswerCache | None:
+        return self._shared.cache
 
     def _prepare_row(self, relquery: RelQuery, index: int) -> _TokenizedRow | RowFailure:
         """Token ids of the row's chat prompt, or the reason it cannot run."""
@@ -252,34 +261,30 @@ class RelQueryEngine:
         row: _TokenizedRow | RowFailure,
         runnable: int,
         priority: int,
-        role: tuple[bool, asyncio.Future | None],
+        role: Role,
     ) -> tuple[RowResult, _RowTimes | None]:
-        leads, shared = role
         if isinstance(row, RowFailure):
             result, times = RowResult.failed(row), None
-        elif leads:
-            result, times = await self._generate(handle, row, runnable, priority, shared)
+        elif role.cached is not None:
+            result, times = answered_row(handle.relquery, row.request, role.cached, True), None
+        elif role.leads:
+            result, times = await self._generate(handle, row, runnable, priority, role)
         else:
-            result, times = await self._follow(handle, row, runnable, priority, shared)
+            result, times = await self._follow(handle, row, runnable, priority, role)
         await handle._finished.put(result)
         return result, times
 
     async def _follow(
-        self,
-        handle: EngineHandle,
-        row: _TokenizedRow,
-        runnable: int,
-        priority: int,
-        leader: asyncio.Future,
+        self, handle: EngineHandle, row: _TokenizedRow, runnable: int, priority: int, role: Role
     ) -> tuple[RowResult, _RowTimes | None]:
         """The leader's answer under this row; the row's own request if it did not finish."""
         try:
-            answer = await self._shared.answer_of(leader)
+            answer = await self._shared.answer_of(role)
         except asyncio.CancelledError:  # this row's relQuery was cancelled; the leader runs on
             return cancelled_row(row.request), None
         if answer is None:
-            return await self._generate(handle, row, runnable, priority, None)
-        return answered_row(handle.relquery, row.request, answer.completion), answer.times
+            return await self._generate(handle, row, runnable, priority, Role(None))
+        return answered_row(handle.relquery, row.request, answer), answer.times
 
     async def _generate(
         self,
@@ -287,9 +292,9 @@ class RelQueryEngine:
         row: _TokenizedRow,
         runnable: int,
         priority: int,
-        shared: asyncio.Future | None,
+        role: Role,
     ) -> tuple[RowResult, _RowTimes | None]:
-        """The row's own vLLM request; its answer also goes to `shared`'s followers."""
+        """The row's own vLLM request; as a leader, its answer goes to its followers."""
         from vllm.exceptions import VLLMClientError
 
         from relstream.engine.plugin import relquery_tags
@@ -317,10 +322,12 @@ class RelQueryEngine:
             await handle._finished.put(failure)
             raise failure from exc
         finally:
-            answered = final is not None and final.finished
-            if shared is not None and not shared.done():
-                shared.set_result(Answer(final.outputs[0], _row_times(final)) if answered else None)
-        return answered_row(relquery, request, final.outputs[0]), _row_times(final)
+            answer = None
+            if final is not None and final.finished:
+                completion = final.outputs[0]
+                answer = Answer(completion.text, len(completion.token_ids), _row_times(final))
+            self._shared.settle(role, answer)
+        return answered_row(relquery, request, answer), answer.times
 
 
 @dataclass(frozen=True)

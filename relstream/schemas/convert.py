@@ -113,6 +113,7 @@ def result_message(result: RelQueryResult) -> ResultMessage:
                 output=row.output,
                 error=row.error,
                 value=row.value,
+                cached=row.cached,
             )
             for row in result.rows
         ],
@@ -132,6 +133,7 @@ def partial_result_message(relquery_id: str, row: RowResult) -> PartialResultMes
         output=row.output,
         error=row.error,
         value=row.value,
+        cached=row.cached,
     )
 
 

@@ -133,6 +133,7 @@ class ResultRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output: str | None = None  # the answer, when status is "ok"
     error: str | None = None  # why not, naming the row, otherwise
     value: Any = None  # the answer parsed, for a relQuery whose output has a JSON schema
+    cached: bool = False  # answered from the engine's answer cache
 
 
 class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -164,6 +165,7 @@ class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     output: str | None = None
     error: str | None = None
     value: Any = None  # the answer parsed, for a relQuery whose output has a JSON schema
+    cached: bool = False  # answered from the engine's answer cache
 
 
 class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):

@@ -69,6 +69,23 @@ class EngineMetrics:
             registry=self.registry,
         )
 
+        self.rows_cached = Counter(
+            "relstream_rows_from_answer_cache_total",
+            "Rows answered from the engine's answer cache, without running the model",
+            registry=self.registry,
+        )
+        self.answer_cache = Gauge(
+            "relstream_answer_cache",
+            "The engine's answer cache: lookups that hit or missed, and bytes held",
+            ["measure"],
+            registry=self.registry,
+        )
+
+    def observe_answer_cache(self, cache) -> None:
+        """The engine's AnswerCache (relstream.engine.shared), where it has one."""
+        for measure in ("hits", "misses", "bytes"):
+            self.answer_cache.labels(measure).set(getattr(cache, measure))
+
     def observe_result(self, result: RelQueryResult, service_seconds: float) -> None:
         if result.latency is not None:
             for component, value in result.latency.as_dict().items():
@@ -76,6 +93,7 @@ class EngineMetrics:
         tokens = 0
         for row in result.rows:
             self.rows.labels(row.status).inc()
+            self.rows_cached.inc(row.cached)
             tokens += row.output_tokens
         self.output_tokens.inc(tokens)
         if service_seconds > 0:

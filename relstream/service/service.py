@@ -185,6 +185,8 @@ class EngineService:
         if time.monotonic() - self._lag_measured > LAG_EVERY_S:
             self._lag_measured = time.monotonic()
             self.metrics.observe_lag(await self._lag())
+            if (cache := getattr(self.backend, "answer_cache", None)) is not None:
+                self.metrics.observe_answer_cache(cache)
 
     async def _lag(self) -> dict[int, int]:
         """Per assigned partition: messages past the consumer's position."""
