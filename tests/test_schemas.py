@@ -38,7 +38,17 @@ GOOD = {
     "result": {
         "version": 1,
         "id": "q1",
-        "rows": [{"key": "r1", "status": "ok", "output": "4", "error": None, "value": None}],
+        "rows": [
+            {
+                "key": "r1",
+                "status": "ok",
+                "output": "4",
+                "error": None,
+                "value": None,
+                "cached": False,
+            },
+            {"key": "r2", "status": "ok", "output": "4", "error": None, "value": 4, "cached": True},
+        ],
         "latency": {"queued": 0.5, "waiting": 0.1, "core": 0.2, "tail": 0.3, "total": 1.1},
         "policy": "relserve",
         "model": "smollm2",
