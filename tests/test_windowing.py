@@ -4,7 +4,7 @@ timestamps, so a replay cuts the same windows under the same ids."""
 import pytest
 
 from relstream.model import Template
-from relstream.schemas import RowMessage
+from relstream.schemas import RowMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import PartitionWindows
 
@@ -102,3 +102,24 @@ def test_a_bad_output_or_sampling_field_is_named(tmp_path, extra, reason):
     with pytest.raises(RegistrationError) as raised:
         registrations(tmp_path, extra)
     assert reason in str(raised.value)
+
+
+def test_an_instruction_with_free_fields_reaches_every_window(tmp_path):
+    from relstream.stream.registrations import RegistrationError, load_registrations
+    from relstream.stream.windowing import check_row, relquery_for_window
+
+    path = tmp_path / "queries.toml"
+    path.write_text(
+        '[[query]]\nname = "q"\ntable = "t"\ninstruction = "Rate this."\n'
+        'fields = ["title", "text"]\n'
+    )
+    (registration,) = load_registrations(path)
+    assert registration.fields == ("title", "text")
+    message = relquery_for_window(registration, [row("a")], "0-0")
+    assert (message.template, message.fields) == ("Rate this.", ["title", "text"])
+    lacking = encode(RowMessage(table="t", key="k", values={"title": "x"}))
+    assert "lacks column(s) {text}" in check_row(registration, lacking).reason
+    for extra in ('template = "{x}"', ""):  # both, or an instruction without fields
+        path.write_text(f'[[query]]\nname = "q"\ntable = "t"\ninstruction = "I"\n{extra}\n')
+        with pytest.raises(RegistrationError, match="a template, or an instruction with"):
+            load_registrations(path)

@@ -56,6 +56,7 @@ def relquery_from_message(message: RelQueryMessage) -> RelQuery:
         arrival_time=message.submitted_at,
         output=output,
         sampling=Sampling(message.temperature, message.top_p, message.seed, tuple(message.stop)),
+        fields=tuple(message.fields or ()),
     )
 
 
@@ -69,6 +70,7 @@ def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> R
         max_output_tokens=relquery.max_output_tokens,
         submitted_at=time.time() if submitted_at is None else submitted_at,
         output=None if output is None else output_message(output),
+        fields=list(relquery.fields) or None,
         **sampling_fields(relquery.sampling),
     )
 

@@ -50,6 +50,15 @@ Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(gt=0, le=1)]
 Seed = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 StopStrings = Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_STRINGS)]
+FreeFields = Annotated[
+    list[NonEmpty],
+    Meta(
+        min_length=1,
+        max_length=MAX_ROW_COLUMNS,
+        description="the rows' fields whose order is free: `template` is then an instruction "
+        "followed by one `name: value` line per field, shared values first",
+    ),
+]
 
 
 class Message(msgspec.Struct, tag_field="version", forbid_unknown_fields=True, kw_only=True):
@@ -105,6 +114,7 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
     top_p: TopP = 1.0
     seed: Seed | None = None
     stop: StopStrings = msgspec.field(default_factory=list)
+    fields: FreeFields | None = None
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):

@@ -15,6 +15,11 @@ A TOML file holds one [[query]] table per registration:
     # regex = "[0-9]+"                     # ...or a match of this
     temperature = 0.0                      # optional sampling: temperature, top_p,
     seed = 7                               # seed, stop (greedy by default)
+
+Instead of a `template`, a query may give an `instruction` and its `fields`, a list of
+the row's columns whose order is free: each prompt is then the instruction followed by
+one `name: value` line per field, the fields whose values the window's rows share most
+first, so that their prompts share a longer prefix (vLLM's prefix cache computes it once).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from relstream.schemas.codec import MessageError, convert
 from relstream.schemas.messages import (
     MAX_RELQUERY_ROWS,
     Choices,
+    FreeFields,
     OutputTokens,
     Regex,
     Seed,
@@ -56,7 +62,9 @@ class _Written(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: TopicSafeName
     table: TopicSafeName
-    template: TemplateText
+    template: TemplateText | None = None
+    instruction: TemplateText | None = None  # with `fields`, instead of a template
+    fields: FreeFields | None = None
     window_seconds: Annotated[float, Meta(gt=0)] = 2.0
     max_rows: Annotated[int, Meta(ge=1, le=MAX_RELQUERY_ROWS)] = 100
     max_output_tokens: OutputTokens = 16
@@ -81,19 +89,27 @@ class QueryRegistration:
     system_prompt: str | None = None
     output: OutputSpec | None = None  # from choices, json_schema or regex
     sampling: Sampling = field(default_factory=Sampling)
+    fields: tuple[str, ...] = ()  # free fields: `template` is then the instruction
 
 
 def _registration(entry: dict, where: str) -> QueryRegistration:
     try:
         written = convert(_Written, entry, "registration")
-        template = Template(written.template)
+        if (written.template is None) == (written.instruction is None) or (
+            (written.instruction is None) != (written.fields is None)
+        ):
+            raise RegistrationError(
+                f"{where}: give a template, or an instruction with its fields (not both)"
+            )
+        template = Template(written.template or written.instruction)
         output = None
         if any(x is not None for x in (written.choices, written.json_schema, written.regex)):
             output = OutputSpec.build(written.choices, written.json_schema, written.regex)
     except MessageError as exc:
         raise RegistrationError(f"{where}: {exc.reason}") from None
     except TemplateError as exc:
-        raise RegistrationError(f"{where}: field template: {exc}") from None
+        name = "template" if written.template else "instruction"
+        raise RegistrationError(f"{where}: field {name}: {exc}") from None
     except OutputSpecError as exc:
         raise RegistrationError(f"{where}: {exc}") from None
     return QueryRegistration(
@@ -106,6 +122,7 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
         written.system_prompt,
         output,
         Sampling(written.temperature, written.top_p, written.seed, tuple(written.stop)),
+        tuple(written.fields or ()),
     )
 
 

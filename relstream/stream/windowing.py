@@ -46,7 +46,8 @@ def check_row(registration: QueryRegistration, raw: bytes | None) -> RowMessage 
         return RowRejection(
             f"row of table {row.table!r} on the topic of table {registration.table!r}"
         )
-    missing = [c for c in registration.template.columns if c not in row.values]
+    needed = (*registration.template.columns, *registration.fields)
+    missing = [c for c in dict.fromkeys(needed) if c not in row.values]
     if missing:
         names = ", ".join("{" + c + "}" for c in missing)
         return RowRejection(
@@ -68,6 +69,7 @@ def relquery_for_window(
         max_output_tokens=registration.max_output_tokens,
         submitted_at=time.time(),
         output=None if registration.output is None else output_message(registration.output),
+        fields=list(registration.fields) or None,
         **sampling_fields(registration.sampling),
     )
 
