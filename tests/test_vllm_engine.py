@@ -413,3 +413,37 @@ def test_the_http_door_answers_from_the_real_engine(tmp_path):
     answers = {row["key"]: row["output"] for row in result["rows"]}
     for country, capital in CAPITALS.items():
         assert capital in answers[country], (country, answers[country])
+
+
+PREFIX = "Read this list, then answer the question after it. " + ", ".join(
+    f"item {i} is {THINGS[i % len(THINGS)]}" for i in range(60)
+)
+
+
+async def first_step_and_answers(caching: bool, step_log: Path) -> tuple[dict, list]:
+    """Four rows sharing a long prefix, all admitted in one step (the budget holds them)."""
+    rows = [Row(f"p{i}", {"n": str(7 * i + 3)}) for i in range(4)]
+    relquery = RelQuery("prefix", Template(PREFIX + "\nWhat is item {n}?"), rows, 8)
+    settings = EngineSettings(policy="relstream", step_log=step_log, prefix_caching=caching)
+    engine = await RelQueryEngine.start(settings)
+    try:
+        result = await run(engine, relquery)
+    finally:
+        engine.shutdown()
+    steps = [json.loads(line) for line in step_log.read_text().splitlines()]
+    return next(step for step in steps if step.get("admitted")), result.outputs
+
+
+def test_rows_sharing_a_prefix_in_one_step_compute_it_once_and_answer_alike(tmp_path):
+    # vLLM V1 caches a block's hash when it allocates it, so a request admitted in the
+    # same step as the one computing a prefix can hit it. Verified here before relstream
+    # relies on it: with caching, the first step computes the prefix's full blocks once;
+    # the answers are byte-identical to those without prefix caching.
+    shared, with_cache = asyncio.run(first_step_and_answers(True, tmp_path / "on.jsonl"))
+    alone, without = asyncio.run(first_step_and_answers(False, tmp_path / "off.jsonl"))
+    assert shared["admitted"] == alone["admitted"] == ["prefix"]
+    assert shared["prefill_requests"] == alone["prefill_requests"] == 4  # one step, all four
+    block = 128  # the CPU build's block
+    saved = alone["uncached_tokens"] - shared["uncached_tokens"]
+    assert saved >= 3 * block, (shared["uncached_tokens"], alone["uncached_tokens"])
+    assert with_cache == without

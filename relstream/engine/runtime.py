@@ -61,6 +61,7 @@ class EngineSettings:
     cost_prior: dict[str, float] | None = None
     # Bytes of answers kept for identical deterministic requests across windows (0: off).
     answer_cache_bytes: int = 0
+    prefix_caching: bool = True  # vLLM's: rows sharing a prompt prefix compute it once
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises, naming the known policies
@@ -154,7 +155,7 @@ class RelQueryEngine:
             max_model_len=settings.max_model_len,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
-            enable_prefix_caching=True,
+            enable_prefix_caching=settings.prefix_caching,
             seed=settings.seed,
             disable_log_stats=False,  # per-request step timestamps feed the breakdown
             **_policy_args(settings),
