@@ -219,7 +219,10 @@ class RelQueryEngine:
         if policy_spec(self.settings.policy).vllm_queue is VllmQueue.PRIORITY:
             prompt_tokens = sum(len(row.token_ids) for row in leading)
             priority = static_priority(prompt_tokens, len(leading), relquery.max_output_tokens)
-        for row, role in zip(prepared, roles, strict=True):
+        # Rows reach vLLM in prompt order, so rows sharing a prefix are admitted together
+        # and compute it once; results still come back in the user's row order.
+        in_prompt_order = sorted(zip(prepared, roles, strict=True), key=_prompt_tokens)
+        for row, role in in_prompt_order:
             coroutine = self._run_row(handle, row, len(leading), priority, role)
             handle._tasks.append(asyncio.ensure_future(coroutine))
         return handle
@@ -335,6 +338,11 @@ class RelQueryEngine:
 class _TokenizedRow:
     request: RowRequest
     token_ids: list[int]  # the chat prompt, as the engine receives it
+
+
+def _prompt_tokens(entry: tuple[_TokenizedRow | RowFailure, Role]) -> list[int]:
+    row = entry[0]
+    return row.token_ids if isinstance(row, _TokenizedRow) else []
 
 
 def _row_times(output) -> _RowTimes | None:
