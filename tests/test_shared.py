@@ -90,3 +90,16 @@ def test_the_cache_evicts_the_least_recently_used_under_its_byte_cap():
     assert cache.bytes == 2 * entry <= cache.max_bytes
     cache.put(key(4), Answer("x" * 10_000, 1))  # larger than the whole cache: not kept
     assert cache.get(key(4)) is None and cache.bytes == 2 * entry
+
+
+def test_settling_twice_keeps_the_first_outcome():
+    # The engine settles a leader with its answer, then again with None when its task
+    # ends (for a leader cancelled before it ran): the answer stands.
+    async def scenario():
+        shared = SharedRequests()
+        leader, follower = shared.role(key(9)), shared.role(key(9))
+        shared.settle(leader, Answer("nine", 1))
+        shared.settle(leader, None)
+        return await shared.answer_of(follower)
+
+    assert asyncio.run(scenario()) == Answer("nine", 1)

@@ -223,8 +223,11 @@ class RelQueryEngine:
         # and compute it once; results still come back in the user's row order.
         in_prompt_order = sorted(zip(prepared, roles, strict=True), key=_prompt_tokens)
         for row, role in in_prompt_order:
-            coroutine = self._run_row(handle, row, len(leading), priority, role)
-            handle._tasks.append(asyncio.ensure_future(coroutine))
+            task = asyncio.ensure_future(self._run_row(handle, row, len(leading), priority, role))
+            # A leader cancelled before it ran still releases its followers (a no-op once
+            # it has settled with its answer).
+            task.add_done_callback(lambda _task, role=role: self._shared.settle(role, None))
+            handle._tasks.append(task)
         return handle
 
     @property
