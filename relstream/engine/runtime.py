@@ -224,9 +224,8 @@ class RelQueryEngine:
         in_prompt_order = sorted(zip(prepared, roles, strict=True), key=_prompt_tokens)
         for row, role in in_prompt_order:
             task = asyncio.ensure_future(self._run_row(handle, row, len(leading), priority, role))
-            # A leader cancelled before it ran still releases its followers (a no-op once
-            # it has settled with its answer).
-            task.add_done_callback(lambda _task, role=role: self._shared.settle(role, None))
+            if role.leads:  # cancelled before it ran, it still releases its followers
+                task.add_done_callback(lambda _task, role=role: self._shared.settle(role, None))
             handle._tasks.append(task)
         return handle
 

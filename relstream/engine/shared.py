@@ -119,7 +119,10 @@ class SharedRequests:
         return Role(key, future=future)
 
     def settle(self, role: Role, answer: Answer | None) -> None:
-        """A leader's outcome: its answer (kept in the cache), or None if it did not finish."""
+        """A leader's outcome: its answer (kept in the cache), or None if it did not finish.
+        Only the first settles; a role that does not lead has nothing to settle."""
+        if not role.leads:
+            return
         if role.future is None or role.future.done():
             return
         self._leaders.pop(role.key, None)
