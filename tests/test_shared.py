@@ -103,3 +103,15 @@ def test_settling_twice_keeps_the_first_outcome():
         return await shared.answer_of(follower)
 
     assert asyncio.run(scenario()) == Answer("nine", 1)
+
+
+def test_a_follower_never_settles_its_leader():
+    async def scenario():
+        shared = SharedRequests()
+        leader, follower = shared.role(key(4)), shared.role(key(4))
+        shared.settle(follower, None)  # a follower's task ended (its relQuery cancelled)
+        still_running = not leader.future.done()
+        shared.settle(leader, Answer("four", 1))
+        return still_running, await shared.answer_of(follower)
+
+    assert asyncio.run(scenario()) == (True, Answer("four", 1))
