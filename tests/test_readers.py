@@ -169,3 +169,30 @@ def test_the_dead_letter_command_shows_each_reason_and_counts_them(broker):
     assert f"{topics.relqueries}[0]@3 1 bytes: not valid msgpack (bad)" in shown.stdout
     assert f"{topics.relqueries}[1]@8 5000 bytes (cut): row 'z1' lacks column(s)" in shown.stdout
     assert "2 dead letters; 1 not valid msgpack; 1 row 'z1' lacks column" in shown.stdout
+
+
+def test_status_shows_topics_groups_engines_and_dead_letters(broker, tmp_path):
+    from relstream.schemas import MetricsMessage
+
+    prefix = f"st{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(broker.bootstrap, topics.layout(("reviews",))))
+    asyncio.run(produce(broker.bootstrap, topics.results, [result(i) for i in range(3)]))
+    answered = MetricsMessage(
+        relquery_id="q0", latency=None, rows={"ok": 1}, output_tokens=2, policy="relstream",
+        model="m", engine="host:42", at=time.time(),
+    )  # fmt: skip
+    asyncio.run(produce(broker.bootstrap, topics.metrics, [(b"q0", encode(answered))]))
+    reason = "not valid msgpack (x)"
+    letter = dead_letter_message(b"\xc1", topics.relqueries, 0, 3, reason, b"a", 100)
+    asyncio.run(produce(broker.bootstrap, topics.deadletter, [(b"a", encode(letter))]))
+    # A sink that stored one batch: its group has offsets on the results topic.
+    stored = str(tmp_path / "results.jsonl")
+    sink = relstream("sink", stored, "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    assert sink.returncode == 0, sink.stderr
+    shown = relstream("status", "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert f"{prefix}results" in said and "relstream-sink" in said and "results reader" in said
+    assert "engine host:42: 1 relQueries answered" in said
+    assert "1 dead letters (the newest 10,000 read); 1 not valid msgpack" in said
