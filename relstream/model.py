@@ -138,14 +138,14 @@ class RelQuery:
     output: OutputSpec | None = None  # what each answer must be; None: free text
     sampling: Sampling = field(default_factory=Sampling)
     # Free fields: the template is then an instruction, followed by these fields of each
-    # row, one "name: value" line each, in `field_order` (shared values first).
+    # row, one "name: value" line each, in its `field_orders` entry (shared values first).
     fields: tuple[str, ...] = ()
-    field_order: tuple[str, ...] = field(init=False, default=())
+    field_orders: list[tuple[str, ...]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
             raise ValueError(f"relQuery {self.id}: max_output_tokens must be >= 1")
-        self.field_order = shared_first(self.rows, self.fields)
+        self.field_orders = shared_first(self.rows, self.fields) if self.fields else []
 
     def instantiate(self) -> tuple[list[RowRequest], list[RowFailure]]:
         """Render every row; a row that fails is reported, not fatal."""
@@ -157,18 +157,40 @@ class RelQuery:
         return requests, failures
 
 
-def shared_first(rows: Sequence[Row], fields: Sequence[str]) -> tuple[str, ...]:
-    """Free fields ordered so that the most prompt bytes can be shared between rows: each
-    scored by what its repeated values would save leading the prompt, the sum over its
-    values of (rows with it - 1) x its length, highest first, ties in the given order. One
-    order per relQuery (a window), a greedy grouping in the spirit of LLM-SQL's GGR."""
+def shared_first(rows: Sequence[Row], fields: Sequence[str]) -> list[tuple[str, ...]]:
+    """Each row's free fields, ordered so that rows share the longest prompt prefixes: the
+    field whose repeated values would save the most prompt bytes leading (the sum over
+    its values of (rows with it - 1) x its length) leads; the rows are grouped by its
+    value and each group orders the remaining fields the same way; a field that saves
+    nothing keeps the given order. The greedy grouping of LLM-SQL's GGR, per relQuery."""
+    orders: list[tuple[str, ...]] = [tuple(fields)] * len(rows)
+    _group(list(range(len(rows))), rows, tuple(fields), (), orders)
+    return orders
 
+
+def _group(
+    members: list[int],
+    rows: Sequence[Row],
+    fields: tuple[str, ...],
+    placed: tuple[str, ...],
+    orders: list[tuple[str, ...]],
+) -> None:
     def saved(name: str) -> int:
-        counts = Counter(str(row.values.get(name, "")) for row in rows)
+        counts = Counter(str(rows[i].values.get(name, "")) for i in members)
         return sum((count - 1) * len(value) for value, count in counts.items())
 
     scores = {name: saved(name) for name in fields}
-    return tuple(sorted(fields, key=lambda name: -scores[name]))
+    lead = max(fields, key=lambda name: scores[name], default=None)
+    if lead is None or scores[lead] == 0 or len(members) < 2:
+        for i in members:
+            orders[i] = (*placed, *fields)
+        return
+    rest = tuple(name for name in fields if name != lead)
+    groups: dict[str, list[int]] = {}
+    for i in members:
+        groups.setdefault(str(rows[i].values.get(lead, "")), []).append(i)
+    for group in groups.values():
+        _group(group, rows, rest, (*placed, lead), orders)
 
 
 def prepare_row(relquery: RelQuery, index: int) -> RowRequest | RowFailure:
@@ -185,7 +207,9 @@ def prepare_row(relquery: RelQuery, index: int) -> RowRequest | RowFailure:
     missing = [name for name in relquery.fields if name not in row.values]
     if missing:
         return RowFailure(index, row.key, f"row {row.key!r} lacks field(s) {', '.join(missing)}")
-    prompt += "".join(f"\n{name}: {row.values[name]}" for name in relquery.field_order)
+    if relquery.fields:
+        order = relquery.field_orders[index]
+        prompt += "".join(f"\n{name}: {row.values[name]}" for name in order)
     return RowRequest(relquery.id, index, row.key, prompt)
 
 

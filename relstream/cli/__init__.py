@@ -11,6 +11,7 @@ from relstream.cli.demo import demo
 from relstream.cli.drill import drill
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
+from relstream.cli.prefix import bench_prefix
 from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
@@ -53,6 +54,7 @@ def main() -> None:
 for command in (
     bench,
     bench_sustained,
+    bench_prefix,
     model,
     broker,
     engine,

@@ -1,0 +1,43 @@
+"""`relstream bench-prefix`: prompt tokens left to compute by the prefix cache."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from relstream.cli.bench import datasets_option
+from relstream.cli.common import console, csv_list
+
+
+@click.command("bench-prefix")
+@datasets_option
+@click.option("--rows", default=1000, show_default=True, help="Rows of each table.")
+@click.option("--window", default=100, show_default=True, help="Rows per relQuery.")
+@click.option(
+    "--blocks",
+    default="16,128",
+    show_default=True,
+    callback=lambda _ctx, _param, value: csv_list(int, value),
+    help="KV block sizes: a GPU's 16, the CPU build's 128.",
+)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/prefix"))
+def bench_prefix(
+    datasets: Path | None, rows: int, window: int, blocks: tuple[int, ...], out: Path
+) -> None:
+    """Per table and query type of the paper's trace: prompt tokens the prefix cache leaves
+    to compute with the templates in arrival order (stock V1), in prompt order, and with
+    the fields free and laid out shared first (relstream)."""
+    from relstream.bench.prefix import measure_cell, write_report
+    from relstream.bench.templates import QUERY_TYPES
+    from relstream.bench.workload import load_datasets
+
+    cells = []
+    for dataset in load_datasets(datasets):
+        for query_type in QUERY_TYPES:
+            cells += measure_cell(dataset, query_type, rows, window, blocks)
+            console.print(f"{dataset.spec.name} {query_type}: measured")
+    write_report(cells, out, "relstream " + shlex.join(sys.argv[1:]))
+    console.print(f"wrote {out}/README.md")
