@@ -12,6 +12,7 @@ promises: every valid relQuery answered, every bad message dead-lettered with a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter
@@ -26,12 +27,11 @@ from relstream.kafka.clients import (
     Subscription,
     create_topics,
     new_producer,
-    read_messages,
     running,
 )
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode
-from relstream.stream.launch import relstream_command, spawn_logged, start_worker
+from relstream.stream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 
 TABLE = "reviews"
 QUERY = '[[query]]\nname = "flood"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
@@ -217,7 +217,7 @@ def run_flood(
     )  # fmt: skip
     report = FloodReport()
     try:
-        _wait_ready(workdir, (engine, worker), timeout)
+        wait_ready(workdir / "worker.ready", workdir / "engine.log", (engine, worker), timeout)
         report.engine_rss_mb = (psutil.Process(engine.pid).memory_info().rss / 2**20, 0.0)
         bad = flood_messages(count, big_each, seed)
         good_rows, adhoc = valid_work(valid_relqueries, valid_rows)
@@ -238,52 +238,41 @@ def run_flood(
     return report
 
 
-def _wait_ready(workdir: Path, processes, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not (workdir / "worker.ready").exists() or "serving" not in (
-        workdir / "engine.log"
-    ).read_text(errors="replace"):
-        if any(process.poll() is not None for process in processes):
-            raise RuntimeError(f"the worker or the engine exited; logs in {workdir}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the worker or the engine not ready; logs in {workdir}")
-        time.sleep(0.2)
-
-
 async def _collect(broker, topics: Topics, report: FloodReport, timeout: float) -> None:
-    """Read dead letters and results until every one expected is in, or `timeout`."""
+    """Count dead letters and answers as they come, until every one expected is in or
+    `timeout` has passed (then the report shows what was missing)."""
     rows: set[str] = set()
     answered: set[str] = set()
 
-    async def letters() -> None:
-        records = await read_messages(
-            broker.bootstrap, topics.deadletter, sum(report.sent.values()), broker.kind, timeout
-        )
-        for record in records:
-            letter = decode(DeadLetterMessage, record.value)
-            kind = (letter.key or b"").decode(errors="replace").split("|")[1:2]
-            name = kind[0] if kind else f"not from the flood: {letter.reason[:60]}"
-            report.lettered[name] += 1
-            report.reasons.setdefault(name, letter.reason)
+    def letter(record) -> bool:
+        message = decode(DeadLetterMessage, record.value)
+        kind = (message.key or b"").decode(errors="replace").split("|")[1:2]
+        name = kind[0] if kind else f"not from the flood: {message.reason[:60]}"
+        report.lettered[name] += 1
+        report.reasons.setdefault(name, message.reason)
+        return sum(report.lettered.values()) >= sum(report.sent.values())
 
-    async def results() -> None:
-        subscription = Subscription(
-            broker.bootstrap, topics.results, broker_kind=broker.kind, timeout=timeout
-        )
+    def result(record) -> bool:
+        message = decode(ResultMessage, record.value)
+        if message.id.startswith("valid-"):
+            answered.add(message.id)
+        rows.update(row.key for row in message.rows if row.key.startswith("good-"))
+        report.valid_answered, report.rows_answered = len(answered), len(rows)
+        return len(answered) == report.valid_sent and len(rows) == report.rows_sent
+
+    await asyncio.gather(
+        _read_until(broker, topics.deadletter, letter, timeout),
+        _read_until(broker, topics.results, result, timeout),
+    )
+
+
+async def _read_until(broker, topic: str, done: Callable[[object], bool], timeout: float) -> None:
+    subscription = Subscription(broker.bootstrap, topic, broker_kind=broker.kind, timeout=timeout)
+    with contextlib.suppress(TimeoutError):
         async with subscription as messages:
             async for record in messages:
-                result = decode(ResultMessage, record.value)
-                if result.id.startswith("valid-"):
-                    answered.add(result.id)
-                rows.update(row.key for row in result.rows if row.key.startswith("good-"))
-                if len(answered) == report.valid_sent and len(rows) == report.rows_sent:
+                if done(record):
                     return
-
-    outcomes = await asyncio.gather(letters(), results(), return_exceptions=True)
-    report.valid_answered, report.rows_answered = len(answered), len(rows)
-    for outcome in outcomes:
-        if isinstance(outcome, Exception) and not isinstance(outcome, TimeoutError):
-            raise outcome
 
 
 def report_table(report: FloodReport) -> str:

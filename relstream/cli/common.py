@@ -122,6 +122,11 @@ def csv_list(kind: type, value: str) -> tuple:
     return items
 
 
+def csv_of(kind: type):
+    """A click callback reading an option as `csv_list(kind, ...)`."""
+    return lambda _ctx, _param, value: csv_list(kind, value)
+
+
 def progress() -> Progress:
     columns = (
         TextColumn("{task.description}"),

@@ -27,7 +27,13 @@ from relstream.kafka.clients import Subscription, produce
 from relstream.kafka.topics import Topics
 from relstream.scheduler import DEFAULT_POLICY
 from relstream.schemas import ResultMessage, RowMessage, decode, encode
-from relstream.stream.launch import relstream_command, spawn_logged, start_worker
+from relstream.stream.launch import (
+    check_alive,
+    relstream_command,
+    spawn_logged,
+    start_worker,
+    wait_ready,
+)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_reviews.csv"
 QUERIES = """\
@@ -97,7 +103,7 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         )
         with console.status("waiting for the worker and the engine (the model loads first)"):
             started = time.monotonic()
-            _wait_ready(processes, workdir, options.timeout)
+            wait_ready(workdir / "worker.ready", workdir / "engine.log", processes, options.timeout)
         console.print(f"worker and engine ready after {time.monotonic() - started:.1f} s")
         rows = list(read_rows(SAMPLE, "reviews", "review_id"))
         results = asyncio.run(_produce_and_follow(broker, rows, options, console, processes))
@@ -134,7 +140,7 @@ async def _produce_and_follow(
         topics.results,
         broker_kind=options.broker,
         timeout=options.timeout,
-        on_poll=lambda: _check_alive(processes),
+        on_poll=lambda: check_alive(processes),
     )
     with progress() as bar:
         task = bar.add_task(f"rows answered ({len(rows)} rows × 2 queries)", total=expected)
@@ -148,24 +154,6 @@ async def _produce_and_follow(
                 if bar.tasks[0].completed >= expected:
                     break
     return results
-
-
-def _wait_ready(processes: list[subprocess.Popen], workdir: Path, timeout: float) -> None:
-    """Until every query of the worker reads its rows and the engine serves: rows produced
-    earlier would count the model's loading as their time queued in Kafka."""
-    deadline = time.monotonic() + timeout
-    engine_log = workdir / "engine.log"
-    while not (workdir / "worker.ready").exists() or "serving" not in engine_log.read_text():
-        _check_alive(processes)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the worker or the engine not ready after {timeout:g} s")
-        time.sleep(0.2)
-
-
-def _check_alive(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is not None:
-            raise RuntimeError(f"{' '.join(process.args[-8:])} exited with {process.returncode}")
 
 
 def _print_results(console: Console, results: list[ResultMessage]) -> None:

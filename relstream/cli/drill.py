@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from relstream.cli.common import console, csv_list
+from relstream.cli.common import console, csv_of
 
 
 @click.group()
@@ -23,7 +23,7 @@ def drill() -> None:
     "--seeds",
     default="0,1,2",
     show_default=True,
-    callback=lambda _ctx, _param, value: csv_list(int, value),
+    callback=csv_of(int),
     help="One run per seed.",
 )
 @click.option("--big-each", default=5, show_default=True, help="Messages of each 5 MB kind.")

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from relstream.cli.bench import datasets_option
-from relstream.cli.common import console, csv_list
+from relstream.cli.common import console, csv_of
 
 
 @click.command("bench-prefix")
@@ -20,7 +20,7 @@ from relstream.cli.common import console, csv_list
     "--blocks",
     default="16,128",
     show_default=True,
-    callback=lambda _ctx, _param, value: csv_list(int, value),
+    callback=csv_of(int),
     help="KV block sizes: a GPU's 16, the CPU build's 128.",
 )
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/prefix"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from relstream.cli.bench import datasets_option
-from relstream.cli.common import console, csv_list, progress
+from relstream.cli.common import console, csv_of, progress
 
 CAMPAIGN = Path("docs/benchmarks/vllm-campaign")
 DEFAULT_PROFILES = (
@@ -19,33 +19,29 @@ DEFAULT_PROFILES = (
 )
 
 
-def _csv(kind: type):
-    return lambda _ctx, _param, value: csv_list(kind, value)
-
-
 @click.command("bench-sustained")
 @click.option(
     "--profiles",
     default=",".join(DEFAULT_PROFILES),
     show_default=True,
-    callback=_csv(str),
+    callback=csv_of(str),
     help="Profile names or profile files (a campaign epoch's fitted_profile*.json).",
 )
-@click.option("--arrivals", default="poisson,gamma", show_default=True, callback=_csv(str))
+@click.option("--arrivals", default="poisson,gamma", show_default=True, callback=csv_of(str))
 @click.option("--burstiness", default=2.0, show_default=True, help="Gamma arrivals: CV.")
-@click.option("--seeds", default="0,1,2", show_default=True, callback=_csv(int))
+@click.option("--seeds", default="0,1,2", show_default=True, callback=csv_of(int))
 @click.option(
     "--loads",
     default="0.8,0.95,1.1",
     show_default=True,
-    callback=_csv(float),
+    callback=csv_of(float),
     help="Fractions of stock V1's capacity on each trace.",
 )
 @click.option(
     "--policies",
     default="relstream,v1-fcfs,v1-priority,clairvoyant",
     show_default=True,
-    callback=_csv(str),
+    callback=csv_of(str),
 )
 @click.option("--relqueries", default=300, show_default=True, type=click.IntRange(1))
 @click.option("--max-rows", default=48, show_default=True, type=click.IntRange(1))

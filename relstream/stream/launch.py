@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from relstream.kafka.brokers import EmbeddedBroker
@@ -59,3 +61,24 @@ def start_worker(
     if ready_file:
         command += ["--ready-file", str(ready_file)]
     return spawn_logged(command, log)
+
+
+def check_alive(processes: Sequence[subprocess.Popen]) -> None:
+    """RuntimeError naming the first process that has exited."""
+    for process in processes:
+        if process.poll() is not None:
+            raise RuntimeError(f"{' '.join(process.args[-8:])} exited with {process.returncode}")
+
+
+def wait_ready(
+    ready_file: Path, engine_log: Path, processes: Sequence[subprocess.Popen], timeout: float
+) -> None:
+    """Until the worker has written `ready_file` (every query reads its rows) and the
+    engine's log says it serves: work sent earlier would count the model's loading as time
+    queued in Kafka. RuntimeError if a process exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while not ready_file.exists() or "serving" not in engine_log.read_text(errors="replace"):
+        check_alive(processes)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker or the engine not ready after {timeout:g} s")
+        time.sleep(0.2)
