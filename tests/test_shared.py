@@ -115,3 +115,15 @@ def test_a_follower_never_settles_its_leader():
         return still_running, await shared.answer_of(follower)
 
     assert asyncio.run(scenario()) == (True, Answer("four", 1))
+
+
+def test_a_json_schema_output_is_part_of_the_key():
+    from relstream.answers import OutputSpec
+
+    properties = {"a": {"type": "string"}}
+    schema = OutputSpec.build(json_schema={"type": "object", "properties": properties})
+    same = OutputSpec.build(json_schema={"properties": properties, "type": "object"})
+    with_schema = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=schema)
+    reordered = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=same)
+    assert request_key(with_schema, [1]) == request_key(reordered, [1]) != key(1)
+    assert hash(request_key(with_schema, [1]))

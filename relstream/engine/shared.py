@@ -16,6 +16,7 @@ differ.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ class RequestKey:
 
     token_ids: tuple[int, ...]
     sampling: Sampling
-    output: OutputSpec | None
+    output: tuple | None  # the output constraint, hashable (a JSON schema as sorted JSON)
     max_tokens: int
 
 
@@ -61,7 +62,16 @@ def request_key(relquery: RelQuery, token_ids: list[int]) -> RequestKey | None:
     sampling = relquery.sampling
     if sampling.temperature != 0 and sampling.seed is None:
         return None
-    return RequestKey(tuple(token_ids), sampling, relquery.output, relquery.max_output_tokens)
+    return RequestKey(
+        tuple(token_ids), sampling, _output_key(relquery.output), relquery.max_output_tokens
+    )
+
+
+def _output_key(output: OutputSpec | None) -> tuple | None:
+    if output is None:
+        return None
+    schema = None if output.json_schema is None else json.dumps(output.json_schema, sort_keys=True)
+    return (output.kind, output.choices, schema, output.regex)
 
 
 class AnswerCache:
