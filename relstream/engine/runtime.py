@@ -14,7 +14,6 @@ relQuery's static priority) and which the plug-in decides (every other one).
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -182,11 +181,10 @@ class RelQueryEngine:
             return
         llm, self._llm = self._llm, None
         llm.shutdown(timeout=timeout)
-        del llm
-        # AsyncLLM's __del__ shuts it down again. Left to the interpreter's exit (or to a
-        # forked child's, which inherits it) that runs with vLLM's module globals already
-        # gone and prints a TypeError traceback; collected now, it runs while they exist.
-        gc.collect()
+        # AsyncLLM's __del__ shuts it down again. When it runs at the interpreter's exit
+        # (an exception's traceback can keep the object alive until then), vLLM's module
+        # globals are already gone and it prints a TypeError traceback: it is done.
+        llm.shutdown = _already_shut_down
 
     @property
     def policy(self) -> str:
@@ -340,6 +338,10 @@ class RelQueryEngine:
 class _TokenizedRow:
     request: RowRequest
     token_ids: list[int]  # the chat prompt, as the engine receives it
+
+
+def _already_shut_down(*_args: object, **_kwargs: object) -> None:
+    """What AsyncLLM.shutdown becomes once relstream has shut the engine down."""
 
 
 def _prompt_tokens(entry: tuple[_TokenizedRow | RowFailure, Role]) -> list[int]:
