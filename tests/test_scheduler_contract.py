@@ -195,3 +195,18 @@ def test_the_vllm_asked_for_is_the_one_imported():
         pytest.skip("the installed vLLM: nothing else was asked for")
     assert vllm.__version__ == expected
     assert vllm.__file__.startswith(os.environ["PYTHONPATH"])
+
+
+@pytest.mark.parametrize("policy", ["v0-sp-evict", "relstream"])
+def test_a_preempted_request_whose_blocks_are_cached_is_placed_again(policy):
+    # 9 blocks of 16 for four requests of 30 prompt tokens and 6 outputs: one is
+    # preempted, its two prompt blocks left cached but held by nobody. Taking it back,
+    # a hit on such a block still takes it from the free pool (vLLM counts it so); a
+    # plan that counted those blocks both as hits and as free room asked, every step,
+    # for a prefill vLLM could not place: v0-sp-evict stalled there for good.
+    scheduler = build(False, policy, num_blocks=9)
+    for i in range(4):
+        add(scheduler, str(i), f"q{i}", 1, prompt=30, outputs=6)
+    steps = drive(scheduler, 1)
+    assert not scheduler.requests and len(steps) < 40
+    assert any(step.preempted_req_ids for step in steps)  # the case this is about

@@ -127,6 +127,17 @@ class RelstreamPlugin(EngineView):
     def free_kv_tokens(self) -> int:
         return self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
 
+    def admission_kv_tokens(self, seq: SeqInfo, cached_tokens: int) -> int:
+        """As the view's, plus the cached blocks nobody holds: a hit on one still takes it
+        out of the free pool, and vLLM counts it so (it saves computing, not room)."""
+        need = super().admission_kv_tokens(seq, cached_tokens)
+        request = self.requests[seq.request_id]
+        if not cached_tokens or request.num_computed_tokens:
+            return need
+        blocks = self.kv_cache_manager.get_computed_blocks(request)[0].blocks
+        free_hits = sum(block.ref_cnt == 0 and not block.is_null for block in blocks[0])
+        return need + free_hits * self.block_size
+
     # request lifecycle
     def add_request(self, request: Request) -> None:
         known = request.request_id in self.requests
