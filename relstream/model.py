@@ -234,6 +234,12 @@ class RowResult:
     def failed(cls, failure: RowFailure) -> RowResult:
         return cls(failure.row_index, failure.row_key, RowStatus.ERROR, error=failure.reason)
 
+    @classmethod
+    def cancelled(cls, request: RowRequest) -> RowResult:
+        """A row whose relQuery was cancelled before it finished."""
+        error = f"row {request.row_key!r}: relQuery cancelled"
+        return cls(request.row_index, request.row_key, RowStatus.CANCELLED, error=error)
+
 
 @dataclass(frozen=True)
 class LatencyBreakdown:
@@ -298,12 +304,5 @@ def cancelled_result(relquery: RelQuery, policy: str, model: str) -> RelQueryRes
         if isinstance(prepared, RowFailure):
             rows.append(RowResult.failed(prepared))
         else:
-            rows.append(
-                RowResult(
-                    index,
-                    prepared.row_key,
-                    RowStatus.CANCELLED,
-                    error=f"row {prepared.row_key!r}: relQuery cancelled",
-                )
-            )
+            rows.append(RowResult.cancelled(prepared))
     return RelQueryResult(relquery.id, rows, None, policy, model)

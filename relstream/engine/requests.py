@@ -1,21 +1,11 @@
-"""A relQuery's row as a vLLM request and back: the sampling parameters, a finished
-row (checked against the relQuery's output constraint), a cancelled one."""
+"""A relQuery's row as a vLLM request and back: the sampling parameters, and a finished
+row checked against the relQuery's output constraint."""
 
 from __future__ import annotations
 
 from relstream.answers import OutputKind
 from relstream.engine.shared import Answer
 from relstream.model import RelQuery, RowRequest, RowResult, RowStatus
-
-
-def cancelled_row(request: RowRequest) -> RowResult:
-    """A row whose relQuery was cancelled before it finished."""
-    return RowResult(
-        request.row_index,
-        request.row_key,
-        RowStatus.CANCELLED,
-        error=f"row {request.row_key!r}: relQuery cancelled",
-    )
 
 
 def sampling_params(relquery: RelQuery, extra_args: dict):

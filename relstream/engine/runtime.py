@@ -21,7 +21,7 @@ from pathlib import Path
 
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
-from relstream.engine.requests import answered_row, cancelled_row, sampling_params
+from relstream.engine.requests import answered_row, sampling_params
 from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
 from relstream.model import (
     LatencyBreakdown,
@@ -285,7 +285,7 @@ class RelQueryEngine:
         try:
             answer = await self._shared.answer_of(role)
         except asyncio.CancelledError:  # this row's relQuery was cancelled; the leader runs on
-            return cancelled_row(row.request), None
+            return RowResult.cancelled(row.request), None
         if answer is None:
             return await self._generate(handle, row, runnable, priority, Role(None))
         return answered_row(handle.relquery, row.request, answer), answer.times
@@ -317,7 +317,7 @@ class RelQueryEngine:
         except asyncio.CancelledError:
             # vLLM aborted the request as the cancellation passed through generate();
             # the row is reported, not raised, so the relQuery's result still comes.
-            return cancelled_row(request), None
+            return RowResult.cancelled(request), None
         except row_errors as exc:  # the engine refused this row: the row's error
             error = f"row {request.row_key!r}: {exc}"
             return RowResult(request.row_index, request.row_key, RowStatus.ERROR, error=error), None
