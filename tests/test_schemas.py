@@ -74,6 +74,7 @@ GOOD = {
         "at": NOW,
     },
     "control": {"version": 1, "cancel": "q1"},
+    "answer": {"version": 1, "model": "smollm2", "text": "Paris", "output_tokens": 2},
     "dead_letter": {
         "version": 1,
         "original": b"\xc1",

@@ -3,6 +3,10 @@ follower does when its leader does not finish, and the answer cache's byte cap
 (relstream.engine.shared, without vLLM)."""
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from relstream.answers import Sampling
 from relstream.engine.shared import (
@@ -21,15 +25,35 @@ def relquery(sampling: Sampling = GREEDY) -> RelQuery:
     return RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, sampling=sampling)
 
 
+MODEL = "smollm2"
+
+
 def key(*token_ids: int):
-    return request_key(relquery(), list(token_ids))
+    return request_key(relquery(), list(token_ids), MODEL)
 
 
 def test_only_greedy_or_seeded_requests_have_a_key():
-    assert request_key(relquery(Sampling(0.8, seed=3)), [1, 2]) is not None
-    assert request_key(relquery(Sampling(0.8)), [1, 2]) is None  # meant to differ
+    assert request_key(relquery(Sampling(0.8, seed=3)), [1, 2], MODEL) is not None
+    assert request_key(relquery(Sampling(0.8)), [1, 2], MODEL) is None  # meant to differ
     assert key(1, 2) == key(1, 2) and key(1, 2) != key(1, 3)
-    assert key(1, 2) != request_key(relquery(Sampling(0.0, seed=1)), [1, 2])
+    assert key(1, 2) != request_key(relquery(Sampling(0.0, seed=1)), [1, 2], MODEL)
+
+
+def test_the_digest_holds_the_model_and_stays_the_same_across_processes():
+    other_model = request_key(relquery(), [1, 2], "another-model")
+    assert key(1, 2).digest == key(1, 2).digest != other_model.digest
+    assert len(key(1, 2).digest) == 32  # SHA-256
+    # A restarted engine must find what an earlier one published: another interpreter
+    # (another hash seed) computes the same digest.
+    other = subprocess.run(
+        [sys.executable, "-c", "import test_shared; print(test_shared.key(1, 2).digest.hex())"],
+        cwd=Path(__file__).parent,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert other.stdout.strip() == key(1, 2).digest.hex()
 
 
 def test_the_first_leads_and_the_others_get_its_answer():
@@ -79,17 +103,36 @@ def test_a_finished_answer_is_served_from_the_cache_without_its_step_times():
 
 
 def test_the_cache_evicts_the_least_recently_used_under_its_byte_cap():
-    # Each entry: 8 bytes per prompt token + its text + the overhead = 8 + 1 + 256.
-    entry = 8 + 1 + ENTRY_OVERHEAD_BYTES
+    # Each entry: a 32-byte digest + its text + the overhead = 32 + 1 + 256.
+    entry = 32 + 1 + ENTRY_OVERHEAD_BYTES
     cache = AnswerCache(max_bytes=2 * entry + 10)
-    cache.put(key(1), Answer("a", 1))
-    cache.put(key(2), Answer("b", 1))
-    assert cache.get(key(1)) is not None  # 1 is now the more recently used
-    cache.put(key(3), Answer("c", 1))  # over the cap: 2 goes
-    assert cache.get(key(2)) is None and cache.get(key(1)) and cache.get(key(3))
+    cache.put(key(1).digest, Answer("a", 1))
+    cache.put(key(2).digest, Answer("b", 1))
+    assert cache.get(key(1).digest) is not None  # 1 is now the more recently used
+    cache.put(key(3).digest, Answer("c", 1))  # over the cap: 2 goes
+    assert cache.get(key(2).digest) is None
+    assert cache.get(key(1).digest) and cache.get(key(3).digest)
     assert cache.bytes == 2 * entry <= cache.max_bytes
-    cache.put(key(4), Answer("x" * 10_000, 1))  # larger than the whole cache: not kept
-    assert cache.get(key(4)) is None and cache.bytes == 2 * entry
+    cache.put(key(4).digest, Answer("x" * 10_000, 1))  # larger than the whole cache: not kept
+    assert cache.get(key(4).digest) is None and cache.bytes == 2 * entry
+
+
+def test_only_answers_this_engine_computed_are_passed_on():
+    # The service publishes what `on_new` hears; answers read from the topic (`put`) and
+    # answers already held are not published again.
+    heard = []
+    cache = AnswerCache(10_000, MODEL)
+    cache.on_new = lambda digest, answer: heard.append((digest, answer))
+
+    async def scenario():
+        shared = SharedRequests(cache)
+        cache.put(key(1).digest, Answer("from the topic", 3))
+        shared.settle(shared.role(key(2)), Answer("computed", 2, times="step times"))
+        cache.remember(key(2).digest, Answer("computed", 2))  # held already
+        return shared.role(key(1)).cached
+
+    assert asyncio.run(scenario()) == Answer("from the topic", 3)
+    assert heard == [(key(2).digest, Answer("computed", 2))]
 
 
 def test_settling_twice_keeps_the_first_outcome():
@@ -125,5 +168,5 @@ def test_a_json_schema_output_is_part_of_the_key():
     same = OutputSpec.build(json_schema={"properties": properties, "type": "object"})
     with_schema = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=schema)
     reordered = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=same)
-    assert request_key(with_schema, [1]) == request_key(reordered, [1]) != key(1)
-    assert hash(request_key(with_schema, [1]))
+    assert request_key(with_schema, [1], MODEL) == request_key(reordered, [1], MODEL) != key(1)
+    assert request_key(with_schema, [1], MODEL).digest == request_key(reordered, [1], MODEL).digest

@@ -73,11 +73,12 @@ _ENGINE_OPTIONS = (
     click.option("--metrics-host", default="127.0.0.1", show_default=True),
     click.option(
         "--answer-cache",
-        type=click.Choice(["off", "memory"]),
+        type=click.Choice(["off", "memory", "topic"]),
         default="off",
         show_default=True,
         help="vllm: keep answers of greedy or seeded requests and answer an identical "
-        "request from them (rows say `cached`).",
+        "request from them (rows say `cached`); `topic` also keeps them in the compacted "
+        "<prefix>answers topic, for restarted engines and every engine of the group.",
     ),
     click.option(
         "--answer-cache-mb",
@@ -153,7 +154,7 @@ async def _start_backend(opts: dict):
         max_model_len=opts["max_model_len"],
         gpu_memory_utilization=opts["gpu_memory_utilization"],
         tensor_parallel_size=opts["tensor_parallel_size"],
-        answer_cache_bytes=opts["answer_cache_mb"] << 20 if opts["answer_cache"] == "memory" else 0,
+        answer_cache_bytes=0 if opts["answer_cache"] == "off" else opts["answer_cache_mb"] << 20,
     )
     return await RelQueryEngine.start(settings)
 
@@ -182,6 +183,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             metrics_port=opts["metrics_port"],
             metrics_host=opts["metrics_host"],
             security=opts["security"],
+            answer_topic=opts["answer_cache"] == "topic",
         )
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves

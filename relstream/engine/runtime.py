@@ -134,7 +134,8 @@ class RelQueryEngine:
         self._tokenizer = tokenizer
         self.model_name = model_name
         # Identical requests in flight computed once; finished answers kept if asked for.
-        cache = AnswerCache(settings.answer_cache_bytes) if settings.answer_cache_bytes else None
+        cache_bytes = settings.answer_cache_bytes
+        cache = AnswerCache(cache_bytes, model_name) if cache_bytes else None
         self._shared = SharedRequests(cache)
 
     @classmethod
@@ -202,7 +203,7 @@ class RelQueryEngine:
         handle = EngineHandle(relquery, time.monotonic(), self)
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
         roles = [
-            self._shared.role(request_key(relquery, row.token_ids))
+            self._shared.role(request_key(relquery, row.token_ids, self.model_name))
             if isinstance(row, _TokenizedRow)
             else Role(None)
             for row in prepared

@@ -16,25 +16,36 @@ differ.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+import msgspec
 
 from relstream.answers import OutputSpec, Sampling
 from relstream.model import RelQuery
 
-ENTRY_OVERHEAD_BYTES = 256  # a cache entry's key, answer and table slot, beyond the data
+ENTRY_OVERHEAD_BYTES = 256  # a cache entry's table slot and objects, beyond its data
 
 
 @dataclass(frozen=True)
 class RequestKey:
     """What decides a request's answer, so two equal keys get one answer."""
 
+    model: str  # the served model's name: another model's answers never match
     token_ids: tuple[int, ...]
     sampling: Sampling
     output: tuple | None  # the output constraint, hashable (a JSON schema as sorted JSON)
     max_tokens: int
+
+    @cached_property
+    def digest(self) -> bytes:
+        """The key as the answer cache and its topic hold it: SHA-256 of every field."""
+        return hashlib.sha256(msgspec.json.encode(self)).digest()
 
 
 @dataclass(frozen=True)
@@ -57,14 +68,13 @@ class Role:
     cached: Answer | None = None
 
 
-def request_key(relquery: RelQuery, token_ids: list[int]) -> RequestKey | None:
-    """The key of a deterministic request (greedy, or seeded); None otherwise."""
+def request_key(relquery: RelQuery, token_ids: list[int], model: str) -> RequestKey | None:
+    """The key of a deterministic request (greedy, or seeded) to `model`; None otherwise."""
     sampling = relquery.sampling
     if sampling.temperature != 0 and sampling.seed is None:
         return None
-    return RequestKey(
-        tuple(token_ids), sampling, _output_key(relquery.output), relquery.max_output_tokens
-    )
+    output = _output_key(relquery.output)
+    return RequestKey(model, tuple(token_ids), sampling, output, relquery.max_output_tokens)
 
 
 def _output_key(output: OutputSpec | None) -> tuple | None:
@@ -75,37 +85,52 @@ def _output_key(output: OutputSpec | None) -> tuple | None:
 
 
 class AnswerCache:
-    """Answers of deterministic requests, least recently used evicted first while the
-    entries' bytes exceed `max_bytes`."""
+    """Answers of deterministic requests by `RequestKey.digest`, least recently used
+    evicted first while the entries' bytes exceed `max_bytes`.
 
-    def __init__(self, max_bytes: int) -> None:
+    `on_new`, when set, hears of every answer this engine computed and kept (the service
+    publishes it to the answers topic); `put` alone, as the topic's reader uses it, keeps
+    an answer without telling anyone."""
+
+    def __init__(self, max_bytes: int, model: str = "") -> None:
         self.max_bytes = max_bytes
+        self.model = model  # whose answers it holds (the topic's reader skips the others)
         self.bytes = 0
         self.hits = self.misses = 0
-        self._entries: OrderedDict[RequestKey, Answer] = OrderedDict()
+        self.on_new: Callable[[bytes, Answer], None] | None = None
+        self._entries: OrderedDict[bytes, Answer] = OrderedDict()
 
     @staticmethod
-    def entry_bytes(key: RequestKey, answer: Answer) -> int:
-        return 8 * len(key.token_ids) + len(answer.text.encode()) + ENTRY_OVERHEAD_BYTES
+    def entry_bytes(digest: bytes, answer: Answer) -> int:
+        return len(digest) + len(answer.text.encode()) + ENTRY_OVERHEAD_BYTES
 
-    def get(self, key: RequestKey) -> Answer | None:
-        answer = self._entries.get(key)
+    def get(self, digest: bytes) -> Answer | None:
+        answer = self._entries.get(digest)
         if answer is None:
             self.misses += 1
             return None
         self.hits += 1
-        self._entries.move_to_end(key)
+        self._entries.move_to_end(digest)
         return answer
 
-    def put(self, key: RequestKey, answer: Answer) -> None:
-        kept = Answer(answer.text, answer.output_tokens)  # no step times: none ran for it
-        if self.entry_bytes(key, kept) > self.max_bytes or key in self._entries:
-            return
-        self._entries[key] = kept
-        self.bytes += self.entry_bytes(key, kept)
+    def put(self, digest: bytes, answer: Answer) -> bool:
+        """Keep `answer` (without step times: none ran for a row it serves); False when it
+        was there already or alone exceeds the cap."""
+        kept = Answer(answer.text, answer.output_tokens)
+        size = self.entry_bytes(digest, kept)
+        if size > self.max_bytes or digest in self._entries:
+            return False
+        self._entries[digest] = kept
+        self.bytes += size
         while self.bytes > self.max_bytes:
-            old_key, old = self._entries.popitem(last=False)
-            self.bytes -= self.entry_bytes(old_key, old)
+            old_digest, old = self._entries.popitem(last=False)
+            self.bytes -= self.entry_bytes(old_digest, old)
+        return True
+
+    def remember(self, digest: bytes, answer: Answer) -> None:
+        """Keep an answer this engine computed, and pass it to `on_new`."""
+        if self.put(digest, answer) and self.on_new is not None:
+            self.on_new(digest, Answer(answer.text, answer.output_tokens))
 
 
 class SharedRequests:
@@ -122,7 +147,7 @@ class SharedRequests:
         leader = self._leaders.get(key)
         if leader is not None:
             return Role(key, leads=False, future=leader)
-        if self.cache is not None and (cached := self.cache.get(key)) is not None:
+        if self.cache is not None and (cached := self.cache.get(key.digest)) is not None:
             return Role(key, cached=cached)
         future: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
         self._leaders[key] = future
@@ -138,7 +163,7 @@ class SharedRequests:
         self._leaders.pop(role.key, None)
         role.future.set_result(answer)
         if answer is not None and self.cache is not None:
-            self.cache.put(role.key, answer)
+            self.cache.remember(role.key.digest, answer)
 
     async def answer_of(self, role: Role) -> Answer | None:
         """The leader's answer, or None when it did not finish. Cancelling the follower

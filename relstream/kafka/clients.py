@@ -267,10 +267,13 @@ async def metadata_ok(bootstrap: str) -> None:
 
 
 async def create_topics(
-    bootstrap: str, layout: dict[str, int], security: KafkaSecurity = PLAINTEXT
+    bootstrap: str,
+    layout: dict[str, int],
+    security: KafkaSecurity = PLAINTEXT,
+    configs: dict[str, str] | None = None,
 ) -> set[str]:
-    """Create missing topics with explicit partition counts (existing ones are kept).
-    Returns the topics that existed before."""
+    """Create missing topics with explicit partition counts and topic `configs` (existing
+    ones are kept as they are). Returns the topics that existed before."""
     from aiokafka.admin import NewTopic
 
     admin = new_admin(bootstrap, security, request_timeout_ms=10_000)
@@ -278,7 +281,7 @@ async def create_topics(
     try:
         existing = set(await admin.list_topics())
         missing = [
-            NewTopic(name, num_partitions=count, replication_factor=1)
+            NewTopic(name, num_partitions=count, replication_factor=1, topic_configs=configs)
             for name, count in layout.items()
             if name not in existing
         ]

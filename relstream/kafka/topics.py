@@ -40,6 +40,12 @@ class Topics:
         """Requests to the engines, e.g. to cancel a relQuery; every engine reads all."""
         return f"{self.prefix}control"
 
+    @property
+    def answers(self) -> str:
+        """Answers of deterministic requests by digest (compacted): the answer cache's
+        topic, created by the first engine that uses it."""
+        return f"{self.prefix}answers"
+
     def layout(self, tables: tuple[str, ...] = ()) -> dict[str, int]:
         """Every topic with its partition count. relQuery ids key the work topics, so more
         partitions let more engine replicas share the load."""

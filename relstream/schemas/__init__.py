@@ -14,6 +14,7 @@ from relstream.schemas.codec import (
 )
 from relstream.schemas.messages import (
     KINDS,
+    AnswerMessage,
     ControlMessage,
     DeadLetterMessage,
     Latency,
@@ -30,6 +31,7 @@ from relstream.schemas.messages import (
 __all__ = [
     "KINDS",
     "MAX_MESSAGE_BYTES",
+    "AnswerMessage",
     "ControlMessage",
     "DeadLetterMessage",
     "Latency",

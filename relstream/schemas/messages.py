@@ -221,6 +221,18 @@ class ControlMessage(Message, tag=WIRE_VERSION, kw_only=True):
     cancel: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
 
 
+class AnswerMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """One answer of a deterministic request, on the compacted answers topic (key: the
+    request's SHA-256 digest over model, prompt tokens, sampling, output constraint and
+    token limit), so restarted engines and the engines of one group answer it again
+    without running the model."""
+
+    kind: ClassVar[str] = "answer"
+    model: NonEmpty
+    text: str
+    output_tokens: Annotated[int, Meta(ge=0, le=MAX_OUTPUT_TOKENS)]
+
+
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     RowMessage,
     RelQueryMessage,
@@ -229,5 +241,6 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     MetricsMessage,
     DeadLetterMessage,
     ControlMessage,
+    AnswerMessage,
 )
 KINDS: dict[str, type[Message]] = {t.kind: t for t in MESSAGE_TYPES}

@@ -61,6 +61,7 @@ from relstream.schemas.convert import (
     result_message,
 )
 from relstream.schemas.parts import split_result
+from relstream.service.answers import AnswerTopic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook, PublishedOffsets
@@ -84,6 +85,7 @@ class ServiceConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
+    answer_topic: bool = False  # back the backend's answer cache with the answers topic
 
 
 @dataclass(frozen=True)
@@ -130,23 +132,49 @@ class EngineService:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         await start_all(self._producer, self._consumer)
+        answers = await self._start_answer_topic()
         log.info(
             "engine (%s) serving %s as group %s",
             self.backend.policy,
             config.topics.relqueries,
             config.group_id,
         )
-        control = asyncio.create_task(self._follow_control())
+        followers = [asyncio.create_task(self._follow_control())]
+        if answers is not None:
+            followers.append(asyncio.create_task(answers.follow()))
         try:
             while not stop.is_set() and self._failure is None:
                 await self._poll_once()
                 await self._commit()
         finally:
-            control.cancel()
-            await asyncio.gather(control, return_exceptions=True)
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
+            if answers is not None:  # its last answers go out while the producer runs
+                await answers.stop()
             await self._shut_down()
         if self._failure is not None:
             raise self._failure
+
+    async def _start_answer_topic(self) -> AnswerTopic | None:
+        """The answers topic read into the backend's answer cache, when asked for."""
+        if not self.config.answer_topic:
+            return None
+        store = getattr(self.backend, "answer_cache", None)
+        if store is None:
+            log.warning("--answer-cache topic: this backend keeps no answers; not used")
+            return None
+        config = self.config
+        answers = AnswerTopic(
+            config.bootstrap,
+            config.topics.answers,
+            store,
+            self._producer,
+            broker_kind=config.broker,
+            security=config.security,
+        )
+        await answers.start()
+        return answers
 
     async def _shut_down(self) -> None:
         for task in self._tasks:
