@@ -150,3 +150,47 @@ def test_only_sp_evict_evicts_running_requests_for_a_better_ranked_newcomer():
     evictions_evict, latency_evict = results["v0-sp-evict"]
     assert evictions_evict > evictions_sp
     assert latency_evict["small"].waiting < latency_sp["small"].waiting
+
+
+def repeated(name, arrival, keys, output_length=4):
+    """A relQuery whose rows are identical requests where their keys are equal."""
+    requests = []
+    for row, key in enumerate(keys):
+        ids = [7] * 40 + [key] * 24  # 64 tokens: the rows share their first 40
+        hashes = block_hashes(ids, PROFILE.limits.block_size)
+        requests.append(SimRequest(f"{name}#{row}", len(ids), hashes, output_length, key))
+    return SimRelQuery(name, arrival, output_length, requests)
+
+
+def shared_run(sharing, relqueries):
+    from relstream.sim.sharing import Sharing
+
+    engine = SimulatedEngine(PROFILE, make_policy("v1-fcfs", PROFILE.prior()), Sharing(**sharing))
+    return engine.run(relqueries)
+
+
+def test_identical_requests_in_flight_run_once_and_cached_answers_not_at_all():
+    # A: rows 1, 2, 1, 1 (two distinct requests); B, beside it: rows 2, 3 (one new).
+    # Later C asks 1 and 3 again, after both finished.
+    trace = [repeated("A", 0.0, [1, 2, 1, 1]), repeated("B", 0.0, [2, 3])]
+    later = [repeated("C", 100.0, [1, 3])]
+    plain = shared_run({}, trace + later)
+    dedup = shared_run({"dedup": True}, trace + later)
+    cached = shared_run({"dedup": True, "cache_entries": 10}, trace + later)
+    assert plain.prompt_tokens == 8 * 64 and plain.requests_followed == 0
+    assert dedup.prompt_tokens == 3 * 64 + 2 * 64  # A, B: 3 requests run; C: 2 again
+    assert dedup.requests_followed == 3
+    assert cached.prompt_tokens == 3 * 64 and cached.requests_cached == 2
+    c_latency = {o.relquery_id: o.latency.total for o in cached.outcomes}["C"]
+    assert c_latency == 0.0  # every row of C answered at its arrival
+    for run in (plain, dedup, cached):
+        assert sorted(o.relquery_id for o in run.outcomes) == ["A", "B", "C"]
+        assert run.prompt_tokens_computed <= run.prompt_tokens
+
+
+def test_a_relquery_that_only_follows_finishes_with_its_leaders():
+    # B's one row is A's: B finishes in the step A's row does, not before and not later.
+    trace = [repeated("A", 0.0, [5, 6], output_length=3), repeated("B", 0.0, [6], 3)]
+    run = shared_run({"dedup": True}, trace)
+    finish = {o.relquery_id: o.latency.total for o in run.outcomes}
+    assert run.requests_followed == 1 and finish["B"] == finish["A"] > 0

@@ -16,6 +16,7 @@ from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
 from relstream.cli.sustained import bench_sustained
+from relstream.cli.zipf import bench_zipf
 
 # What the Kafka clients (aiokafka, kafka-python) raise when no broker answers. Matched by
 # name: the worker's environment has no kafka-python to import them from.
@@ -55,6 +56,7 @@ for command in (
     bench,
     bench_sustained,
     bench_prefix,
+    bench_zipf,
     model,
     broker,
     engine,

@@ -29,6 +29,7 @@ from relstream.scheduler.view import (
 )
 from relstream.sim.kvcache import PrefixCachedKV
 from relstream.sim.profiles import CostProfile
+from relstream.sim.sharing import CACHED, Follow, SharedWork, Sharing
 
 
 @dataclass
@@ -37,6 +38,7 @@ class SimRequest:
     prompt_tokens: int
     block_hashes: tuple[int, ...]
     output_length: int  # where this request's end-of-sequence falls
+    answer_key: int | None = None  # equal keys, equal answers (greedy); None: never shared
 
 
 @dataclass
@@ -72,6 +74,10 @@ class SimRun:
     preemptions: int
     makespan: float
     cost_coefficients: dict[str, float]
+    prompt_tokens: int = 0  # prompt tokens of the requests that ran (none shared)
+    prompt_tokens_computed: int = 0  # of those, not found in the prefix cache
+    requests_followed: int = 0  # requests answered by an identical one's run
+    requests_cached: int = 0  # requests answered from the answer cache
 
 
 class SimulationStalled(RuntimeError):
@@ -79,9 +85,12 @@ class SimulationStalled(RuntimeError):
 
 
 class SimulatedEngine(EngineView):
-    def __init__(self, profile: CostProfile, policy: Policy) -> None:
+    def __init__(
+        self, profile: CostProfile, policy: Policy, sharing: Sharing | None = None
+    ) -> None:
         self.profile = profile
         self.policy = policy
+        self.shared = SharedWork(sharing or Sharing())
         self.limits = profile.limits
         self.tracker = RequestTracker()
         self.kv = PrefixCachedKV(
@@ -91,6 +100,8 @@ class SimulatedEngine(EngineView):
         self.clock = 0.0
         self._requests: dict[str, SimRequest] = {}
         self._timelines: dict[str, _Timeline] = {}
+        self._unfinished: dict[str, int] = {}  # relQuery -> its requests not yet answered
+        self.prompt_tokens = self.prompt_tokens_computed = 0
         self._steps = {kind.value: 0 for kind in StepKind}
         self.preemptions = 0
 
@@ -136,14 +147,27 @@ class SimulatedEngine(EngineView):
         outcomes: list[RelQueryOutcome] = []
         decisions: list[float] = []
         next_arrival = 0
-        while next_arrival < len(pending) or self.tracker.relqueries:
+        done: list[str] = []
+
+        def record(finished_ids: list[str]) -> None:
+            for finished_id in finished_ids:
+                timeline = self._timelines.pop(finished_id)
+                outcomes.append(self._outcome(by_id[finished_id], timeline))
+                if on_step:
+                    on_step(len(outcomes), len(pending))
+
+        while next_arrival < len(pending) or self._unfinished:
             while next_arrival < len(pending) and pending[next_arrival].arrival_time <= self.clock:
-                self.admit(pending[next_arrival])
+                self.admit(pending[next_arrival], done)
                 next_arrival += 1
+            record(done)
+            done.clear()
             started = time.perf_counter()
             plan = self.policy.plan(self)
             decisions.append(time.perf_counter() - started)
             if plan.kind is StepKind.IDLE:
+                if next_arrival == len(pending) and not self._unfinished:
+                    break  # the last arrivals were answered without a step
                 if next_arrival == len(pending):
                     raise SimulationStalled(
                         f"policy {self.policy.name} idles with "
@@ -151,11 +175,7 @@ class SimulatedEngine(EngineView):
                     )
                 self.clock = max(self.clock, pending[next_arrival].arrival_time)
                 continue
-            for finished_id in self.execute(plan):
-                timeline = self._timelines.pop(finished_id)
-                outcomes.append(self._outcome(by_id[finished_id], timeline))
-                if on_step:
-                    on_step(len(outcomes), len(pending))
+            record(self.execute(plan))
         return SimRun(
             outcomes=outcomes,
             decision_seconds=decisions,
@@ -163,11 +183,29 @@ class SimulatedEngine(EngineView):
             preemptions=self.preemptions,
             makespan=self.clock,
             cost_coefficients=self.policy.cost_coefficients(),
+            prompt_tokens=self.prompt_tokens,
+            prompt_tokens_computed=self.prompt_tokens_computed,
+            requests_followed=self.shared.followed,
+            requests_cached=self.shared.cached,
         )
 
-    def admit(self, relquery: SimRelQuery) -> None:
+    def admit(self, relquery: SimRelQuery, done: list[str] | None = None) -> None:
+        """Take `relquery`'s requests: those that run go to the policy; the others follow
+        a leader or are answered at once (`done` gets the relQuery if nothing is left)."""
+        done = [] if done is None else done
         self._timelines[relquery.relquery_id] = _Timeline(relquery.arrival_time)
+        running, following = [], 0
         for request in relquery.requests:
+            role = self.shared.role(request.request_id, request.answer_key)
+            if isinstance(role, Follow):
+                self.shared.follow(role.leader, relquery.relquery_id)
+                following += 1
+            elif role is not CACHED:
+                running.append(request)
+        self._unfinished[relquery.relquery_id] = len(running) + following
+        if not running and not following:
+            self._finish(relquery.relquery_id, done, answered=0)
+        for request in running:
             needed = -(-(request.prompt_tokens + relquery.max_tokens) // self.limits.block_size)
             if needed > self.kv.capacity_blocks:
                 raise ValueError(
@@ -182,7 +220,8 @@ class SimulatedEngine(EngineView):
                 relquery.max_tokens,
                 relquery.arrival_time,
             )
-            self.tracker.add_request(seq, len(relquery.requests))
+            self.prompt_tokens += request.prompt_tokens
+            self.tracker.add_request(seq, len(running))
 
     def execute(self, plan: StepPlan) -> list[str]:
         """Run one step; returns the relQueries it completed."""
@@ -192,6 +231,7 @@ class SimulatedEngine(EngineView):
         prefills = self._begin_prefills(plan, start)
         decodes = self._grow_for_decode(plan, {seq.request_id for seq, _ in prefills})
         uncached = sum(compute for _, compute in prefills)
+        self.prompt_tokens_computed += uncached
         context = sum(seq.computed_tokens for seq in decodes)
         duration = self.profile.step_time(uncached, len(decodes), context)
         self.clock = start + duration
@@ -278,18 +318,31 @@ class SimulatedEngine(EngineView):
         if seq.output_tokens < self._requests[seq.request_id].output_length:
             return
         self.kv.release(seq.request_id)
-        del self._requests[seq.request_id]
-        if self.tracker.finish(seq.request_id) is not None:
-            self._timelines[seq.relquery_id].finish = self.clock
-            done.append(seq.relquery_id)
+        request = self._requests.pop(seq.request_id)
+        self.tracker.finish(seq.request_id)
+        self._finish(seq.relquery_id, done)
+        for waiting in self.shared.finished(request.request_id, request.answer_key):
+            self._finish(waiting, done)
+
+    def _finish(self, relquery_id: str, done: list[str], answered: int = 1) -> None:
+        """`answered` more requests of the relQuery have their answers; at the last one
+        it is done now."""
+        left = self._unfinished.pop(relquery_id, 0) - answered
+        if left > 0:
+            self._unfinished[relquery_id] = left
+            return
+        self._timelines[relquery_id].finish = self.clock
+        done.append(relquery_id)
 
     def _outcome(self, relquery: SimRelQuery, timeline: _Timeline) -> RelQueryOutcome:
-        assert timeline.first_prefill_start is not None and timeline.last_prefill_end is not None
         assert timeline.finish is not None
+        # A relQuery none of whose requests ran (each followed or cached) has no prefill.
+        start = timeline.first_prefill_start
+        prefill_end = timeline.last_prefill_end
         latency = LatencyBreakdown.from_timestamps(
             timeline.arrival,
-            timeline.first_prefill_start,
-            timeline.last_prefill_end,
+            timeline.arrival if start is None else start,
+            timeline.arrival if prefill_end is None else prefill_end,
             timeline.finish,
         )
         return RelQueryOutcome(

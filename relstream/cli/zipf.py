@@ -1,0 +1,70 @@
+"""`relstream bench-zipf`: a stream that repeats itself, with and without each mechanism
+that cuts work (simulator)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from relstream.cli.bench import datasets_option
+from relstream.cli.common import console, csv_of
+
+
+@click.command("bench-zipf")
+@click.option(
+    "--profiles",
+    default="cpu-smollm2,cpu-smollm2@16,a100-opt13b",
+    show_default=True,
+    callback=csv_of(str),
+    help="Profile names or files; NAME@16 gives the profile KV blocks of 16 tokens.",
+)
+@click.option("--seeds", default="0,1,2", show_default=True, callback=csv_of(int))
+@click.option("--load", default=0.95, show_default=True, help="Of stock V1's capacity.")
+@click.option("--relqueries", default=300, show_default=True, type=click.IntRange(1))
+@click.option("--max-rows", default=48, show_default=True, type=click.IntRange(1))
+@click.option("--zipf-s", default=1.0, show_default=True, help="The Zipf law's exponent.")
+@datasets_option
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("out/benchmarks/zipf"),
+    show_default=True,
+)
+def bench_zipf(**opts) -> None:
+    """Catalogue enrichment over ratebeer.csv, beers drawn by a Zipf law: stock V1 against
+    relstream with rows in prompt order, identical requests computed once and the answer
+    cache, at a fraction of stock V1's capacity."""
+    from relstream.bench.zipf import TABLE, ZipfOptions, run_zipf
+    from relstream.bench.zipfreport import write_report
+
+    if not (opts["datasets"] / TABLE).is_file():
+        raise click.BadParameter(f"{opts['datasets'] / TABLE} not found", param_hint="--datasets")
+    options = ZipfOptions(
+        datasets_dir=opts["datasets"],
+        profiles=opts["profiles"],
+        seeds=opts["seeds"],
+        load=opts["load"],
+        relqueries=opts["relqueries"],
+        max_rows=opts["max_rows"],
+        zipf_s=opts["zipf_s"],
+        workers=opts["workers"],
+    )
+    jobs = len(options.profiles) * len(options.seeds)
+    done = []
+
+    def report(records: list[dict]) -> None:
+        done.append(records)
+        console.print(f"{records[0]['profile']} seed {records[0]['seed']}: {len(done)}/{jobs}")
+
+    records = run_zipf(options, report)
+    described = (
+        f"{options.relqueries} relQueries of 1-{options.max_rows} rows a trace, Poisson "
+        f"arrivals at {options.load:g} of stock V1's capacity, Zipf s = {options.zipf_s:g}, "
+        f"seeds {', '.join(map(str, options.seeds))}; each cell: mean over seeds [min-max]."
+    )
+    write_report(records, opts["out"], "relstream " + shlex.join(sys.argv[1:]), described)
+    console.print(f"wrote {opts['out']}/README.md")
