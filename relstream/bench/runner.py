@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -128,3 +130,20 @@ def run_grid(
             if on_done:
                 on_done(summary)
     return summaries
+
+
+def run_pooled(
+    job: Callable[[Any], list[dict]],
+    jobs: Sequence[Any],
+    workers: int,
+    on_done: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
+    """Each job's records, `workers` processes at once, in job order; `on_done` hears
+    each job's records as they come."""
+    records: list[dict] = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for done in pool.map(job, jobs):
+            records += done
+            if on_done:
+                on_done(done)
+    return records

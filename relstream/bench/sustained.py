@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from relstream.bench.runner import make_cost_model, summarize
+from relstream.bench.runner import make_cost_model, run_pooled, summarize
 from relstream.bench.workload import (
     TokenizedTrace,
     TraceConfig,
@@ -54,6 +53,7 @@ class SustainedOptions:
     max_rows: int = 48
     workers: int = 2
     fcfs_slack: float | None = None  # relstream's deadline slack, if not its default
+    size_weight: float | None = None  # relstream's rank: arrival + this × W, if given
     command: str = ""
 
     def trace(self, arrival: str, seed: int) -> TraceConfig:
@@ -111,8 +111,13 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
 
     def serve(policy: str, rate: float) -> SimRun:
         built = make_sim_policy(policy, make_cost_model("online", profile))
-        if options.fcfs_slack is not None and policy == Relstream.name:
-            built = Relstream(built.cost, RelstreamConfig(fcfs_slack=options.fcfs_slack))
+        if policy == Relstream.name:
+            config = RelstreamConfig()
+            if options.fcfs_slack is not None:
+                config = replace(config, fcfs_slack=options.fcfs_slack)
+            if options.size_weight is not None:
+                config = replace(config, size_weight=options.size_weight)
+            built = Relstream(built.cost, config)
         return SimulatedEngine(profile, built).run(trace.at_rate(rate, block))
 
     capacity = len(trace.entries) / serve("v1-fcfs", ALL_AT_ONCE).makespan
@@ -162,13 +167,7 @@ def run_sustained(
     for spec in options.profiles:
         load_profile(spec)  # a bad name fails now, not in a worker
     jobs = [(arrival, seed, options) for arrival in options.arrivals for seed in options.seeds]
-    results = []
-    with ProcessPoolExecutor(max_workers=options.workers) as pool:
-        for cells in pool.map(_trace_job, jobs):
-            results += cells
-            if on_trace:
-                on_trace(cells)
-    return results
+    return run_pooled(_trace_job, jobs, options.workers, on_trace)
 
 
 def group(records: Sequence[dict]) -> dict[tuple[str, str, float], dict[str, list[dict]]]:

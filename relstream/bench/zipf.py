@@ -17,12 +17,11 @@ from __future__ import annotations
 import csv
 import random
 import statistics
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 
-from relstream.bench.runner import make_cost_model, percentile
+from relstream.bench.runner import make_cost_model, percentile, run_pooled
 from relstream.bench.sustained import ALL_AT_ONCE, load_profile, profile_label
 from relstream.bench.workload import TraceConfig, unit_gaps
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
@@ -201,11 +200,7 @@ def run_seed(job: tuple[str, int, ZipfOptions]) -> list[dict]:
 
 def run_zipf(options: ZipfOptions, on_done=None) -> list[dict]:
     """Every (profile, seed) job, `workers` at once."""
+    for spec in options.profiles:
+        profile_of(spec)  # a bad name fails now, not in a worker
     jobs = [(spec, seed, options) for spec in options.profiles for seed in options.seeds]
-    records: list[dict] = []
-    with ProcessPoolExecutor(max_workers=options.workers) as pool:
-        for done in pool.map(run_seed, jobs):
-            records += done
-            if on_done:
-                on_done(done)
-    return records
+    return run_pooled(run_seed, jobs, options.workers, on_done)

@@ -54,6 +54,12 @@ DEFAULT_PROFILES = (
     help="relstream's deadline: this times a relQuery's FCFS latency [its default].",
 )
 @click.option(
+    "--size-weight",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="relstream ranks by arrival + this × its work (engine seconds) [work alone].",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("docs/benchmarks/sustained"),
@@ -90,6 +96,7 @@ def bench_sustained(**opts) -> None:
         f"--policies {','.join(opts['policies'])} --relqueries {opts['relqueries']} "
         f"--max-rows {opts['max_rows']} "
         + (f"--fcfs-slack {opts['fcfs_slack']:g} " if opts["fcfs_slack"] else "")
+        + (f"--size-weight {opts['size_weight']:g} " if opts["size_weight"] else "")
         + f"--datasets {os.path.relpath(datasets) if datasets else 'bundled'}"
     )
     options = SustainedOptions(
@@ -105,6 +112,7 @@ def bench_sustained(**opts) -> None:
         max_rows=opts["max_rows"],
         workers=opts["workers"],
         fcfs_slack=opts["fcfs_slack"],
+        size_weight=opts["size_weight"],
         command=command,
     )
     traces = len(options.arrivals) * len(options.seeds)

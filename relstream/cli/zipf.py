@@ -27,6 +27,13 @@ from relstream.cli.common import console, csv_of
 @click.option("--max-rows", default=48, show_default=True, type=click.IntRange(1))
 @click.option("--zipf-s", default=1.0, show_default=True, help="The Zipf law's exponent.")
 @datasets_option
+@click.option(
+    "--backend",
+    type=click.Choice(["sim", "vllm"]),
+    default="sim",
+    show_default=True,
+    help="vllm: the real engine, one engine per variant (give fewer --relqueries).",
+)
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1))
 @click.option(
     "--out",
@@ -53,6 +60,10 @@ def bench_zipf(**opts) -> None:
         zipf_s=opts["zipf_s"],
         workers=opts["workers"],
     )
+    command = "relstream " + shlex.join(sys.argv[1:])
+    if opts["backend"] == "vllm":
+        _real(options, opts["out"], command)
+        return
     jobs = len(options.profiles) * len(options.seeds)
     done = []
 
@@ -66,5 +77,16 @@ def bench_zipf(**opts) -> None:
         f"arrivals at {options.load:g} of stock V1's capacity, Zipf s = {options.zipf_s:g}, "
         f"seeds {', '.join(map(str, options.seeds))}; each cell: mean over seeds [min-max]."
     )
-    write_report(records, opts["out"], "relstream " + shlex.join(sys.argv[1:]), described)
+    write_report(records, opts["out"], command, described)
     console.print(f"wrote {opts['out']}/README.md")
+
+
+def _real(options, out: Path, command: str) -> None:
+    from relstream.bench.report import machine_description
+    from relstream.bench.zipfreal import run_real, write_real_report
+
+    records = []
+    for seed in options.seeds:
+        records += run_real(options, seed, console.print)
+    write_real_report(records, out, command, machine_description())
+    console.print(f"wrote {out}/README.md")

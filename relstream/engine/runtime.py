@@ -60,6 +60,9 @@ class EngineSettings:
     cost_prior: dict[str, float] | None = None
     # Bytes of answers kept for identical deterministic requests across windows (0: off).
     answer_cache_bytes: int = 0
+    # Identical deterministic requests computed once (and answered from the cache, if
+    # any); off, every row runs as stock vLLM runs it (benchmarks compare the two).
+    share_identical: bool = True
     prefix_caching: bool = True  # vLLM's: rows sharing a prompt prefix compute it once
 
     def __post_init__(self) -> None:
@@ -204,7 +207,7 @@ class RelQueryEngine:
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
         roles = [
             self._shared.role(request_key(relquery, row.token_ids, self.model_name))
-            if isinstance(row, _TokenizedRow)
+            if isinstance(row, _TokenizedRow) and self.settings.share_identical
             else Role(None)
             for row in prepared
         ]

@@ -59,6 +59,9 @@ CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's mis
 @dataclass(frozen=True)
 class RelstreamConfig:
     fcfs_slack: float = 4.0  # a relQuery's deadline: this times its FCFS latency (inf: none)
+    # Rank by arrival + size_weight × W instead of W alone (inf): a later relQuery goes
+    # first only if its work is smaller by the gap over size_weight, which ages the rank.
+    size_weight: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class Relstream(Policy):
         if self.starvation.is_starving(relquery_id):
             return (0, self.starvation.deadline(relquery_id), info.arrival_time, relquery_id)
         work = coefficients.work(self._left[relquery_id])
+        if not math.isinf(self.config.size_weight):
+            work = info.arrival_time + self.config.size_weight * work
         return (1, work, info.arrival_time, relquery_id)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
