@@ -98,6 +98,20 @@ def test_the_smaller_relquery_is_admitted_first_and_the_budget_still_filled():
     assert sum(chunk.num_tokens for chunk in plan.prefill) == 512
 
 
+def test_a_later_smaller_relquery_goes_first_only_while_its_rank_has_not_aged_past():
+    # Nothing running (n = 1): W(big) = 1 ms × 1,000 + 27.5 ms × 400 = 12 s and
+    # W(small) = 0.1 + 27.5 ms × 40 = 1.2 s. With γ = 1 big's rank is 0 + 12 = 12; small
+    # arriving at 10 s ranks 10 + 1.2 = 11.2 (first), at 11 s 11 + 1.2 = 12.2 (second).
+    config = RelstreamConfig(fcfs_slack=float("inf"), size_weight=1.0)
+    for arrival, first in ((10.0, "small#0"), (11.0, "big#0")):
+        view = small_engine(seats=20)
+        view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
+        view.add_relquery("small", [50] * 2, max_tokens=20, arrival=arrival)
+        view.clock = arrival
+        plan = Relstream(SMALL_COST, config).plan(view)
+        assert plan.prefill[0].request_id == first
+
+
 def test_a_relquery_past_its_fcfs_deadline_goes_ahead_of_smaller_ones():
     # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms, nothing running (n = 1): W(big) = 1 ms × 1,000
     # + 27.5 ms × 400 = 12 s. FCFS would answer it in its own 12 s (nothing came before

@@ -7,21 +7,24 @@ first, then waiting ones while seats, token budget and KV last, chunked prompts,
 admission in a step that preempted) and changes only the order, each step:
 
 1. **Rank** relQueries by the remaining work they add to the engine, with the online
-   step cost L = b + a_p·tokens + a_d·decodes (`stepcost`):
+   step cost L = b + a_p·tokens + a_d·decodes (`stepcost`), aged by arrival:
 
-       W(R) = a_p·P(R) + (a_d + b/n)·O(R)
+       W(R) = a_p·P(R) + (a_d + b/n)·O(R)        rank(R) = arrival(R) + γ·W(R)
 
    P: prompt tokens still to compute, at the prefix cache's miss ratio on a sample of
    R's waiting rows (the paper's utok); O: output tokens still expected (`remaining`);
    n: requests in the running batch. Every step is shared by the n requests it runs, so
    each output token carries b/n of a step's base (PEM charges every relQuery OL(R)·b
    whole, as if it ran alone). Pricing cached prompts low also groups relQueries that
-   share a template, which keeps it cached: fewer prompt tokens, more throughput.
+   share a template, which keeps it cached: fewer prompt tokens, more throughput. A
+   relQuery that arrives Δ seconds after R goes ahead of R only if its work is smaller
+   by more than Δ/γ (γ = `size_weight`, dimensionless: W is in engine seconds), so only
+   what arrives within γ·W(R) of R can pass it: the rank ages, and no relQuery waits
+   forever behind a stream of smaller ones.
 2. **Bound the wait.** R's deadline is its arrival plus `fcfs_slack` times the latency
    FCFS would give it (the work of every unfinished relQuery ahead of it and its own,
    in engine seconds). Past it, R goes ahead of every relQuery that is not, earliest
-   deadline first: no relQuery waits forever behind a stream of smaller ones, on any
-   machine, with no per-machine threshold.
+   deadline first: a hard bound on any machine, with no per-machine threshold.
 3. **Run** every running request in rank order; when KV runs out, the last row of the
    worst-ranked running relQuery is preempted by recompute (V1's priority victim).
 4. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
@@ -29,8 +32,8 @@ admission in a step that preempted) and changes only the order, each step:
 
 An earlier version gated admission on a Δ (the paper's ABA): it held batches small and,
 on traces of hundreds of relQueries near capacity, finished 2-14 % less work per second
-than stock V1. Order within full batches loses nothing; `fcfs_slack` trades the mean
-against the tail (docs/benchmarks/sustained/notes.md).
+than stock V1. Order within full batches loses nothing; `size_weight` and `fcfs_slack`
+trade the mean against the tail (docs/benchmarks/sustained/notes.md).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeedback, StepPlan
 
-Rank = tuple[int, float, float, str]  # (0 when starving else 1, W, arrival, id)
+Rank = tuple[int, float, float, str]  # (0 when starving else 1, aged W, arrival, id)
 RESORT_EVERY = 64  # steps between re-ranking every waiting relQuery on fresh coefficients
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
@@ -58,10 +61,10 @@ CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's mis
 
 @dataclass(frozen=True)
 class RelstreamConfig:
-    fcfs_slack: float = 4.0  # a relQuery's deadline: this times its FCFS latency (inf: none)
-    # Rank by arrival + size_weight × W instead of W alone (inf): a later relQuery goes
-    # first only if its work is smaller by the gap over size_weight, which ages the rank.
-    size_weight: float = math.inf
+    fcfs_slack: float = 16.0  # a relQuery's deadline: this times its FCFS latency (inf: none)
+    # rank = arrival + size_weight × W (inf: W alone). Both chosen on the sustained
+    # benchmark (docs/benchmarks/sustained/notes.md).
+    size_weight: float = 64.0
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,15 @@ from relstream.scheduler.view import EngineView, StepPlan
 
 class Clairvoyant(Relstream):
     """The throughput-preserving reference: V1's batches (relstream's admission), relQueries
-    ranked by their exact remaining work (every row's true output length) and no
-    starvation guard, so nothing but the best order. No real engine can know this; every
-    result says how far each policy is from it."""
+    ranked by their exact remaining work (every row's true output length), no aging and
+    no starvation guard, so nothing but the best order for the mean. No real engine can
+    know this; every result says how far each policy is from it."""
 
     name = "clairvoyant"
 
     def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
-        super().__init__(cost, config or RelstreamConfig(fcfs_slack=math.inf))
+        unbounded = RelstreamConfig(fcfs_slack=math.inf, size_weight=math.inf)
+        super().__init__(cost, config or unbounded)
 
     def plan_step(self, view: EngineView) -> StepPlan:
         self.oracle = view.true_remaining_output  # a SimulatedEngine
