@@ -62,11 +62,11 @@ def _windows(dataset: LoadedDataset, rows: int, window: int) -> list[list]:
     return [table_rows[i : i + window] for i in range(0, len(table_rows), window)]
 
 
-def _tokens(requests: list[RowRequest]) -> list[list[int]]:
+def prompt_token_ids(requests: list[RowRequest]) -> list[list[int]]:
     return encode_batch([chatml_prompt(request.prompt) for request in requests])
 
 
-def _prompts(relquery: RelQuery) -> list[RowRequest]:
+def row_prompts(relquery: RelQuery) -> list[RowRequest]:
     prepared = (prepare_row(relquery, i) for i in range(len(relquery.rows)))
     return [request for request in prepared if isinstance(request, RowRequest)]
 
@@ -80,9 +80,9 @@ def measure_cell(
     plain, free = [], []
     for number, chunk in enumerate(_windows(dataset, rows, window)):
         name = f"{query_type}-{number}"
-        plain.append(_tokens(_prompts(RelQuery(name, template, chunk, 8))))
+        plain.append(prompt_token_ids(row_prompts(RelQuery(name, template, chunk, 8))))
         free_query = RelQuery(name, instruction, chunk, 8, fields=template.columns)
-        free.append(_tokens(_prompts(free_query)))
+        free.append(prompt_token_ids(row_prompts(free_query)))
     orders = {
         VARIANTS[0]: plain,
         VARIANTS[1]: [sorted(w) for w in plain],

@@ -23,9 +23,22 @@ from relstream.cli.common import console, csv_of
     callback=csv_of(int),
     help="KV block sizes: a GPU's 16, the CPU build's 128.",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(["count", "vllm"]),
+    default="count",
+    show_default=True,
+    help="vllm: the real engine computes one window of --window rows per table and query "
+    "type, templates against free fields (minutes).",
+)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/prefix"))
 def bench_prefix(
-    datasets: Path | None, rows: int, window: int, blocks: tuple[int, ...], out: Path
+    datasets: Path | None,
+    rows: int,
+    window: int,
+    blocks: tuple[int, ...],
+    backend: str,
+    out: Path,
 ) -> None:
     """Per table and query type of the paper's trace: prompt tokens the prefix cache leaves
     to compute with the templates in arrival order (stock V1), in prompt order, and with
@@ -34,10 +47,17 @@ def bench_prefix(
     from relstream.bench.templates import QUERY_TYPES
     from relstream.bench.workload import load_datasets
 
+    command = "relstream " + shlex.join(sys.argv[1:])
+    if backend == "vllm":
+        from relstream.bench.prefixreal import run_real
+
+        run_real(load_datasets(datasets), window, out, command, console.print)
+        console.print(f"wrote {out}/README.md")
+        return
     cells = []
     for dataset in load_datasets(datasets):
         for query_type in QUERY_TYPES:
             cells += measure_cell(dataset, query_type, rows, window, blocks)
             console.print(f"{dataset.spec.name} {query_type}: measured")
-    write_report(cells, out, "relstream " + shlex.join(sys.argv[1:]))
+    write_report(cells, out, command)
     console.print(f"wrote {out}/README.md")
