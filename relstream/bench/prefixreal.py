@@ -17,7 +17,7 @@ from pathlib import Path
 from relstream.backend import run
 from relstream.bench.campaign import read_step_log
 from relstream.bench.prefix import prompt_token_ids, row_prompts
-from relstream.bench.report import machine_description
+from relstream.bench.report import machine_description, write_readme
 from relstream.bench.workload import LoadedDataset
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
 from relstream.model import RelQuery, Template
@@ -85,10 +85,7 @@ def write_real_report(records: list[dict], out: Path, command: str) -> None:
             f"| {table} | {total} | {computed[VARIANTS[0]]} | {computed[VARIANTS[1]]} "
             f"| {ratio:.2f}x |"
         )
-    notes = out / "notes.md"
-    if notes.is_file():
-        lines += ["", "## Notes", "", notes.read_text()]
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    write_readme(out, [*lines, ""])
 
 
 def run_real(datasets: list[LoadedDataset], rows: int, out: Path, command: str, say) -> None:

@@ -144,7 +144,13 @@ def write_report(out: Path, title: str, document: dict, setting: str, body: list
         "",
         *body,
     ]
+    write_readme(out, lines)
+
+
+def write_readme(out: Path, lines: list[str]) -> None:
+    """README.md from `lines` (ending in a blank one), then the hand-written analysis in
+    notes.md beside it, if any, which a re-run keeps."""
     notes = out / "notes.md"
     if notes.exists():
-        lines += ["## Notes", "", notes.read_text().strip(), ""]
+        lines = [*lines, "## Notes", "", notes.read_text().strip(), ""]
     (out / "README.md").write_text("\n".join(lines))

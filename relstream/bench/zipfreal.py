@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from itertools import accumulate
 
+from relstream.bench.report import write_readme
 from relstream.bench.runner import percentile
 from relstream.bench.workload import TraceConfig, unit_gaps
 from relstream.bench.zipf import MAX_TOKENS, TEMPLATE, ZipfOptions, read_beers, zipf_windows
@@ -155,7 +156,4 @@ def write_real_report(records: list[dict], out, command: str, machine: str) -> N
             f"| {r['p99']:.1f} | {r['makespan']:.1f} | {r['rows_shared']} | {r['rows_cached']} "
             f"| {r['answers_differing'] if r['variant'] != 'v1-priority' else '—'} |"
         )
-    notes = out / "notes.md"
-    if notes.is_file():
-        lines += ["", "## Notes", "", notes.read_text()]
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    write_readme(out, [*lines, ""])

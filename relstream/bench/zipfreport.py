@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from relstream.bench.report import machine_description
+from relstream.bench.report import machine_description, write_readme
 from relstream.bench.zipf import VARIANTS
 
 BASELINE = "v1-priority"  # the target: mean latency at least 2x lower than stock V1 priority's
@@ -107,7 +107,4 @@ def write_report(records: list[dict], out: Path, command: str, options_text: str
         lines += ["", f"## {profile} (KV blocks of {block} tokens)", ""]
         lines += profile_table(runs_by_variant)
     lines += ["", "![mean latency by variant](mean_by_variant.png)", ""]
-    notes = out / "notes.md"  # written by hand beside the results, kept on a re-run
-    if notes.is_file():
-        lines += ["## Notes", "", notes.read_text()]
-    (out / "README.md").write_text("\n".join(lines))
+    write_readme(out, lines)
