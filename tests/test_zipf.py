@@ -12,23 +12,30 @@ pytestmark = pytest.mark.skipif(
     not (DEFAULT_DATASETS_DIR / TABLE).is_file(), reason="needs ../shared/datasets"
 )
 OPTIONS = ZipfOptions(DEFAULT_DATASETS_DIR, relqueries=40, max_rows=12)
+BEERS = 355  # distinct beers in ratebeer.csv
 
 
 def test_beers_are_drawn_by_a_zipf_law_over_the_table():
-    assert len(read_beers(DEFAULT_DATASETS_DIR)) == 355
+    assert len(read_beers(DEFAULT_DATASETS_DIR)) == BEERS
     rows = [
-        beer for window in zipf_windows(replace(OPTIONS, relqueries=2000), 0) for beer in window
+        beer
+        for window in zipf_windows(replace(OPTIONS, relqueries=2000), 0, BEERS)
+        for beer in window
     ]
     counts = sorted((rows.count(beer) for beer in set(rows)), reverse=True)
     # s = 1: the most drawn beer about twice the second and ten times the tenth
     assert 1.5 < counts[0] / counts[1] < 2.7 and 6 < counts[0] / counts[9] < 15
-    assert zipf_windows(OPTIONS, 0) == zipf_windows(OPTIONS, 0) != zipf_windows(OPTIONS, 1)
+    assert (
+        zipf_windows(OPTIONS, 0, BEERS)
+        == zipf_windows(OPTIONS, 0, BEERS)
+        != zipf_windows(OPTIONS, 1, BEERS)
+    )
 
 
 def test_each_mechanism_runs_fewer_requests_and_the_rows_all_count():
     records = {r["variant"]: r for r in run_seed(("a100-opt13b", 0, OPTIONS))}
-    rows = sum(len(window) for window in zipf_windows(OPTIONS, 0))
-    distinct = len({beer for window in zipf_windows(OPTIONS, 0) for beer in window})
+    rows = sum(len(window) for window in zipf_windows(OPTIONS, 0, BEERS))
+    distinct = len({beer for window in zipf_windows(OPTIONS, 0, BEERS) for beer in window})
     stock = records["v1-fcfs"]
     once = records["relstream + computed once"]
     cached = records["relstream + computed once + answer cache"]

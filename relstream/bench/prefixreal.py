@@ -40,15 +40,16 @@ def window_relqueries(dataset: LoadedDataset, query_type: str, rows: int) -> dic
 async def measure(datasets: list[LoadedDataset], rows: int, log: Path, say=print) -> list[dict]:
     engine = await RelQueryEngine.start(EngineSettings(step_log=log))
     records = []
+    logged = 0  # steps in the log before the relQuery being measured
     try:
         for dataset in datasets:
             for query_type in dataset.spec.templates:
                 record = {"table": dataset.spec.name, "query_type": query_type, "rows": rows}
                 for variant, relquery in window_relqueries(dataset, query_type, rows).items():
                     await engine.reset_prefix_cache()
-                    before = len(read_step_log(log)[1])
                     await run(engine, relquery)
-                    steps = read_step_log(log)[1][before:]
+                    steps = read_step_log(log)[1]
+                    steps, logged = steps[logged:], len(steps)
                     prompts = prompt_token_ids(row_prompts(relquery))
                     record[variant] = {
                         "prompt_tokens": sum(len(ids) for ids in prompts),

@@ -90,10 +90,9 @@ def read_beers(datasets_dir: Path) -> list[dict[str, str]]:
     return list(beers.values())
 
 
-def zipf_windows(options: ZipfOptions, seed: int) -> list[list[int]]:
-    """Each relQuery's rows as beer indices: window sizes uniform in 1..max_rows, beers by
-    a Zipf law over a seeded ranking of the table's beers."""
-    beers = len(read_beers(options.datasets_dir))
+def zipf_windows(options: ZipfOptions, seed: int, beers: int) -> list[list[int]]:
+    """Each relQuery's rows as indices of the table's `beers` beers: window sizes uniform
+    in 1..max_rows, beers by a Zipf law over a seeded ranking of them."""
     rng = random.Random(seed * 104_729 + 17)
     ranking = list(range(beers))
     rng.shuffle(ranking)
@@ -104,10 +103,10 @@ def zipf_windows(options: ZipfOptions, seed: int) -> list[list[int]]:
     ]
 
 
-def tokenized_beers(datasets_dir: Path) -> list[tuple[int, ...]]:
+def tokenized_beers(beers: list[dict[str, str]]) -> list[tuple[int, ...]]:
     """Every beer's prompt as the engine receives it, tokenized once."""
     template = Template(TEMPLATE)
-    prompts = [template.render(beer) for beer in read_beers(datasets_dir)]
+    prompts = [template.render(beer) for beer in beers]
     return [tuple(ids) for ids in encode_batch([chatml_prompt(p) for p in prompts])]
 
 
@@ -157,8 +156,8 @@ def run_seed(job: tuple[str, int, ZipfOptions]) -> list[dict]:
     spec, seed, options = job
     profile = profile_of(spec)
     block = profile.limits.block_size
-    windows = zipf_windows(options, seed)
-    prompts = tokenized_beers(options.datasets_dir)
+    prompts = tokenized_beers(read_beers(options.datasets_dir))
+    windows = zipf_windows(options, seed, len(prompts))
     lengths = output_lengths(len(prompts), seed)
     gaps = unit_gaps(TraceConfig(num_relqueries=options.relqueries, seed=seed))
     unit_arrivals = list(accumulate(gaps))

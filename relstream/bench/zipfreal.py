@@ -53,7 +53,7 @@ def window_relqueries(options: ZipfOptions, seed: int) -> list[RelQuery]:
             [Row(f"w{index}r{row}", beers[beer]) for row, beer in enumerate(window)],
             MAX_TOKENS,
         )
-        for index, window in enumerate(zipf_windows(options, seed))
+        for index, window in enumerate(zipf_windows(options, seed, len(beers)))
     ]
 
 

@@ -196,9 +196,8 @@ class SimulatedEngine(EngineView):
         self._timelines[relquery.relquery_id] = _Timeline(relquery.arrival_time)
         running, following = [], 0
         for request in relquery.requests:
-            role = self.shared.role(request.request_id, request.answer_key)
+            role = self.shared.role(request.request_id, relquery.relquery_id, request.answer_key)
             if isinstance(role, Follow):
-                self.shared.follow(role.leader, relquery.relquery_id)
                 following += 1
             elif role is not CACHED:
                 running.append(request)

@@ -46,8 +46,9 @@ class SharedWork:
     _waiting: dict[str, list[str]] = field(default_factory=dict)  # leader -> relQuery ids
     _cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
 
-    def role(self, request_id: str, key: int | None) -> Follow | str:
-        """What the request does, decided at its relQuery's admission."""
+    def role(self, request_id: str, relquery_id: str, key: int | None) -> Follow | str:
+        """What the request does, decided at its relQuery's admission; a follower's
+        relQuery then waits on the leader (`finished` returns it)."""
         if key is None:
             return RUN
         if key in self._cache:
@@ -57,13 +58,11 @@ class SharedWork:
         leader = self._leaders.get(key) if self.sharing.dedup else None
         if leader is not None:
             self.followed += 1
+            self._waiting.setdefault(leader, []).append(relquery_id)
             return Follow(leader)
         if self.sharing.dedup:
             self._leaders[key] = request_id
         return RUN
-
-    def follow(self, leader: str, relquery_id: str) -> None:
-        self._waiting.setdefault(leader, []).append(relquery_id)
 
     def finished(self, request_id: str, key: int | None) -> list[str]:
         """A request ran to its end: its answer is kept; returns the relQueries that
