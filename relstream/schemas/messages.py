@@ -4,6 +4,13 @@ Each definition gives the msgpack encoding, the validation on decode (whose erro
 the field) and the JSON Schema published for producers in other languages
 (`relstream/schemas/json/`, generated from these types). The `version` field is the
 struct tag: written on every message, required and checked on every decode.
+
+Wire evolution, so a reader of the previous release survives a writer of this one and the
+other way round (a rolling upgrade): decoders ignore fields they do not know within a
+version, writers leave out every field at its default (`omit_defaults`), so a field added
+with a default is never seen by a reader that predates it unless it carries news, and a
+field that changes meaning takes a new version. `tests/test_compatibility.py` holds the
+previous release's schemas and checks both directions.
 """
 
 from __future__ import annotations
@@ -61,7 +68,12 @@ FreeFields = Annotated[
 ]
 
 
-class Message(msgspec.Struct, tag_field="version", forbid_unknown_fields=True, kw_only=True):
+# Every wire struct: unknown fields are ignored (forward compatibility) and fields at their
+# default are not written (old readers never meet a field they could not know).
+WIRE_STRUCT = {"omit_defaults": True, "forbid_unknown_fields": False, "kw_only": True}
+
+
+class Message(msgspec.Struct, tag_field="version", **WIRE_STRUCT):
     """Common base: `kind` names the message in errors and in its JSON Schema."""
 
     kind: ClassVar[str]
@@ -79,14 +91,14 @@ class RowMessage(Message, tag=WIRE_VERSION, kw_only=True):
     ) = msgspec.UNSET
 
 
-class RelQueryRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class RelQueryRow(msgspec.Struct, **WIRE_STRUCT):
     """One row of an ad-hoc or windowed relQuery."""
 
     key: RowKey
     values: dict[str, Scalar]
 
 
-class OutputSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class OutputSpec(msgspec.Struct, **WIRE_STRUCT):
     """What every row's answer must be, enforced while it is generated: exactly one of
     a label from `choices`, a JSON value valid against `json_schema`, or a match of
     `regex`."""
@@ -125,7 +137,7 @@ class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
     rows: msgspec.Raw
 
 
-class Latency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class Latency(msgspec.Struct, **WIRE_STRUCT):
     """In seconds: queued (submitted → the engine took it from Kafka), then paper §2.1:
     waiting (→ first prefill), core (→ last prefill ends), tail (→ last decode ends);
     total is their sum."""
@@ -137,7 +149,7 @@ class Latency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     total: Annotated[float, Meta(ge=0)]
 
 
-class ResultRow(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class ResultRow(msgspec.Struct, **WIRE_STRUCT):
     key: str
     status: RowStatusName
     output: str | None = None  # the answer, when status is "ok"
