@@ -120,11 +120,19 @@ class RowRequest:
         return request_id(self.relquery_id, self.row_index)
 
 
+class RowStatus(StrEnum):
+    OK = "ok"
+    ERROR = "error"  # the row itself cannot run (bad row, prompt too long)
+    CANCELLED = "cancelled"
+    NULL = "null"  # a column the template names is null: not asked, no answer (NULL out)
+
+
 @dataclass(frozen=True)
 class RowFailure:
     row_index: int
     row_key: str
     reason: str  # names the row, ready for the user
+    status: RowStatus = RowStatus.ERROR  # or NULL: a null input, never asked
 
 
 @dataclass
@@ -194,10 +202,21 @@ def _group(
 
 
 def prepare_row(relquery: RelQuery, index: int) -> RowRequest | RowFailure:
-    """Row `index` rendered through the template, or why it cannot run: a row whose values
-    are all blank, or one lacking a column the template names. Every backend starts here,
-    so a row fails for the same reasons on the simulator and on vLLM."""
+    """Row `index` rendered through the template, or why it cannot run: a row whose
+    template column (or free field) is null gets status NULL and never reaches the model
+    (NULL in, NULL out, as SQL's AI functions do); a row whose values are all blank, or
+    one lacking a column the template names, is an error. Every backend starts here, so a
+    row fails for the same reasons on the simulator and on vLLM."""
     row = relquery.rows[index]
+    nulls = [
+        name
+        for name in dict.fromkeys((*relquery.template.columns, *relquery.fields))
+        if name in row.values and row.values[name] is None
+    ]
+    if nulls:
+        names = ", ".join("{" + name + "}" for name in nulls)
+        reason = f"row {row.key!r}: {names} is null; a null input gives a null answer"
+        return RowFailure(index, row.key, reason, RowStatus.NULL)
     if not any(str(v).strip() for v in row.values.values() if v is not None):
         return RowFailure(index, row.key, f"row {row.key!r} is empty")
     try:
@@ -213,12 +232,6 @@ def prepare_row(relquery: RelQuery, index: int) -> RowRequest | RowFailure:
     return RowRequest(relquery.id, index, row.key, prompt)
 
 
-class RowStatus(StrEnum):
-    OK = "ok"
-    ERROR = "error"  # the row itself cannot run (bad row, prompt too long)
-    CANCELLED = "cancelled"
-
-
 @dataclass(frozen=True)
 class RowResult:
     row_index: int
@@ -232,7 +245,8 @@ class RowResult:
 
     @classmethod
     def failed(cls, failure: RowFailure) -> RowResult:
-        return cls(failure.row_index, failure.row_key, RowStatus.ERROR, error=failure.reason)
+        """A row that never ran: an error, or null input, with its reason."""
+        return cls(failure.row_index, failure.row_key, failure.status, error=failure.reason)
 
     @classmethod
     def cancelled(cls, request: RowRequest) -> RowResult:

@@ -26,6 +26,12 @@ from relstream.schemas import ResultMessage, RowMessage
 @click.option("--table", required=True, help="Table name: rows go to <prefix>rows.<table>.")
 @click.option("--key-column", default=None, help="Column holding each row's key.")
 @click.option("--query", default=None, help="SQL to run when SOURCE is a postgresql:// URL.")
+@click.option(
+    "--empty-strings",
+    is_flag=True,
+    help="Read empty CSV cells as empty strings; by default they are null, and a row whose "
+    'template column is null is answered with status "null", never asked of the model.',
+)
 @prefix_option
 @security_options
 def produce(
@@ -34,6 +40,7 @@ def produce(
     table: str,
     key_column: str | None,
     query: str | None,
+    empty_strings: bool,
     prefix: str,
     security: KafkaSecurity,
 ) -> None:
@@ -50,7 +57,7 @@ def produce(
             path = Path(source)
             if not path.is_file():
                 raise click.BadParameter(f"{source}: no such file", param_hint="SOURCE")
-            rows = list(read_rows(path, table, key_column))
+            rows = list(read_rows(path, table, key_column, empty_strings))
     except (ValueError, KeyError) as exc:
         raise click.ClickException(f"{source}: {exc}") from None
     _produce_rows(bootstrap, prefix, table, rows, security)

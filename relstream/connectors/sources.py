@@ -40,8 +40,15 @@ def _scalar(value: Any) -> Any:
     return str(value)
 
 
-def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator[RowMessage]:
-    """Row messages for each row of a CSV, JSONL (one object per line) or Parquet file."""
+def read_rows(
+    path: Path, table: str, key_column: str | None = None, empty_strings: bool = False
+) -> Iterator[RowMessage]:
+    """Row messages for each row of a CSV, JSONL (one object per line) or Parquet file.
+
+    An empty CSV cell is null, as in a database export (a row whose template column is
+    null is answered with status "null", never asked of the model), unless
+    `empty_strings` keeps it as the empty string. A key cell is never null: an empty key
+    is refused naming the row."""
     fmt = detect_format(path)
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -52,8 +59,11 @@ def read_rows(path: Path, table: str, key_column: str | None = None) -> Iterator
         return
     if fmt == "csv":
         for row in load_csv(path, table).rows:
-            values = dict(row.values)
-            key = str(values[key_column]) if key_column else row.key
+            key = str(row.values[key_column]) if key_column else row.key
+            values = {
+                column: None if value == "" and not empty_strings else value
+                for column, value in row.values.items()
+            }
             yield _row(table, key, values)
         return
     with path.open(encoding="utf-8") as handle:

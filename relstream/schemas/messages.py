@@ -36,7 +36,9 @@ MAX_STOP_STRINGS = 16
 MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
 
 Scalar = str | int | float | bool | None
-RowStatusName = Literal["ok", "error", "cancelled"]
+# "null": a column the template names was null, so the row was never asked (NULL in,
+# NULL out). Readers before it refuse a result holding such a row (README, wire evolution).
+RowStatusName = Literal["ok", "error", "cancelled", "null"]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 RowKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_CHARS)]
 # A relQuery's settings, shared with the worker's registrations (`stream.registrations`),

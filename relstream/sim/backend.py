@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+
+RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_requests`)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class SimRelQueryBackend:
     def __init__(self, settings: SimSettings | None = None) -> None:
         self.settings = settings or SimSettings()
         self.profile = get_profile(self.settings.profile)
+        # What reached the model: request ids of the latest rows it answered, so a test
+        # can tell a row the backend was asked from one it never saw.
+        self.recent_requests: deque[str] = deque(maxlen=RECENT_REQUESTS)
 
     async def submit(self, relquery: RelQuery) -> SimHandle:
         outcome = asyncio.ensure_future(self._serve_in_time(relquery))
@@ -106,6 +112,7 @@ class SimRelQueryBackend:
             prepared = prepare_row(relquery, index)
             if isinstance(prepared, RowRequest):
                 runnable.append(prepared)
+                self.recent_requests.append(prepared.request_id)
                 rows.append(
                     RowResult(
                         index, prepared.row_key, RowStatus.OK, answer(relquery, prepared), None, 1
