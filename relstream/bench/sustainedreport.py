@@ -16,6 +16,9 @@ MAKESPAN_SLACK = 0.01  # relstream's makespan within 1 % of the better stock V1'
 MODERATE = 0.95  # loads up to this one carry the mean-latency ratios
 FCFS_RATIO, PRIORITY_RATIO, REFERENCE_SLACK = 1.5, 1.2, 1.05
 P99_BOUND = 1.5  # relstream's p99 at most this times v1-fcfs's
+# relstream's gate forced shut and open: the two policies it chooses between by load
+GATE_REFERENCES = ("relstream-gated", "relstream-ungated")
+GATE_SLACK = 1.05  # at moderate load, relstream's mean within this of the better of them
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,22 @@ def judge(records: Sequence[dict]) -> list[Verdict]:
             verdicts.append(Verdict("p99 vs v1-fcfs", run, p99, p99 <= P99_BOUND))
             if load <= MODERATE and REFERENCE in by_policy:
                 verdicts += _mean_targets(run, ours, stock, by_policy[REFERENCE][index])
+            if load <= MODERATE and all(name in by_policy for name in GATE_REFERENCES):
+                better = min(by_policy[name][index]["mean"] for name in GATE_REFERENCES)
+                ratio = ours["mean"] / better
+                verdicts.append(
+                    Verdict("mean vs better of gated, ungated", run, ratio, ratio <= GATE_SLACK)
+                )
     return verdicts
+
+
+def _better_gate(by_policy: dict[str, list[dict]], ours: list[dict]) -> str:
+    """relstream's mean over the better of its gate forced shut and open, per seed."""
+    if not all(name in by_policy for name in GATE_REFERENCES):
+        return "—"
+    gated, ungated = (by_policy[name] for name in GATE_REFERENCES)
+    triples = zip(ours, gated, ungated, strict=True)
+    return _spread([o["mean"] / min(g["mean"], u["mean"]) for o, g, u in triples])
 
 
 def _mean_targets(run: str, ours: dict, stock: dict, reference: dict) -> list[Verdict]:
@@ -78,9 +96,10 @@ def markdown_table(records: Sequence[dict]) -> list[str]:
     """One row per (profile, arrival, load): means over seeds, [min-max] beside."""
     lines = [
         "| profile | arrival | load | relstream mean (s) | v1-fcfs / relstream "
-        "| v1-priority / relstream | relstream / reference | makespan vs best V1 "
+        "| v1-priority / relstream | relstream / reference | relstream / better of gated, "
+        "ungated | makespan vs best V1 "
         "| p99 / v1-fcfs p99 | last/first third: relstream, v1-fcfs, v1-priority |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (profile, arrival, load), by_policy in sorted(group(records).items()):
         ours = by_policy[OURS]
@@ -96,6 +115,7 @@ def markdown_table(records: Sequence[dict]) -> list[str]:
             _spread([f["mean"] / o["mean"] for o, f, _ in pairs]),
             _spread([p["mean"] / o["mean"] for o, _, p in pairs]),
             _spread([o["mean"] / r["mean"] for o, r in zip(ours, reference, strict=True)]),
+            _better_gate(by_policy, ours),
             _spread([100 * s for s in slack], "{:+.2f} %"),
             _spread([o["p99"] / f["p99"] for o, f, _ in pairs]),
             thirds,
@@ -112,7 +132,8 @@ def markdown_verdicts(verdicts: Sequence[Verdict]) -> list[str]:
         mine = [v for v in verdicts if v.target == target]
         failing = [v for v in mine if not v.holds]
         worst = failing or mine
-        pick = max if target in ("makespan vs best V1", "p99 vs v1-fcfs") else min
+        larger_worse = ("makespan vs best V1", "p99 vs v1-fcfs", "mean vs better of gated, ungated")
+        pick = max if target in larger_worse else min
         shown = pick(worst, key=lambda v: v.value)
         value = f"{100 * shown.value:+.2f} %" if "makespan" in target else f"{shown.value:.2f}x"
         holding = f"{len(mine) - len(failing)} / {len(mine)}"

@@ -25,15 +25,20 @@ admission in a step that preempted) and changes only the order, each step:
    FCFS would give it (the work of every unfinished relQuery ahead of it and its own,
    in engine seconds). Past it, R goes ahead of every relQuery that is not, earliest
    deadline first: a hard bound on any machine, with no per-machine threshold.
-3. **Run** every running request in rank order; when KV runs out, the last row of the
+3. **Shape the batch by the load** (`headroom`). While the stream leaves capacity to
+   spare (the full-batch work it brings per second is below what gated steps yield),
+   the Δ gate (`gate`, the paper's ABA in V1's mixed steps) holds back relQueries whose
+   admission would delay the running ones more than it saves, so the best-ranked finish
+   sooner. As the backlog grows the load reaches the gate's yield and the step is V1's:
+4. **Run** every running request in rank order; when KV runs out, the last row of the
    worst-ranked running relQuery is preempted by recompute (V1's priority victim).
-4. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
+5. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
    its rank) while they fit.
 
-An earlier version gated admission on a Δ (the paper's ABA): it held batches small and,
-on traces of hundreds of relQueries near capacity, finished 2-14 % less work per second
-than stock V1. Order within full batches loses nothing; `size_weight` and `fcfs_slack`
-trade the mean against the tail (docs/benchmarks/sustained/notes.md).
+Which regime holds is a fact of the machine (the step-cost fit prices both sides) and
+of the moment (the load); `gate` forces one for the reference policies the benchmarks
+compare against (`always`: the Δ-gated policy of commit 1f41818, `never`: V1's batches
+as in 5e404c3).
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from relstream.scheduler.admission import StepAdmission
+from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
+from relstream.scheduler.gate import full_batch, gated_fill
+from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.remaining import Oracle, Remaining, remaining
 from relstream.scheduler.starvation import StarvationGuard
@@ -65,6 +73,7 @@ class RelstreamConfig:
     # rank = arrival + size_weight × W (inf: W alone). Both chosen on the sustained
     # benchmark (docs/benchmarks/sustained/notes.md).
     size_weight: float = 64.0
+    gate: str = "load"  # "load": gate while the stream leaves headroom; "always"; "never"
 
 
 @dataclass(frozen=True)
@@ -96,10 +105,23 @@ class Relstream(Policy):
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
         self._left: dict[str, Remaining] = {}  # the same, prompts at the cache's miss ratio
         self._steps = 0
+        self.headroom = Headroom()
+        self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
+        self.gated_steps = 0  # steps planned with the gate (reports)
 
     def observe(self, feedback: StepFeedback) -> None:
-        """Only the step cost learns: relstream reads no other cost model."""
+        """Only the step cost learns: relstream reads no other cost model. The step's
+        work at full-batch prices feeds the headroom."""
         self.step_cost.observe(feedback)
+        at, batch, held, gated = self._planned
+        base, per_token, per_decode, per_context = self.step_cost.coefficients()
+        work = (
+            per_token * feedback.uncached_tokens
+            + (per_decode + base / batch) * feedback.decode_requests
+            + per_context * feedback.context_tokens
+        )
+        step = StepWork(at + feedback.duration, work, feedback.duration, held, gated)
+        self.headroom.executed(step)
 
     def cost_coefficients(self) -> dict[str, float]:
         base, per_token, per_decode, per_context = self.step_cost.coefficients()
@@ -121,10 +143,40 @@ class Relstream(Policy):
             view.tracker.active_relqueries.values(),
             key=lambda info: self._ranked(info, coefficients),
         )
+        now = view.now()
+        if self._gating(now):
+            self.gated_steps += 1
+            plan, held = self._gated_step(view, active, coefficients)
+            self._planned = (now, full_batch(view), held, True)
+            return plan
+        self._planned = (now, full_batch(view), False, False)
         step = StepAdmission.for_step(view)
         step.run_running([seq for info in active for seq in info.running.values()])
         step.admit(self._waiting_in_rank_order(view, active, coefficients))
         return step.plan()
+
+    def _gating(self, now: float) -> bool:
+        if self.config.gate == "load":
+            return self.headroom.spare(now)
+        return self.config.gate == "always"
+
+    def _gated_step(
+        self, view: EngineView, active: list[RelQueryInfo], c: Coefficients
+    ) -> tuple[StepPlan, bool]:
+        """Decode every running request, then prompts and admissions through the Δ gate;
+        KV is kept for what running requests will still generate."""
+        step = StepComposer(view, self.oracle, reserve=1.0)
+        step.decode(active)
+        if step.preempted:
+            for info in active:
+                step.continue_prompts(info)
+            return step.plan(), False
+        relqueries = view.tracker.relqueries
+        started = [(self._ranked(info, c), info) for info in active]
+        waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
+        queued = len(self._order) + sum(1 for info in active if info.waiting)
+        held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c)
+        return step.plan(), held
 
     def _coefficients(self, view: EngineView) -> Coefficients:
         """The fitted step cost, a decode priced with attention over the running
@@ -170,6 +222,8 @@ class Relstream(Policy):
             del self._left[relquery_id]
             del self._uncached[relquery_id]
         newcomers = [tracker.relqueries[rid] for rid in changed if rid not in self._left]
+        for info in newcomers:
+            self.headroom.arrived(info.arrival_time)
         for relquery_id in changed:
             self._uncached[relquery_id] = remaining(tracker.relqueries[relquery_id], self.oracle)
             self._left[relquery_id] = self._priced(view, tracker.relqueries[relquery_id])

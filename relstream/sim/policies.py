@@ -1,5 +1,6 @@
-"""Policies the simulator alone can run: the clairvoyant reference, beside every policy
-of the registry (`relstream.scheduler.registry`)."""
+"""Policies the simulator alone can run: the clairvoyant reference and relstream with its
+gate forced open or shut (the two policies the load-shaped gate chooses between), beside
+every policy of the registry (`relstream.scheduler.registry`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class Clairvoyant(Relstream):
     name = "clairvoyant"
 
     def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
-        unbounded = RelstreamConfig(fcfs_slack=math.inf, size_weight=math.inf)
+        unbounded = RelstreamConfig(fcfs_slack=math.inf, size_weight=math.inf, gate="never")
         super().__init__(cost, config or unbounded)
 
     def plan_step(self, view: EngineView) -> StepPlan:
@@ -27,7 +28,28 @@ class Clairvoyant(Relstream):
         return super().plan_step(view)
 
 
-SIM_ONLY: dict[str, type[Policy]] = {Clairvoyant.name: Clairvoyant}
+class RelstreamGated(Relstream):
+    """Reference: the Δ gate in every step, relQueries ranked by their work alone, as
+    relstream ran at commit 1f41818 (its batches small whatever the load)."""
+
+    name = "relstream-gated"
+
+    def __init__(self, cost: CostModel) -> None:
+        super().__init__(cost, RelstreamConfig(size_weight=math.inf, gate="always"))
+
+
+class RelstreamUngated(Relstream):
+    """Reference: V1's full batches in every step, as relstream ran at commit 5e404c3."""
+
+    name = "relstream-ungated"
+
+    def __init__(self, cost: CostModel) -> None:
+        super().__init__(cost, RelstreamConfig(gate="never"))
+
+
+SIM_ONLY: dict[str, type[Policy]] = {
+    policy.name: policy for policy in (Clairvoyant, RelstreamGated, RelstreamUngated)
+}
 SIM_POLICIES: tuple[str, ...] = (*POLICIES, *SIM_ONLY)
 
 

@@ -1,0 +1,141 @@
+"""The Δ gate: a step that holds relQueries back so the ones running finish sooner (the
+paper's ABA, §4.3, in V1's chunked, mixed steps).
+
+relstream uses it only while the stream leaves capacity to spare (`headroom`): smaller
+batches share each step's base among fewer requests. Within a gated step, in rank order
+over started and waiting relQueries alike (`gated_fill`):
+
+- a started relQuery's prompt chunk is capped where what it delays the relQueries
+  decoding ahead of it outweighs the step base it saves (`prompt_allowance`);
+- a waiting relQuery with less work left than every running one is admitted at once
+  (shortest first: ABA's m+ > m-); any other only when Δ < 0 (`admission_pays`);
+- once a relQuery is held back, nobody ranked after it is admitted.
+
+KV is reserved for what running requests will still generate (`composer.StepComposer`),
+so a gated engine does not admit what it would have to preempt.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from relstream.scheduler.composer import StepComposer
+from relstream.scheduler.remaining import Remaining
+from relstream.scheduler.view import EngineView, RelQueryInfo
+
+Ranked = tuple[tuple, RelQueryInfo]  # (rank, relQuery), best rank first
+
+
+class GateCoefficients(Protocol):
+    base: float
+    per_token: float
+    per_decode: float
+
+    def work(self, left: Remaining) -> float: ...
+
+
+def full_batch(view: EngineView) -> int:
+    """Requests a batch holds when seats and KV are the only limits, from the mean
+    sequence (prompt and output budget) of running or else waiting rows."""
+    tracker = view.tracker
+    seqs = list(tracker.running.values())[:64] or list(tracker.waiting.values())[:64]
+    if not seqs:
+        return view.limits.max_num_seqs
+    mean_tokens = sum(seq.prompt_tokens + seq.max_tokens for seq in seqs) / len(seqs)
+    seats = view.limits.max_num_seqs
+    return max(1, int(min(seats, view.limits.kv_capacity_tokens / max(mean_tokens, 1))))
+
+
+def batching_is_free(view: EngineView, c: GateCoefficients) -> bool:
+    """A full batch costs less per-request time than one step's base (a GPU reading its
+    weights): every request added rides nearly free, so no prompt is capped."""
+    return c.per_decode * full_batch(view) < c.base
+
+
+def prompt_allowance(decoding_ahead: int, behind: int, c: GateCoefficients, free: bool):
+    """Prompt tokens of a started relQuery that may join a step in which `decoding_ahead`
+    better-ranked relQueries decode (None: no limit). Each token delays each of them by
+    a_p; deferring the prompt costs a step's base b to it and the `behind` relQueries
+    queued after it: the allowance is b·(1 + behind) / (a_p·k)."""
+    if decoding_ahead == 0 or free or c.per_token <= 0:
+        return None
+    return int(c.base * (1 + behind) / (c.per_token * decoding_ahead))
+
+
+def admission_pays(
+    running: Sequence[Remaining], candidate: Remaining, behind: int, c: GateCoefficients
+) -> bool:
+    """Δ = Δ+ − Δ- < 0: admitting `candidate` now beats admitting it after the set S:
+
+        Δ+ = |S|·a_p·P(p) + a_d·m(p)·Σ_S min(L(p), L(R))          delay it puts on S
+        Δ- = T(S) − a_d·Σ_S min(O(R), m(R)·L(p))                   what p saves itself
+             + behind·b·min(L(p), max L(S))                        saved steps, for the queue
+
+    m: rows, L: decode steps left, O: output tokens left, T(S) = a_p·ΣP + b·max L + a_d·ΣO
+    the time S still takes alone."""
+    if not running:
+        return True
+    longest = max(left.steps for left in running)
+    overlap = sum(min(candidate.steps, left.steps) for left in running)
+    increase = (
+        len(running) * c.per_token * candidate.prompt_tokens
+        + c.per_decode * candidate.rows * overlap
+    )
+    alone = (
+        c.per_token * sum(left.prompt_tokens for left in running)
+        + c.base * longest
+        + c.per_decode * sum(left.output_tokens for left in running)
+    )
+    shared = c.per_decode * sum(
+        min(left.output_tokens, left.rows * candidate.steps) for left in running
+    )
+    reduction = alone - shared + behind * c.base * min(candidate.steps, longest)
+    return increase - reduction < 0
+
+
+def gated_fill(
+    view: EngineView,
+    step: StepComposer,
+    started: list[Ranked],
+    waiting: Iterable[Ranked],
+    queued: int,
+    left: Callable[[str], Remaining],
+    c: GateCoefficients,
+) -> bool:
+    """Give the step's prompt budget in rank order (`started`: running relQueries,
+    `waiting`: fully waiting ones, each best first; `queued`: relQueries with waiting
+    rows). True when the gate held work back (a capped prompt or a Δ ≥ 0)."""
+    free = batching_is_free(view, c)
+    running_set = [left(info.relquery_id) for _, info in started]
+    best_running = min((c.work(remaining) for remaining in running_set), default=0.0)
+    started_left = len(started)
+    admitting, held = True, False
+    decoding_ahead = 0  # relQueries ranked ahead whose rows decode in this step
+    merged = heapq.merge(started, waiting, key=lambda pair: pair[0])
+    for position, (_, info) in enumerate(merged):
+        behind = max(queued - position - 1, 0)
+        limit = prompt_allowance(decoding_ahead, behind, c, free)
+        if info.running:
+            started_left -= 1
+            step.continue_prompts(info, limit)
+            decoding_ahead += any(seq.prefill_done for seq in info.running.values())
+        if not admitting:
+            if started_left == 0:
+                return held
+            continue
+        if not info.waiting or step.preempted:
+            continue
+        remaining = left(info.relquery_id)
+        if info.running:
+            admitting = step.admit(info, limit)
+            held = held or (not admitting and limit is not None)
+        elif c.work(remaining) < best_running or free:
+            admitting = step.admit(info)
+        else:
+            pays = admission_pays(running_set, remaining, behind, c)
+            held = held or not pays
+            admitting = pays and step.admit(info)
+        running_set.append(remaining)
+    return held

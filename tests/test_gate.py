@@ -1,0 +1,95 @@
+"""The Δ gate and the headroom that decides when relstream uses it, on cases computed
+by hand."""
+
+import pytest
+from helpers import ScriptedView
+
+from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler.gate import admission_pays
+from relstream.scheduler.headroom import Headroom, StepWork
+from relstream.scheduler.relstream import Coefficients, Relstream, RelstreamConfig
+from relstream.scheduler.remaining import Remaining
+
+# b = 20 ms per step, 1 ms per prompt token, 2 ms per decode.
+C = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=10)
+RUNNING = Remaining(rows=10, prompt_tokens=0, output_tokens=100, steps=10)
+CANDIDATE = Remaining(rows=5, prompt_tokens=500, output_tokens=50, steps=10)
+
+
+@pytest.mark.parametrize(("behind", "pays"), [(1, False), (3, True)])
+def test_admission_pays_once_enough_relqueries_wait_behind_it(behind, pays):
+    # Δ+ = 1 × 1 ms × 500 + 2 ms × 5 rows × min(10, 10) = 0.6 s (delay put on S).
+    # Δ- = T(S) − shared + behind × b × min(10, 10), T(S) = 20 ms × 10 + 2 ms × 100 = 0.4,
+    # shared = 2 ms × min(100, 10 × 10) = 0.2: Δ = 0.6 − 0.2 − 0.2 × behind, negative
+    # (admit now) only past 2 relQueries behind; at 2 it is 0, and 0 holds back.
+    assert admission_pays([RUNNING], CANDIDATE, behind, C) is pays
+
+
+def test_a_relquery_is_admitted_at_once_when_nothing_runs():
+    assert admission_pays([], CANDIDATE, 0, C)
+
+
+def headroom(scale: float, gating: bool, window: int = 4) -> Headroom:
+    """Four arrivals (0-30 s); by 100 s a gated engine did, scaled by `scale`, 1 unit of
+    full-batch work in 2 s of held steps (yield e_g = 0.5) and 3 units in 3 s of free
+    steps (e_f = 1): φ = 1/4 of its work held. Load ρ = 4·scale / 100 s, so a gated
+    engine is busy ρ · (0.25 / 0.5 + 0.75 / 1) = scale / 20 of the time."""
+    room = Headroom(window=window, gating=gating)
+    for at in (0.0, 10.0, 20.0, 30.0):
+        room.arrived(at)
+    room.executed(StepWork(50.0, 1.0 * scale, 2.0 * scale, held=True, gated=True))
+    room.executed(StepWork(90.0, 3.0 * scale, 3.0 * scale, held=False, gated=True))
+    return room
+
+
+@pytest.mark.parametrize(
+    ("scale", "gating", "spare"),
+    [
+        (19.2, True, True),  # busy 0.96 < 1 − margin 0.03: keep gating
+        (19.6, True, False),  # busy 0.98: the stream needs V1's full batches
+        (19.0, False, False),  # busy 0.95: open, and it reopens only below 0.94
+        (18.6, False, True),  # busy 0.93: gate again
+    ],
+)
+def test_the_gate_is_used_only_while_a_gated_engine_would_idle(scale, gating, spare):
+    room = headroom(scale, gating)
+    assert room.busy_when_gated(100.0) == pytest.approx(scale / 20)
+    assert room.spare(100.0) is spare
+
+
+def test_before_a_window_of_arrivals_the_engine_gates():
+    room = Headroom(window=4)
+    room.arrived(0.0)
+    room.executed(StepWork(5.0, 100.0, 5.0, held=True, gated=True))
+    assert room.busy_when_gated(10.0) is None and room.spare(10.0)
+
+
+# b = 25 ms, a_p = 1 ms, a_d = 2.5 ms; 64 seats, a budget of 512 tokens.
+SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
+
+
+def two_relqueries() -> ScriptedView:
+    view = ScriptedView(EngineLimits(64, 512, 100_000, 16))
+    view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
+    view.add_relquery("small", [50] * 2, max_tokens=20, arrival=0.1)
+    return view
+
+
+def test_with_headroom_the_gate_holds_the_big_relquery_back():
+    # small (2 rows, 100 prompt tokens, 40 output, 20 steps) is admitted first. big (20
+    # rows, 1,000 tokens, 20 steps): Δ+ = 1 ms × 1,000 + 2.5 ms × 20 × 20 = 2.0 s,
+    # Δ- = (0.1 + 25 ms × 20 + 2.5 ms × 40) − 2.5 ms × min(40, 40) + 0 behind = 0.6 s:
+    # Δ = 1.4 s ≥ 0, big waits. V1's batches would take 9 of big's rows too.
+    gated = Relstream(SMALL_COST).plan(two_relqueries())
+    assert [c.request_id for c in gated.prefill] == ["small#0", "small#1"]
+    full = Relstream(SMALL_COST, RelstreamConfig(gate="never")).plan(two_relqueries())
+    assert len(full.prefill) == 11
+
+
+def test_without_headroom_the_step_is_v1s():
+    policy = Relstream(SMALL_COST)
+    # busy 0.98 if it gated; the two relQueries' arrivals join the window of six
+    policy.headroom = headroom(19.6, gating=True, window=6)
+    view = two_relqueries()
+    view.clock = 100.0
+    assert len(policy.plan(view).prefill) == 11
