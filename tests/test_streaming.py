@@ -3,6 +3,7 @@ broker. The worker runs from its own environment (.venv-stream), as in productio
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -132,7 +133,10 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
 
     answered, dead, results = asyncio.run(scenario(tmp_path / "worker.log"))
     assert answered == {row["key"]: f"Summarise: {row['values']['review']}" for row in rows}
+    # A window's id: query, partition, first offset, then @ its first row's timestamp.
     windows = {r.id: [row.key for row in r.rows] for r in map(decode_result, results)}
+    assert all(re.fullmatch(r"sum-0-\d+@\d{13}", window) for window in windows), windows
+    windows = {window.split("@")[0]: keys for window, keys in windows.items()}
     assert windows == {
         "sum-0-0": ["k0", "k1", "k2", "k3", "k4"],
         "sum-0-5": ["k5", "k6", "k7", "k8", "k9"],

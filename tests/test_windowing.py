@@ -44,13 +44,13 @@ RECORDS = [
 
 def test_windows_close_on_the_row_cap_and_on_a_row_past_the_deadline():
     windows, cutter = cut(RECORDS)
-    assert windows == [("2-10", ["a", "b", "c"]), ("2-14", ["d"])]
+    assert windows == [("2-10@0", ["a", "b", "c"]), ("2-14@10000", ["d"])]
     assert cutter.committable() == 15  # e's window is open: a replay starts there
 
 
 def test_with_no_row_past_the_deadline_the_clock_closes_the_window_late():
     windows, cutter = cut(RECORDS, expire_at=(14.5, 15.0))  # e's deadline 14, +1 s lateness
-    assert windows[-1] == ("2-15", ["e"])
+    assert windows[-1] == ("2-15@12000", ["e"])
     assert cutter.committable() == 16
 
 
@@ -58,6 +58,16 @@ def test_a_replay_fed_all_at_once_cuts_the_same_windows():
     live, _ = cut(RECORDS, expire_at=(3.0, 12.5, 15.0))
     replayed, _ = cut(RECORDS, expire_at=(15.0,))
     assert live == replayed
+
+
+def test_a_recreated_topic_names_its_windows_anew():
+    # A memory-only broker restarted (or a topic deleted and made again): offsets start
+    # over, the records' timestamps do not, so no id of the old incarnation comes back.
+    before, _ = cut(RECORDS)
+    after, _ = cut([(offset, stamp + 3600.5, key) for offset, stamp, key in RECORDS])
+    assert [keys for _, keys in before] == [keys for _, keys in after]
+    assert not {i for i, _ in before} & {i for i, _ in after}
+    assert [i for i, _ in after] == ["2-10@3600500", "2-14@3610500"]
 
 
 def registrations(tmp_path, extra: str):

@@ -7,7 +7,12 @@ a partition after a crash cuts the same windows under the same ids:
 - a window starts at the first valid row after the previous window and takes the rows
   that follow in offset order while fewer than `max_rows` and while each row's own
   timestamp is under the first row's plus `window_seconds`;
-- its id is (registration, partition, first offset).
+- its id is (registration, partition, first offset, first row's timestamp):
+  `<name>-<partition>-<offset>@<milliseconds>`. The offset alone repeats when a topic is
+  re-created (a memory-only broker restarted, a topic deleted and made again) and its
+  offsets start at 0 again; the first record's Kafka timestamp tells that incarnation
+  from the old one, and is the same on a replay, so a replayed window keeps its id. Ids
+  of earlier releases (`<name>-<partition>-<offset>`) are plain strings to every reader.
 
 A live worker cannot know that no more rows of a window will come until it sees a row
 past the deadline; with none, it closes the window once its own clock is `lateness`
@@ -83,10 +88,12 @@ class Window:
     deadline: float  # the first row's timestamp plus the window's seconds
     rows: list[RowMessage]
     last_offset: int
+    first_ms: int  # the first row's timestamp in milliseconds: names the topic's incarnation
 
     @property
     def window_id(self) -> str:
-        return f"{self.partition}-{self.first_offset}"
+        """Unique across incarnations of the topic, the same on a replay (module doc)."""
+        return f"{self.partition}-{self.first_offset}@{self.first_ms}"
 
 
 class PartitionWindows:
@@ -99,8 +106,11 @@ class PartitionWindows:
         self.next_offset: int | None = None  # just past the last record fed
 
     def add(self, offset: int, timestamp: float, row: RowMessage | None) -> list[Window]:
-        """Feed one record (`row` None: a rejected one). Returns the windows it closed:
-        the open one if this row is past its deadline, and this row's own if it filled it."""
+        """Feed one record (`row` None: a rejected one) with its Kafka timestamp in
+        seconds. Returns the windows it closed: the open one if this row is past its
+        deadline, and this row's own if it filled it. The first row's timestamp also names
+        its window, so it must be the record's own (a record of a pre-0.10 message format
+        has none; the worker gives it its clock, and a replay names that window anew)."""
         self.next_offset = offset + 1
         if row is None:
             return []
@@ -110,7 +120,8 @@ class PartitionWindows:
             self.open = None
         if self.open is None:
             deadline = timestamp + self.registration.window_seconds
-            self.open = Window(self.partition, offset, deadline, [], offset)
+            first_ms = round(timestamp * 1000)  # the record's own: a float of its ms
+            self.open = Window(self.partition, offset, deadline, [], offset, first_ms)
         self.open.rows.append(row)
         self.open.last_offset = offset
         if len(self.open.rows) >= self.registration.max_rows:
