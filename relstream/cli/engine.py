@@ -126,10 +126,12 @@ def serve(http_host: str, http_port: int, **opts) -> None:
 
 def _run(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.backend import EngineFailure
+    from relstream.kafka.delivery import quiet_outages
 
     if opts["backend"] == "vllm":
         reexec_with_tcmalloc()
     show_logs("relstream.engine")
+    quiet_outages()  # a broker outage: one line per kind and period, with a count
     try:
         asyncio.run(_serve(opts, http))
     except EngineFailure as exc:

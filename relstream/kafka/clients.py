@@ -7,7 +7,6 @@ given by its bootstrap address; `broker_kind` only adds what an embedded broker 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -19,8 +18,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.schemas import encode
-from relstream.schemas.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka")
 
@@ -61,36 +58,6 @@ def new_producer(
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", **security.client_options(), **options
     )
-
-
-def send_dead_letter(
-    producer: AIOKafkaProducer, topic: str, record: ConsumerRecord, reason: str
-) -> asyncio.Future:
-    """The dead letter of a consumed `record` on its way to `topic`, its bytes cut to fit
-    under the request limit. The future settles True once the broker has it, False
-    (logged) if the broker refused it: nothing a producer sends may stop the process that
-    reads it."""
-    letter = dead_letter_message(
-        record.value,
-        record.topic,
-        record.partition,
-        record.offset,
-        reason,
-        record.key,
-        DEAD_LETTER_ORIGINAL_BYTES,
-    )
-    where = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
-    sending = producer.send(topic, encode(letter), key=letter.key)
-    return asyncio.ensure_future(_settle(sending, where))
-
-
-async def _settle(sending: Awaitable[asyncio.Future], what: str) -> bool:
-    try:
-        await (await sending)
-    except KafkaError as exc:
-        log.error("could not publish %s: %s; going on without it", what, exc)
-        return False
-    return True
 
 
 def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any):

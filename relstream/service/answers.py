@@ -129,3 +129,19 @@ class AnswerTopic:
             self.published += 1
         except Exception as exc:  # a lost answer is recomputed when asked again
             log.warning("answer cache: an answer was not published to %s: %s", self.topic, exc)
+
+
+async def start_answer_topic(
+    backend, producer, bootstrap: str, topic: str, broker_kind, security: KafkaSecurity
+) -> AnswerTopic | None:
+    """`topic` read into `backend`'s answer cache (`--answer-cache topic`), publishing
+    with `producer`; None (logged) for a backend that keeps no answers."""
+    store = getattr(backend, "answer_cache", None)
+    if store is None:
+        log.warning("--answer-cache topic: this backend keeps no answers; not used")
+        return None
+    answers = AnswerTopic(
+        bootstrap, topic, store, producer, broker_kind=broker_kind, security=security
+    )
+    await answers.start()
+    return answers

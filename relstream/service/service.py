@@ -11,6 +11,10 @@ de-duplicate on it.
 - **Bad input** (a message that does not decode) is dead-lettered with the reason.
 - **A relQuery whose serving raises** is retried `max_attempts` times, then
   dead-lettered with the error, so it never blocks its partition.
+- **A broker outage loses nothing.** A result or dead letter the broker does not take is
+  held, computed once, and re-published with backoff until it is acknowledged
+  (`kafka.delivery`); its offset is not committable before. Meanwhile its partition is
+  paused (`pauses.Pauses`), so no new work piles up, and resumed when the broker is back.
 - **An engine failure** (`EngineFailure`) is nobody's row error: the service publishes
   nothing more, commits nothing past the relQueries it was serving, and `run` raises, so
   the process exits non-zero and a restarted engine answers them.
@@ -40,17 +44,21 @@ from relstream.kafka.clients import (
     commit_assigned,
     new_consumer,
     new_producer,
-    send_dead_letter,
     start_all,
+)
+from relstream.kafka.delivery import (
+    STALL_S,
+    Refused,
+    publish_acked,
+    publish_best_effort,
+    send_dead_letter,
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult, cancelled_result
 from relstream.schemas import (
-    ControlMessage,
     Message,
     MessageError,
-    decode,
     decode_relquery_stepwise,
     encode,
 )
@@ -61,15 +69,18 @@ from relstream.schemas.convert import (
     result_message,
 )
 from relstream.schemas.parts import split_result
-from relstream.service.answers import AnswerTopic
+from relstream.service.answers import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
+from relstream.service.control import follow_control
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook, PublishedOffsets
+from relstream.service.pauses import Pauses
 
 log = logging.getLogger("relstream.engine")
 
 LAG_EVERY_S = 1.0  # how often the consumer lag is measured for the metrics
 REMEMBERED_CANCELS = 100_000  # cancelled ids kept for relQueries not yet taken
+LETTERS_IN_FLIGHT = 16  # dead letters of undecodable relQueries on their way, at most
 
 
 @dataclass
@@ -86,6 +97,7 @@ class ServiceConfig:
     metrics_host: str = "127.0.0.1"
     security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
     answer_topic: bool = False  # back the backend's answer cache with the answers topic
+    stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,8 @@ class EngineService:
         self._book = OffsetBook()
         self._published = PublishedOffsets()  # answered, maybe not committed
         self._tasks: set[asyncio.Task] = set()
-        self._paused = False
+        self._pauses = Pauses(self._apply_pauses)
+        self._letters: set[asyncio.Task] = set()  # dead letters of undecodable relQueries
         self._failure: EngineFailure | None = None
         self._lag_measured = 0.0  # monotonic time of the last lag measurement
         self._serving: dict[str, RelQueryHandle] = {}  # relQuery id -> its handle
@@ -132,14 +145,23 @@ class EngineService:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         await start_all(self._producer, self._consumer)
-        answers = await self._start_answer_topic()
+        answers = None
+        if config.answer_topic:
+            answers = await start_answer_topic(
+                self.backend, self._producer, config.bootstrap, config.topics.answers,
+                config.broker, config.security,
+            )  # fmt: skip
         log.info(
             "engine (%s) serving %s as group %s",
             self.backend.policy,
             config.topics.relqueries,
             config.group_id,
         )
-        followers = [asyncio.create_task(self._follow_control())]
+        control = follow_control(
+            config.bootstrap, config.topics.control, self.cancel, self._dead_letter,
+            config.broker, config.security,
+        )  # fmt: skip
+        followers = [asyncio.create_task(control)]
         if answers is not None:
             followers.append(asyncio.create_task(answers.follow()))
         try:
@@ -156,26 +178,6 @@ class EngineService:
         if self._failure is not None:
             raise self._failure
 
-    async def _start_answer_topic(self) -> AnswerTopic | None:
-        """The answers topic read into the backend's answer cache, when asked for."""
-        if not self.config.answer_topic:
-            return None
-        store = getattr(self.backend, "answer_cache", None)
-        if store is None:
-            log.warning("--answer-cache topic: this backend keeps no answers; not used")
-            return None
-        config = self.config
-        answers = AnswerTopic(
-            config.bootstrap,
-            config.topics.answers,
-            store,
-            self._producer,
-            broker_kind=config.broker,
-            security=config.security,
-        )
-        await answers.start()
-        return answers
-
     async def _shut_down(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -191,12 +193,10 @@ class EngineService:
     # taking work
     async def _poll_once(self) -> None:
         self._start(self.budget.admit())
-        full = self.budget.full
-        if full != self._paused:
-            # Only on a change: resuming on every poll restarts fetches in a busy loop.
-            assignment = self._consumer.assignment()
-            (self._consumer.pause if full else self._consumer.resume)(*assignment)
-            self._paused = full
+        self._apply_pauses()
+        if len(self._letters) >= LETTERS_IN_FLIGHT:  # the broker is slow to take them
+            await asyncio.wait(self._letters, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+            return
         batches = await self._consumer.getmany(timeout_ms=200, max_records=64)
         for partition, messages in batches.items():
             for message in messages:
@@ -216,6 +216,9 @@ class EngineService:
             if (cache := getattr(self.backend, "answer_cache", None)) is not None:
                 self.metrics.observe_answer_cache(cache)
 
+    def _apply_pauses(self) -> None:
+        self._pauses.apply(self._consumer, self.budget.full)
+
     async def _lag(self) -> dict[int, int]:
         """Per assigned partition: messages past the consumer's position."""
         lag = {}
@@ -232,68 +235,103 @@ class EngineService:
             decoded = await decode_relquery_stepwise(message.value)
             relquery = relquery_from_message(decoded)
         except MessageError as exc:
-            await self._dead_letter(message, exc.reason)
-            self._book.finish(partition, message.offset)
+            letter = self._spawn(self._reject(partition, message, exc.reason))
+            self._letters.add(letter)
+            letter.add_done_callback(self._letters.discard)
             return None
         return _Work(partition, message, relquery, decoded.submitted_at)
 
+    async def _reject(self, partition, message, reason: str) -> None:
+        """Dead-letter an undecodable relQuery; its offset is done once the letter is on
+        the broker (or refused by it for good)."""
+        with self._pauses.holding(partition) as stalled:
+            await self._dead_letter(message, reason, stalled)
+        self._book.finish(partition, message.offset)
+
     def _start(self, admitted: list[_Work]) -> None:
         for work in admitted:
-            task = asyncio.create_task(self._handle(work))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._handle(work))
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # serving
     async def _handle(self, work: _Work) -> None:
+        """Answer `work` and, once the broker has its result or dead letter, mark its
+        offset done. While the broker does not take them, the partition is held."""
         message = work.message
         try:
-            await self._serve_with_retries(work)
+            with self._pauses.holding(work.partition) as stalled:
+                await self._answer(work, stalled)
             self._book.finish(work.partition, message.offset)
             self._published.add(work.partition, message.offset)
         except EngineFailure as exc:
             log.error("engine failed serving %s: %s", work.relquery.id, exc)
             self._failure = self._failure or exc
         except Exception:
-            # Not even the dead letter could be published: left uncommitted, so the
-            # relQuery is served again after a restart.
+            # Unforeseen: left uncommitted, so the relQuery is served again after a restart.
             log.exception("could not finish %s", work.relquery.id)
         finally:
             self.budget.release(len(work.relquery.rows))
 
-    async def _serve_with_retries(self, work: _Work) -> None:
+    async def _answer(self, work: _Work, stalled) -> None:
+        """Serve `work` once and publish its result until the broker has it: a publish
+        failure never recomputes it. A relQuery that cannot be served, or whose result
+        the broker refuses for good, is dead-lettered instead."""
+        taken_at = time.time()
+        result = await self._serve_with_retries(work)
+        if isinstance(result, str):
+            await self._dead_letter(work.message, result, stalled)
+            return
+        relquery = work.relquery
+        key = relquery.id.encode()
+        # A result of any size reaches the user: in parts under the request limit.
+        parts = [encode(part) for part in split_result(result_message(result), RESULT_PART_BYTES)]
+        try:
+            for index, part in enumerate(parts):
+                what = f"the result of {relquery.id} (part {index + 1} of {len(parts)})"
+                await publish_acked(
+                    self._producer, self.config.topics.results, part, key, what, stalled,
+                    self.config.stall_s,
+                )  # fmt: skip
+        except Refused as exc:
+            await self._dead_letter(work.message, f"its result was refused: {exc}", stalled)
+            return
+        metrics = metrics_message(result, self.engine_name)
+        await self._publish_best_effort(self.config.topics.metrics, relquery.id, metrics)
+        self.metrics.observe_result(result, time.time() - taken_at)
+        total = f"{result.latency.total:.2f} s" if result.latency else "no row ran"
+        rows = ", ".join(f"{n} {status}" for status, n in metrics.rows.items())
+        log.info("answered %s: %d rows (%s), %s", relquery.id, len(result.rows), rows, total)
+
+    async def _serve_with_retries(self, work: _Work) -> RelQueryResult | str:
+        """The relQuery's result, or after `max_attempts` failed tries the reason to
+        dead-letter it."""
         backoff = self.config.retry_backoff_s
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                await self._serve(work)
-                return
+                return await self._serve(work)
             except EngineFailure:
                 raise
             except Exception as exc:
                 log.exception("serving %s failed (try %d)", work.relquery.id, attempt)
                 if attempt == self.config.max_attempts:
-                    reason = f"serving failed {attempt} times; last error: {exc!r}"
-                    await self._dead_letter(work.message, reason)
-                    return
+                    return f"serving failed {attempt} times; last error: {exc!r}"
             await asyncio.sleep(backoff)
             backoff *= 2
+        raise AssertionError("unreachable")
 
-    async def _serve(self, work: _Work) -> None:
+    async def _serve(self, work: _Work) -> RelQueryResult:
         relquery = work.relquery
         taken_at = time.time()
         if relquery.id in self._cancels:  # cancelled while it waited in Kafka
             answered = cancelled_result(relquery, self.backend.policy, self.backend.model_name)
         else:
             answered = await self._run(relquery)
-        result = with_queued(answered, max(taken_at - work.submitted_at, 0.0))
-        # A result of any size reaches the user: in parts under the request limit.
-        for part in split_result(result_message(result), RESULT_PART_BYTES):
-            await self._publish(self.config.topics.results, relquery.id, part)
-        metrics = metrics_message(result, self.engine_name)
-        await self._publish(self.config.topics.metrics, relquery.id, metrics)
-        self.metrics.observe_result(result, time.time() - taken_at)
-        total = f"{result.latency.total:.2f} s" if result.latency else "no row ran"
-        rows = ", ".join(f"{n} {status}" for status, n in metrics.rows.items())
-        log.info("answered %s: %d rows (%s), %s", relquery.id, len(result.rows), rows, total)
+        return with_queued(answered, max(taken_at - work.submitted_at, 0.0))
 
     async def _run(self, relquery: RelQuery) -> RelQueryResult:
         handle = await self.backend.submit(relquery)
@@ -302,33 +340,11 @@ class EngineService:
             if self.config.partial_results:
                 async for row in handle.rows():
                     partial = partial_result_message(relquery.id, row)
-                    await self._publish(self.config.topics.partial_results, relquery.id, partial)
+                    topic = self.config.topics.partial_results
+                    await self._publish_best_effort(topic, relquery.id, partial)
             return await handle.result()
         finally:
             self._serving.pop(relquery.id, None)
-
-    async def _follow_control(self) -> None:
-        """Every engine reads every control message (no consumer group), from the
-        earliest one kept, so a cancel reaches a relQuery still waiting in Kafka too."""
-        config = self.config
-        consumer = new_consumer(
-            config.bootstrap,
-            config.topics.control,
-            broker_kind=config.broker,
-            security=config.security,
-            group_id=None,
-        )
-        await start_all(consumer)
-        try:
-            async for message in consumer:
-                try:
-                    request = decode(ControlMessage, message.value)
-                except MessageError as exc:
-                    await self._dead_letter(message, exc.reason)
-                    continue
-                await self.cancel(request.cancel)
-        finally:
-            await consumer.stop()
 
     async def cancel(self, relquery_id: str) -> None:
         """Cancel a relQuery this engine serves, or remember it for when it is taken."""
@@ -340,17 +356,22 @@ class EngineService:
             log.info("cancelling %s", relquery_id)
             await handle.cancel()
 
-    async def _dead_letter(self, message, reason: str) -> None:
+    async def _dead_letter(self, message, reason: str, stalled=lambda: None) -> None:
+        """Dead-letter `message`; returns once the broker has the letter (or refused it
+        for good: logged and counted)."""
         log.warning(
             "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
         )
-        if await send_dead_letter(self._producer, self.config.topics.deadletter, message, reason):
+        topic = self.config.topics.deadletter
+        if await send_dead_letter(self._producer, topic, message, reason, stalled):
             self.metrics.dead_letters.inc()
         else:
             self.metrics.dead_letter_failures.inc()
 
-    async def _publish(self, topic: str, key: str, payload: Message) -> None:
-        await self._producer.send_and_wait(topic, encode(payload), key=key.encode())
+    async def _publish_best_effort(self, topic: str, key: str, payload: Message) -> None:
+        """Partial results and metrics: nothing waits on them (the result carries every
+        row), so one the broker does not take is logged, not retried."""
+        await publish_best_effort(self._producer, topic, encode(payload), key.encode())
 
     # offsets
     async def _commit(self) -> None:
@@ -364,7 +385,7 @@ class EngineService:
         dropped = self.budget.drop_waiting(lambda work: work.partition not in revoked)
         if revoked:
             log.info("partitions revoked: %s (%d waiting relQueries left)", revoked, dropped)
-        self._paused = False  # the new assignment starts resumed
+        self._pauses.revoked()
 
 
 def with_queued(result: RelQueryResult, queued: float) -> RelQueryResult:

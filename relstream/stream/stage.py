@@ -4,15 +4,21 @@ It reads whole batches of records (per-event handling was what held the worker t
 ~7,000 rows/s), cuts each input partition into windows (`windowing.PartitionWindows`),
 publishes a window's relQuery, and only once the broker has it commits the partition up
 to the start of the window still open. A crashed worker therefore replays from there
-and cuts the same windows under the same ids. Each registration reads with its own
-consumer group, so registrations over one table keep their own offsets.
+and cuts the same windows under the same ids. A relQuery or dead letter the broker does
+not take (an outage) is held and re-published with backoff until it is acknowledged
+(`kafka.delivery`); meanwhile the stage's partitions are paused and nothing is committed,
+so an outage holds at most one fetch (`BATCH_RECORDS` rows) and the windows it closed.
+Each registration reads with its own consumer group, so registrations over one table keep
+their own offsets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
@@ -23,9 +29,9 @@ from relstream.kafka.clients import (
     new_consumer,
     new_producer,
     portable_session,
-    send_dead_letter,
     start_all,
 )
+from relstream.kafka.delivery import publish_acked, send_dead_letter
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.schemas import encode
@@ -91,7 +97,7 @@ class WindowStage:
 
     async def _step(self) -> None:
         batches = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=BATCH_RECORDS)
-        sends = []
+        sends: list[Callable[[Callable[[], None]], Awaitable[object]]] = []
         closed: list[Window] = []
         rejected: list[str] = []
         for partition, records in batches.items():
@@ -112,9 +118,11 @@ class WindowStage:
             expired = cutter.expire(now, self.settings.lateness)
             if expired is not None:
                 closed.append(expired)
-        for window in closed:
-            sends.append(await self._publish(window))
-        await asyncio.gather(*sends)  # every relQuery and dead letter is on the broker
+        sends += [self._publish(window) for window in closed]
+        if sends:
+            with self._holding(len(sends)) as stalled:
+                # every relQuery and dead letter is on the broker before the commit
+                await asyncio.gather(*(send(stalled) for send in sends))
         if rejected:
             log.warning(
                 "query %s: %d rows dead-lettered (relstream deadletters lists them); first: %s",
@@ -132,16 +140,49 @@ class WindowStage:
             )
         return cutter
 
-    async def _publish(self, window: Window) -> asyncio.Future:
+    def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
+        """The window's relQuery, to send until the broker has it (`publish_acked`)."""
         message = relquery_for_window(self.registration, window.rows, window.window_id)
         log.info("window %s: %d rows", message.id, len(message.rows))
-        return await self._producer.send(
-            self.settings.topics.relqueries, encode(message), key=message.id.encode()
-        )
+        topic, what = self.settings.topics.relqueries, f"relQuery {message.id}"
+        value, key = encode(message), message.id.encode()
+        return lambda stalled: publish_acked(self._producer, topic, value, key, what, stalled)
 
-    def _dead_letter(self, record, reason: str) -> asyncio.Future:
-        """The letter on its way (`send_dead_letter`): a bad row never stops the worker."""
-        return send_dead_letter(self._producer, self.settings.topics.deadletter, record, reason)
+    def _dead_letter(self, record, reason: str) -> Callable[[Callable[[], None]], Awaitable]:
+        """The row's dead letter, to send until the broker has it (`send_dead_letter`): a
+        bad row never stops the worker."""
+        topic = self.settings.topics.deadletter
+        return lambda stalled: send_dead_letter(self._producer, topic, record, reason, stalled)
+
+    @contextlib.contextmanager
+    def _holding(self, held: int) -> Iterator[Callable[[], None]]:
+        """A `stalled` callback for the step's `held` deliveries: its first call pauses
+        every assigned partition (logged), and leaving the block resumes them (logged)."""
+        since = None
+
+        def stalled() -> None:
+            nonlocal since
+            if since is None:
+                since = time.monotonic()
+                self._consumer.pause(*self._consumer.assignment())
+                log.warning(
+                    "query %s: pausing its rows partitions: the broker does not acknowledge "
+                    "relQueries or dead letters; %d held, re-published with backoff",
+                    self.registration.name,
+                    held,
+                )
+
+        try:
+            yield stalled
+        finally:
+            if since is not None:
+                self._consumer.resume(*self._consumer.assignment())
+                log.warning(
+                    "query %s: resuming its rows partitions: the broker acknowledges again "
+                    "(paused %.1f s)",
+                    self.registration.name,
+                    time.monotonic() - since,
+                )
 
     async def _commit(self) -> None:
         offsets = {

@@ -1,0 +1,174 @@
+"""Publishing that outlasts a broker outage, for the messages an offset commit waits on.
+
+A relQuery's offset (the engine) or a window's rows (the worker) may be committed only
+once its result, relQuery or dead letter is on the broker. So those messages are sent
+until the broker acknowledges them: a send that fails because the broker cannot be
+reached (or does not answer in time) is sent again, the same bytes, after a capped
+exponential backoff, for as long as the outage lasts. Only a refusal for good (the
+message too large for the broker, no such topic allowed, no authorisation) ends the
+tries, as `Refused`: waiting would not help, and the caller decides.
+
+`publish_acked` calls `stalled()` once a message has waited `stall_s` without an
+acknowledgement, or at its first failed try, so the caller can stop taking new work
+(pause its input partitions) well before the client's own request timeout; the caller
+resumes when the call returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    KafkaUnavailableError,
+)
+
+from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
+from relstream.kafka.outage import RateLimited
+from relstream.schemas import encode
+from relstream.schemas.convert import dead_letter_message
+
+log = logging.getLogger("relstream.kafka.delivery")
+
+STALL_S = 5.0  # unacknowledged this long: the broker is taken to be out
+
+
+class Refused(Exception):
+    """The broker refused a message for good: sending it again would not help."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between tries: `first_s`, doubled after each failed try, at most `cap_s`."""
+
+    first_s: float = 0.5
+    cap_s: float = 10.0
+
+    def after(self, tries: int) -> float:
+        """The wait after `tries` failed tries (1 for the first)."""
+        return min(self.first_s * 2 ** (tries - 1), self.cap_s)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the broker (or a partition's leader) cannot be reached now, so a
+    later try may succeed; False for a refusal of this message itself."""
+    if isinstance(exc, KafkaTimeoutError | KafkaConnectionError | KafkaUnavailableError):
+        return True
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+async def publish_acked(
+    producer: AIOKafkaProducer,
+    topic: str,
+    value: bytes,
+    key: bytes | None,
+    what: str,
+    stalled: Callable[[], None] = lambda: None,
+    stall_s: float = STALL_S,
+    backoff: Backoff = Backoff(),
+) -> int:
+    """Send `value` to `topic` until the broker acknowledges it; returns the tries it took.
+    Raises `Refused` if the broker refuses it for good. `what` names it in the log lines,
+    which go through the outage rate limit (`outage.RateLimited`)."""
+    timer = asyncio.get_running_loop().call_later(stall_s, stalled)
+    tries = 0
+    try:
+        while True:
+            tries += 1
+            try:
+                await (await producer.send(topic, value, key=key))
+                return tries
+            except KafkaError as exc:
+                if not unavailable(exc):
+                    raise Refused(f"the broker refused {what}: {exc!r}") from exc
+                stalled()
+                wait = backoff.after(tries)
+                log.warning(
+                    "could not publish %s to %s (%s); held, next try in %.1f s",
+                    what,
+                    topic,
+                    type(exc).__name__,
+                    wait,
+                )
+                await asyncio.sleep(wait)
+    finally:
+        timer.cancel()
+
+
+async def publish_best_effort(
+    producer: AIOKafkaProducer, topic: str, value: bytes, key: bytes | None
+) -> None:
+    """Hand `value` to the producer and go on: for messages nothing waits on (metrics,
+    partial results). One the broker does not take is logged (rate-limited), not retried."""
+
+    def settled(sent: asyncio.Future) -> None:
+        if not sent.cancelled() and sent.exception() is not None:
+            log.warning("could not publish to %s (%s); dropped", topic, sent.exception())
+
+    try:
+        sent = await producer.send(topic, value, key=key)
+    except KafkaError as exc:
+        log.warning("could not publish to %s (%s); dropped", topic, exc)
+        return
+    sent.add_done_callback(settled)
+
+
+async def send_dead_letter(
+    producer: AIOKafkaProducer,
+    topic: str,
+    record: ConsumerRecord,
+    reason: str,
+    stalled: Callable[[], None] = lambda: None,
+) -> bool:
+    """The dead letter of a consumed `record`, its bytes cut to fit under the request
+    limit, sent to `topic` until the broker has it (`publish_acked`): True then. False
+    (logged) if the broker refuses it for good: nothing a producer sends may stop the
+    process that reads it, and a letter that can never be written would hold its
+    partition for ever."""
+    letter = dead_letter_message(
+        record.value,
+        record.topic,
+        record.partition,
+        record.offset,
+        reason,
+        record.key,
+        DEAD_LETTER_ORIGINAL_BYTES,
+    )
+    what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    try:
+        await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
+    except Refused as exc:
+        log.error("%s; going on without it", exc)
+        return False
+    return True
+
+
+_QUIET = "relstream-outage-handler"
+OUTAGE_LOGGERS = ("aiokafka", "relstream.kafka")  # the lines a broker outage repeats
+
+
+def quiet_outages(period_s: float = 30.0) -> None:
+    """Send the Kafka clients' warnings and errors (aiokafka's, relstream.kafka's) to
+    stderr through one `RateLimited` filter: a broker outage then prints one line per kind
+    and period with a count, not one per reconnect and poll. Idempotent."""
+    quiet = RateLimited(period_s)
+    for name in OUTAGE_LOGGERS:
+        logger = logging.getLogger(name)
+        if any(handler.get_name() == _QUIET for handler in logger.handlers):
+            continue
+        handler = logging.StreamHandler(sys.stderr)
+        handler.set_name(_QUIET)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
+        handler.setLevel(logging.WARNING)
+        handler.addFilter(quiet)
+        logger.addHandler(handler)
+        logger.propagate = False
