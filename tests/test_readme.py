@@ -35,9 +35,13 @@ def session(tmp_path_factory):
     (workdir / ".venv").symlink_to(Path(sys.prefix))
     (workdir / ".venv-stream").symlink_to(stream_bin().parent)
     ports = {name: free_port() for name in ("9092", "9400", "8000")}
-    user = Session(workdir, ports)
-    yield user
-    crashed = user.stop()
+    # The broker keeps its topics in the user's data dir: this user has one of their own,
+    # so no earlier run's topics are met.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_DATA_HOME", str(workdir / ".local" / "share"))
+        user = Session(workdir, ports)
+        yield user
+        crashed = user.stop()
     assert not crashed, "\n\n".join(crashed)
 
 

@@ -22,9 +22,19 @@ from relstream.kafka.clients import create_topics, metadata_ok
 from relstream.kafka.topics import Topics
 
 BROKERS = ("noida-db", "tansu")
-# The default everywhere: an idle noida-db 0.2.3 consumer spins ~85 % of a core, which
-# starves the engine on a small machine (measured by the streaming benchmark).
+# The default of the runs that start their own broker and throw it away (demo, benchmarks,
+# drills): an idle noida-db 0.2.3 consumer spins ~85 % of a core, which starves the engine
+# on a small machine (measured by the streaming benchmark).
 DEFAULT_BROKER = "tansu"
+# `relstream broker`'s default: a broker users run keeps its topics on disk, so stopping
+# and starting it loses no row or result (Tansu's build here stores to memory only).
+STORED_BROKER = "noida-db"
+
+
+def default_data_dir() -> Path:
+    """Where noida-db keeps its topics unless told: the user's data dir, never the current
+    directory (noida-db's own default, `./.noida-db`)."""
+    return Path(platformdirs.user_data_dir("relstream")) / "noida-db"
 
 
 def free_port() -> int:
@@ -50,7 +60,7 @@ def _binary(broker: str) -> Path:
 class EmbeddedBroker:
     kind: str = DEFAULT_BROKER
     port: int = 0  # 0: pick a free one
-    data_dir: Path | None = None  # noida-db only; default under the user data dir
+    data_dir: Path | None = None  # noida-db only; default: `default_data_dir()`
     topics: Topics = field(default_factory=Topics)
     tables: tuple[str, ...] = ()
     _process: subprocess.Popen | None = None
@@ -63,6 +73,13 @@ class EmbeddedBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def data_path(self) -> Path | None:
+        """Where the broker keeps its topics; None for Tansu, which keeps them in memory."""
+        if self.kind != "noida-db":
+            return None
+        return self.data_dir or default_data_dir()
 
     @property
     def pid(self) -> int | None:
@@ -85,8 +102,8 @@ class EmbeddedBroker:
         return self.bootstrap
 
     def _command(self) -> list[str]:
-        if self.kind == "noida-db":
-            data = self.data_dir or Path(platformdirs.user_data_dir("relstream")) / "noida-db"
+        data = self.data_path
+        if data is not None:
             data.mkdir(parents=True, exist_ok=True)
             return [
                 str(_binary("noida-db")),

@@ -1,0 +1,189 @@
+"""A broker restart, as an operator does it: results, the broker stopped and started, more
+rows for the same query. The sink stores every row's result once and no relQuery id comes
+back; `relstream broker`'s default keeps every row and result across the restart, and
+even a memory-only broker, whose offsets start over, gives new windows new ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from relstream.client import RelstreamClient
+from relstream.connectors.sinks import JsonlSink
+from relstream.kafka.brokers import free_port
+from relstream.kafka.clients import metadata_ok, read_messages
+from relstream.kafka.topics import Topics
+from relstream.schemas import ResultMessage, RowMessage, decode, encode
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend
+from relstream.stream import launch
+
+REPO = Path(__file__).resolve().parents[1]
+QUERY = (
+    '[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
+    "window_seconds = 1.0\nmax_rows = 1\nmax_output_tokens = 4\n"
+)
+
+
+class BrokerCommand:
+    """`relstream broker` as a user runs it, stopped with Ctrl-C's signal and started
+    again on the same port (and, unless memory-only, the same data)."""
+
+    def __init__(self, tmp_path: Path, memory: bool, prefix: str) -> None:
+        self.port = free_port()
+        self.kind = "tansu" if memory else "noida-db"
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.log = tmp_path / "broker.log"
+        self.args = [sys.executable, "-m", "relstream", "broker", "--port", str(self.port)]
+        self.args += ["--prefix", prefix, "--table", "reviews"]
+        self.args += ["--memory"] if memory else ["--data-dir", str(tmp_path / "data")]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> str:
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while "ready:" not in self.log.read_text().split("stopped")[-1]:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"relstream broker did not start:\n{self.log.read_text()}")
+            time.sleep(0.2)
+        socket.create_connection(("127.0.0.1", self.port), timeout=5).close()
+        asyncio.run(metadata_ok(self.bootstrap))
+        return self.log.read_text().split("stopped")[-1]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(30)
+
+
+def stream_bin() -> Path:
+    path = Path(os.environ.get("RELSTREAM_STREAM_BIN", REPO / ".venv-stream" / "bin"))
+    if not (path / "relstream").exists():
+        pytest.fail(f"no Faust environment at {path}: run `make setup`")
+    return path
+
+
+def rows(*keys: str) -> list[tuple[bytes, bytes]]:
+    made = [RowMessage(table="reviews", key=k, values={"review": f"text {k}"}) for k in keys]
+    return [(row.key.encode(), encode(row)) for row in made]
+
+
+async def serve(broker, topics: Topics, config: Path, log: Path, keys: tuple[str, ...]):
+    """A worker and an engine (the same groups as before a restart, as restarted ones
+    keep theirs) until the results topic answers every row in `keys`, all sent to
+    partition 0 so that a memory-only broker's second life reuses its offsets."""
+    worker = launch.start_worker(
+        [str(stream_bin() / "relstream")], broker, config, log, topics, "restart-worker"
+    )
+    stop = asyncio.Event()
+    service_config = ServiceConfig(broker.bootstrap, topics, "restart-engine", broker=broker.kind)
+    service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+    try:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        for key, value in rows(*keys):
+            await producer.send_and_wait(topics.rows("reviews"), value, key=key, partition=0)
+        await producer.stop()
+        answered: set[str] = set()
+        async with asyncio.timeout(120):
+            while not set(keys) <= answered:
+                launch.check_alive([worker])
+                count = len(answered) + 1
+                for record in await read_messages(
+                    broker.bootstrap, topics.results, count, broker.kind, 120
+                ):
+                    answered |= {row.key for row in decode(ResultMessage, record.value).rows}
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        stop.set()
+        await service
+
+
+def sink(broker, prefix: str, path: Path) -> int:
+    """`relstream sink results.jsonl` once: the results not yet stored, and how many."""
+    store = JsonlSink(path)
+    try:
+        with RelstreamClient(broker.bootstrap, prefix, broker_kind=broker.kind) as client:
+            return sum(store.write(result) for result in client.results("restart-sink"))
+    finally:
+        store.close()
+
+
+async def topic_contents(broker, topics: Topics, results: int, rows_sent: int):
+    result_ids = [
+        decode(ResultMessage, r.value).id
+        for r in await read_messages(broker.bootstrap, topics.results, results, broker.kind, 20)
+    ]
+    row_keys = [
+        decode(RowMessage, r.value).key
+        for r in await read_messages(
+            broker.bootstrap, topics.rows("reviews"), rows_sent, broker.kind, 20
+        )
+    ]
+    return result_ids, row_keys
+
+
+async def records_in(broker, topic: str) -> int:
+    """How many records `topic` holds (noida-db's end offsets are exact)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        ends = await consumer.end_offsets(partitions)
+        starts = await consumer.beginning_offsets(partitions)
+        return sum(ends[p] - starts[p] for p in partitions)
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["default-broker", "memory-broker"])
+def test_a_broker_restart_loses_no_row_and_repeats_no_id(tmp_path, memory):
+    prefix = f"r{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix)
+    config = tmp_path / "queries.toml"
+    config.write_text(QUERY)
+    command = BrokerCommand(tmp_path, memory, prefix)
+    broker = SimpleNamespace(bootstrap=command.bootstrap, kind=command.kind)
+    stored = tmp_path / "results.jsonl"
+    try:
+        banner = command.start()
+        assert ("memory only" if memory else f"data in {tmp_path / 'data'}") in banner
+        asyncio.run(serve(broker, topics, config, tmp_path / "worker1.log", ("a1", "a2")))
+        assert sink(broker, prefix, stored) == 2
+        before = [json.loads(line)["id"] for line in stored.read_text().splitlines()]
+
+        command.stop()
+        command.start()
+        if not memory:  # the default broker kept every row and result
+            result_ids, row_keys = asyncio.run(topic_contents(broker, topics, 2, 2))
+            assert sorted(result_ids) == sorted(before)
+            assert row_keys == ["a1", "a2"]
+        asyncio.run(serve(broker, topics, config, tmp_path / "worker2.log", ("b1", "b2")))
+        assert sink(broker, prefix, stored) == 2
+        if not memory:  # the committed offsets survived too: nothing was served twice
+            assert asyncio.run(records_in(broker, topics.results)) == 4
+    finally:
+        command.stop()
+
+    lines = [json.loads(line) for line in stored.read_text().splitlines()]
+    ids = [line["id"] for line in lines]
+    assert len(set(ids)) == len(ids) == 4, ids  # no id came back after the restart
+    assert not set(ids[2:]) & set(before)
+    keys = sorted(row["key"] for line in lines for row in line["rows"])
+    assert keys == ["a1", "a2", "b1", "b2"]  # every row's result, once
+    if memory:  # offsets started over: only the timestamp tells the windows apart
+        assert sorted(i.split("@")[0] for i in ids) == ["q-0-0", "q-0-0", "q-0-1", "q-0-1"]
