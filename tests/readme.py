@@ -110,11 +110,11 @@ class Session:
         return output
 
     def stop(self) -> list[str]:
-        """Stop every service; the logs of those that printed a traceback."""
-        for process, _ in self.services:
+        """Stop every service, the last started first (as a user stops the broker after
+        its clients); the logs of those that printed a traceback."""
+        for process, _ in reversed(self.services):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
-        for process, _ in self.services:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
