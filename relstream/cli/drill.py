@@ -1,4 +1,5 @@
-"""`relstream drill flood`: a hostile producer's flood against a running pipeline."""
+"""`relstream drill ...`: a hostile producer's flood, a broker outage, against a running
+pipeline."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from relstream.cli.common import console, csv_of
 
 @click.group()
 def drill() -> None:
-    """Drills: what a pipeline does under hostile input."""
+    """Drills: what a pipeline does under hostile input and broker outages."""
 
 
 @drill.command()
@@ -69,6 +70,56 @@ def flood(
         table = report_table(report)
         console.print(table, markup=False)
         sections += ["", f"## Seed {seed}: {'holds' if report.holds else 'FAILS'}", "", table]
+        if not report.holds:
+            failed.append(seed)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(sections) + "\n")
+        console.print(f"wrote {out}")
+    if failed:
+        raise click.ClickException(f"the drill failed for seed(s) {failed}")
+
+
+@drill.command()
+@click.option(
+    "--seeds",
+    default="0,1,2",
+    show_default=True,
+    callback=csv_of(int),
+    help="One run per seed.",
+)
+@click.option("--outage", default=60.0, show_default=True, help="Seconds the broker is down.")
+@click.option("--rate", default=20.0, show_default=True, help="Rows per second, all along.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for results.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the outcome, the command and the machine to this markdown file.",
+)
+def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, out) -> None:
+    """Stop the broker (noida-db, on disk) mid-stream for --outage seconds and start it
+    again while rows keep arriving; check every row is in exactly one stored result,
+    nothing exits, and the engine paused and resumed (worker and sim engine)."""
+    from relstream.bench.outage import report_text, run_outage
+    from relstream.bench.report import machine_description
+
+    sections = [
+        "# Broker-outage drill",
+        "",
+        f"Command: `relstream {shlex.join(sys.argv[1:])}`",
+        "",
+        f"Machine: {machine_description()}. Broker: noida-db (embedded, on disk); "
+        "engine: sim backend in real time.",
+    ]
+    failed = []
+    for seed in seeds:
+        workdir = Path(tempfile.mkdtemp(prefix=f"relstream-outage-{seed}-"))
+        console.print(f"seed {seed}: broker down {outage:g} s mid-stream; logs in {workdir}")
+        report = run_outage(workdir, seed, outage_s=outage, rate=rate, timeout=timeout)
+        text = report_text(report)
+        console.print(text, markup=False)
+        sections += ["", f"## Seed {seed}: {'holds' if report.holds else 'FAILS'}", "", text]
         if not report.holds:
             failed.append(seed)
     if out is not None:

@@ -151,4 +151,7 @@ def worker(
         ready_file.unlink(missing_ok=True)
     app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security, ready_file)
     show_logs("relstream.worker")
+    from relstream.kafka.delivery import quiet_outages
+
+    quiet_outages()  # a broker outage: one line per kind and period, with a count
     Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

@@ -1,0 +1,102 @@
+"""A broker outage loses nothing: what the engine and the worker cannot publish is held and
+re-published until the broker has it, their partitions pause meanwhile, and the outage's
+log lines are rate-limited. On a real noida-db broker, stopped and started again on its
+data directory."""
+
+import asyncio
+import logging
+
+import pytest
+
+from relstream.bench.outage import report_text, run_outage
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import new_producer, read_messages
+from relstream.kafka.delivery import Backoff, publish_acked
+from relstream.kafka.outage import RateLimited
+from relstream.kafka.topics import Topics
+
+
+def record(msg: str, *args, name: str = "aiokafka", level: int = logging.ERROR):
+    return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+
+def test_outage_lines_pass_once_a_period_and_the_next_one_says_how_many_were_held():
+    now = [0.0]
+    limit = RateLimited(period_s=30.0, clock=lambda: now[0])
+    first = record("Unable connect to node with id %s: %s", 1, "refused")
+    assert limit.filter(first)
+    assert first.getMessage() == "Unable connect to node with id 1: refused"
+    for second in range(1, 30):  # one a second, other arguments: the same kind, held back
+        now[0] = float(second)
+        assert not limit.filter(record("Unable connect to node with id %s: %s", 2, "refused"))
+    assert limit.filter(record("Unable to update metadata from %s", [1]))  # another kind
+    assert limit.filter(record("Unable connect to node with id %s: %s", 1, "x", level=30))
+    now[0] = 30.0
+    summary = record("Unable connect to node with id %s: %s", 1, "refused")
+    assert limit.filter(summary)
+    assert summary.getMessage() == (
+        "Unable connect to node with id 1: refused [and 29 more like this in the last 30 s]"
+    )
+    now[0] = 61.0  # a quiet period: the next line passes with no count
+    quiet = record("Unable connect to node with id %s: %s", 1, "refused")
+    assert limit.filter(quiet) and quiet.getMessage().endswith("refused")
+
+
+def test_the_backoff_doubles_up_to_its_cap():
+    assert [Backoff(0.5, 10.0).after(n) for n in range(1, 8)] == [0.5, 1, 2, 4, 8, 10, 10]
+
+
+def test_a_message_is_held_through_a_broker_outage_and_published_once_it_is_back(tmp_path):
+    # A producer that gives up on a request after 1 s, so tries fail while the broker is
+    # down: the message is sent again, the same bytes, until the broker acknowledges it.
+    topics = Topics(prefix="held.")
+    broker = EmbeddedBroker("noida-db", data_dir=tmp_path / "broker", topics=topics)
+    broker.start()
+    try:
+
+        async def scenario():
+            producer = new_producer(broker.bootstrap, request_timeout_ms=1000)
+            await producer.start()
+            stalls = []
+            try:
+                await asyncio.to_thread(broker.stop)
+                publish = asyncio.create_task(
+                    publish_acked(
+                        producer, topics.results, b"kept", b"k", "a result",
+                        lambda: stalls.append(1), stall_s=0.5, backoff=Backoff(0.2, 1.0),
+                    )
+                )  # fmt: skip
+                await asyncio.sleep(4)
+                assert not publish.done() and stalls  # held, and said so at once
+                await asyncio.to_thread(broker.start)
+                tries = await asyncio.wait_for(publish, 60)
+            finally:
+                await producer.stop()
+            assert tries > 1
+            return await read_messages(broker.bootstrap, topics.results, 1, broker.kind, 30)
+
+        messages = asyncio.run(scenario())
+        assert [m.value for m in messages] == [b"kept"]
+    finally:
+        broker.stop()
+
+
+@pytest.mark.slow
+def test_a_broker_outage_mid_stream_loses_no_row_and_the_engine_pauses_and_resumes(tmp_path):
+    # The outage drill, short: the broker stopped for 12 s right after a burst, rows still
+    # arriving, then started again on its data dir. Before the fix the engine neither paused
+    # nor held its output, and both processes logged every failed retry of every client.
+    report = run_outage(
+        tmp_path, seed=0, outage_s=12, rate=20, before_s=5, after_s=5, burst=1000, timeout=180
+    )
+    text = report_text(report)
+    assert report.rows_produced > 1000 and report.rows_during_outage > 100, text
+    assert report.down_s >= 12, text
+    assert not report.missing and not report.repeated, text  # each row in one stored result
+    assert set(report.stored) <= report.rows_keys, text
+    assert report.bad_keys and report.bad_keys <= report.lettered, text
+    assert report.alive == {"engine": True, "worker": True}, text
+    assert report.paused_and_resumed, text
+    # Rate-limited: a few lines per kind of failure, not one per retry.
+    assert all(count <= 40 for count in report.outage_lines.values()), text
+    assert report.holds, text
