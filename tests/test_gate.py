@@ -1,5 +1,4 @@
-"""The Δ gate and the headroom that decides when relstream uses it, on cases computed
-by hand."""
+"""The Δ gate and the load that weighs it, on cases computed by hand."""
 
 import pytest
 from helpers import ScriptedView
@@ -29,39 +28,43 @@ def test_a_relquery_is_admitted_at_once_when_nothing_runs():
     assert admission_pays([], CANDIDATE, 0, C)
 
 
-def headroom(scale: float, gating: bool, window: int = 4) -> Headroom:
-    """Four arrivals (0-30 s); by 100 s a gated engine did, scaled by `scale`, 1 unit of
-    full-batch work in 2 s of held steps (yield e_g = 0.5) and 3 units in 3 s of free
-    steps (e_f = 1): φ = 1/4 of its work held. Load ρ = 4·scale / 100 s, so a gated
-    engine is busy ρ · (0.25 / 0.5 + 0.75 / 1) = scale / 20 of the time."""
-    room = Headroom(window=window, gating=gating)
+def headroom(scale: float, window: int = 4, finished: int = 40) -> Headroom:
+    """Four arrivals (0-30 s) of 10 rows; by 100 s a gated engine did, scaled by `scale`,
+    1 unit of full-batch work in 2 s of held steps (yield e_g = 0.5) and 3 units in 3 s of
+    free steps (e_f = 1): φ = 1/4 of its work held, and `finished` rows finished. Load
+    ρ = 4·scale / 100 s, so with as many rows finished as arrived a gated engine is busy
+    ρ · (0.25 / 0.5 + 0.75 / 1) = scale / 20 of the time."""
+    room = Headroom(window=window)
     for at in (0.0, 10.0, 20.0, 30.0):
-        room.arrived(at)
+        room.arrived(at, rows=10)
     room.executed(StepWork(50.0, 1.0 * scale, 2.0 * scale, held=True, gated=True))
     room.executed(StepWork(90.0, 3.0 * scale, 3.0 * scale, held=False, gated=True))
+    room.finished(90.0, rows=finished)
     return room
 
 
-@pytest.mark.parametrize(
-    ("scale", "gating", "spare"),
-    [
-        (19.2, True, True),  # busy 0.96 < 1 − margin 0.03: keep gating
-        (19.6, True, False),  # busy 0.98: the stream needs V1's full batches
-        (19.0, False, False),  # busy 0.95: open, and it reopens only below 0.94
-        (18.6, False, True),  # busy 0.93: gate again
-    ],
-)
-def test_the_gate_is_used_only_while_a_gated_engine_would_idle(scale, gating, spare):
-    room = headroom(scale, gating)
+@pytest.mark.parametrize(("scale", "pressure"), [(10.0, 2.0), (16.0, 20.0), (19.0, 380.0)])
+def test_the_pressure_is_what_a_lost_second_delays_at_the_load(scale, pressure):
+    # busy r = scale / 20: 0.5 → 0.5 / 0.25 = 2; 0.8 → 0.8 / 0.04 = 20; 0.95 → 380.
+    room = headroom(scale)
     assert room.busy_when_gated(100.0) == pytest.approx(scale / 20)
-    assert room.spare(100.0) is spare
+    assert room.pressure(100.0) == pytest.approx(pressure)
 
 
-def test_before_a_window_of_arrivals_the_engine_gates():
+def test_a_growing_backlog_counts_as_load():
+    # The same engine, but only 20 of the 40 rows that arrived in the window finished:
+    # the stream brought twice what the engine did, busy = 2 × 15 / 20 = 1.5: capped at
+    # 0.999, the pressure is 0.999 / 0.001² ≈ 10⁶ relQueries (V1's batches).
+    room = headroom(15.0, finished=20)
+    assert room.busy_when_gated(100.0) == pytest.approx(1.5)
+    assert room.pressure(100.0) == pytest.approx(0.999 / 0.001**2)
+
+
+def test_before_a_window_of_arrivals_there_is_no_pressure():
     room = Headroom(window=4)
-    room.arrived(0.0)
+    room.arrived(0.0, rows=10)
     room.executed(StepWork(5.0, 100.0, 5.0, held=True, gated=True))
-    assert room.busy_when_gated(10.0) is None and room.spare(10.0)
+    assert room.busy_when_gated(10.0) is None and room.pressure(10.0) == 0.0
 
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms; 64 seats, a budget of 512 tokens.
@@ -75,7 +78,7 @@ def two_relqueries() -> ScriptedView:
     return view
 
 
-def test_with_headroom_the_gate_holds_the_big_relquery_back():
+def test_at_light_load_the_gate_holds_the_big_relquery_back():
     # small (2 rows, 100 prompt tokens, 40 output, 20 steps) is admitted first. big (20
     # rows, 1,000 tokens, 20 steps): Δ+ = 1 ms × 1,000 + 2.5 ms × 20 × 20 = 2.0 s,
     # Δ- = (0.1 + 25 ms × 20 + 2.5 ms × 40) − 2.5 ms × min(40, 40) + 0 behind = 0.6 s:
@@ -86,10 +89,12 @@ def test_with_headroom_the_gate_holds_the_big_relquery_back():
     assert len(full.prefill) == 11
 
 
-def test_without_headroom_the_step_is_v1s():
+def test_under_pressure_the_gate_admits_as_v1_would():
+    # busy 0.98 or more once the two relQueries' arrivals join the window of six: at 0.98
+    # a lost second delays 0.98 / 0.02² = 2,450 relQueries, big's Δ- gains 2,450 × 25 ms
+    # × min(20, 20) steps and it is admitted: small's 2 rows and 9 of big's fill the step.
     policy = Relstream(SMALL_COST)
-    # busy 0.98 if it gated; the two relQueries' arrivals join the window of six
-    policy.headroom = headroom(19.6, gating=True, window=6)
+    policy.headroom = headroom(19.6, window=6)
     view = two_relqueries()
     view.clock = 100.0
     assert len(policy.plan(view).prefill) == 11

@@ -39,7 +39,7 @@ DEFAULT_PROFILES = (
 )
 @click.option(
     "--policies",
-    default="relstream,v1-fcfs,v1-priority,clairvoyant",
+    default="relstream,relstream-gated,relstream-ungated,v1-fcfs,v1-priority,clairvoyant",
     show_default=True,
     callback=csv_of(str),
 )

@@ -41,8 +41,10 @@ class StepComposer:
         expected output."""
         self.rows = [seq for info in active for seq in info.running.values()]
         self.expected = {info.relquery_id: expected_output(info) for info in active}
-        self.budget -= sum(1 for seq in self.rows if seq.prefill_done)
-        decoding = [seq for seq in self.rows if seq.prefill_done]
+        # A request whose every output token is already in flight (async scheduling) keeps
+        # its seat and runs nothing this step, as in vLLM's AsyncScheduler.
+        decoding = [seq for seq in self.rows if seq.prefill_done and seq.remaining_output]
+        self.budget -= len(decoding)
         # Prompts still running keep their KV whether or not they continue this step;
         # a decode's share is set when it is scheduled just below.
         for seq in self.rows:

@@ -54,7 +54,7 @@ def batching_is_free(view: EngineView, c: GateCoefficients) -> bool:
     return c.per_decode * full_batch(view) < c.base
 
 
-def prompt_allowance(decoding_ahead: int, behind: int, c: GateCoefficients, free: bool):
+def prompt_allowance(decoding_ahead: int, behind: float, c: GateCoefficients, free: bool):
     """Prompt tokens of a started relQuery that may join a step in which `decoding_ahead`
     better-ranked relQueries decode (None: no limit). Each token delays each of them by
     a_p; deferring the prompt costs a step's base b to it and the `behind` relQueries
@@ -65,7 +65,7 @@ def prompt_allowance(decoding_ahead: int, behind: int, c: GateCoefficients, free
 
 
 def admission_pays(
-    running: Sequence[Remaining], candidate: Remaining, behind: int, c: GateCoefficients
+    running: Sequence[Remaining], candidate: Remaining, behind: float, c: GateCoefficients
 ) -> bool:
     """Δ = Δ+ − Δ- < 0: admitting `candidate` now beats admitting it after the set S:
 
@@ -103,6 +103,7 @@ def gated_fill(
     queued: int,
     left: Callable[[str], Remaining],
     c: GateCoefficients,
+    arriving: float = 0.0,
 ) -> bool:
     """Give the step's prompt budget in rank order (`started`: running relQueries,
     `waiting`: fully waiting ones, each best first; `queued`: relQueries with waiting
@@ -115,7 +116,7 @@ def gated_fill(
     decoding_ahead = 0  # relQueries ranked ahead whose rows decode in this step
     merged = heapq.merge(started, waiting, key=lambda pair: pair[0])
     for position, (_, info) in enumerate(merged):
-        behind = max(queued - position - 1, 0)
+        behind = max(queued - position - 1, 0) + arriving
         limit = prompt_allowance(decoding_ahead, behind, c, free)
         if info.running:
             started_left -= 1

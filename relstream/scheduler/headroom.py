@@ -1,32 +1,28 @@
-"""Whether the stream leaves the engine capacity to spare for small batches.
+"""How much the stream needs the engine's throughput: the load that weighs the Δ gate.
 
 Holding a relQuery back (the Δ gate, `gate.py`) shortens the relQueries ahead of it but
-makes batches smaller, so each step's base is shared by fewer requests. That throughput
-is only worth spending while the stream does not need it. Both sides are measured in
-one unit, *full-batch work*: what a step's tokens would cost in a batch as full as seats
-and KV allow (the online step-cost fit, `stepcost`):
+makes batches smaller, so each step's base is shared by fewer requests: capacity is
+lost. What a second of lost capacity costs depends on the load. Both sides are measured
+in one unit, *full-batch work*: what a step's tokens would cost in a batch as full as
+seats and KV allow (the online step-cost fit, `stepcost`):
 
     work(step) = a_p·U + (a_d + a_c·ctx)·D + b·D / n_full
 
 with U uncached prompt tokens, D decodes, n_full the full batch. Then
 
-    load ρ  = full-batch work the engine did per second, over the recent window
-    yield e = full-batch work per second of the steps in which the gate held work back
+    load ρ = full-batch work the engine did per second over the last `window` arrivals,
+             times the rows that arrived in them over the rows that finished (a backlog
+             that grows means the stream brought more than the engine did)
+    yields e_g, e_f = full-batch work per second of step, in gated steps that held work
+             back and in the others; φ = the share of a gated engine's work held
 
-A stable stream makes the engine do its arrivals' work, so ρ is the arrival rate of
-work. Steps run at two yields (full-batch work per second of step): e_g in gated steps
-that held work back, e_f in the others; a share φ of a gated engine's work runs in
-held steps. Gating then keeps the engine busy a fraction
-
-    r = ρ · (φ / e_g + (1 − φ) / e_f)
-
-of the time, and is worth it while r < 1 − `margin`: the stream needs less than gated
-steps deliver. As the backlog grows ρ rises, the gate opens and V1's full batches drain
-it; once drained, ρ falls back to the arrival rate. The window spans the last `window`
-relQuery arrivals, so it follows the stream's own time scale (seconds on a GPU, minutes
-on this CPU) with no per-machine constant. Both yields and φ are measured, never
-assumed, so a gate that costs little (a CPU, where each request pays its own way) stays
-on at a load where a costly one (a step base shared by the batch) turns off.
+A gated engine is then busy a share r = ρ · (φ / e_g + (1 − φ) / e_f) of the time, and
+`pressure` turns r into the relQueries a lost second delays, r / (1 − r)², which the Δ
+gate counts beside those queued: near 0 at light load (the paper's Δ), past any bound as
+r nears 1 (V1's full batches). The window follows the stream's own time scale (seconds
+on a GPU, minutes on this CPU); the yields and φ are measured, never assumed, so a gate
+that costs little (this CPU: each request pays its own way) holds work back at a load
+where a costly one (a step base shared by the batch) no longer does.
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ from dataclasses import dataclass, field
 
 WINDOW = 256  # relQuery arrivals the load is measured over, at most
 MIN_ARRIVALS = 32  # and at least, before it is trusted
-MARGIN = 0.03  # share of capacity kept spare while gating: the gate closes above 1 − this
-HYSTERESIS = 0.03  # and opens again only below 1 − MARGIN − this
+GROWTH_CAP = 2.0  # bound on rows arrived over rows finished in the window
+MAX_BUSY = 0.999  # r is capped here: the pressure is then 10⁶ relQueries, V1's batches
 YIELD_MEMORY = 1024  # steps of each kind the yields and φ are measured over
 
 
@@ -54,24 +50,29 @@ class StepWork:
 
 @dataclass
 class Headroom:
-    """The load the stream brings and what gated steps yield; `spare()` decides."""
+    """The load the stream brings and what gated steps yield; `pressure()` weighs."""
 
     window: int = WINDOW
-    margin: float = MARGIN
-    hysteresis: float = HYSTERESIS
-    gating: bool = True  # the decision in force
-    _arrivals: deque[float] = field(default_factory=deque)
+    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
+    _finished: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
     _steps: deque[StepWork] = field(default_factory=deque)
     _work: float = 0.0  # sum of work over _steps
     _held: _Sums = field(default_factory=lambda: _Sums(YIELD_MEMORY))  # held steps
     _free: _Sums = field(default_factory=lambda: _Sums(YIELD_MEMORY))  # the other busy steps
     _gated: _Sums = field(default_factory=lambda: _Sums(YIELD_MEMORY))  # gated: (held work, work)
 
-    def arrived(self, at: float) -> None:
-        """A relQuery arrived at `at` (its arrival time)."""
-        self._arrivals.append(at)
+    def arrived(self, at: float, rows: int) -> None:
+        """A relQuery of `rows` rows arrived at `at` (its arrival time)."""
+        self._arrivals.append((at, rows))
         while len(self._arrivals) > self.window:
             self._arrivals.popleft()
+
+    def finished(self, at: float, rows: int) -> None:
+        """A relQuery of `rows` rows finished at `at`."""
+        self._finished.append((at, rows))
+        start = self._start()
+        while self._finished and self._finished[0][0] < start:
+            self._finished.popleft()
 
     def executed(self, step: StepWork) -> None:
         """A step ran; steps begun before the window's first arrival drop out."""
@@ -86,17 +87,22 @@ class Headroom:
             self._gated.add(step.work if step.held else 0.0, step.work)
 
     def _start(self) -> float:
-        return self._arrivals[0] if self._arrivals else float("-inf")
+        return self._arrivals[0][0] if self._arrivals else float("-inf")
 
     def load(self, now: float) -> float | None:
         """ρ: full-batch work done per second since the window's first arrival (None
         until a window of arrivals and the steps across it were seen)."""
         if len(self._arrivals) < min(MIN_ARRIVALS, self.window) or not self._steps:
             return None
-        span = now - self._arrivals[0]
+        span = now - self._start()
         if span <= 0:
             return None
-        return max(self._work, 0.0) / span
+        arrived = sum(rows for _, rows in self._arrivals)
+        finished = sum(rows for at, rows in self._finished if at >= self._start())
+        growth = min(max(arrived / max(finished, 1), 1 / GROWTH_CAP), GROWTH_CAP)
+        if len(self._arrivals) < self.window:
+            growth = 1.0  # the window still holds the stream's start, its queue filling
+        return max(self._work, 0.0) / span * growth
 
     def busy_when_gated(self, now: float) -> float | None:
         """r: the share of time a gated engine would be busy (None: no load yet)."""
@@ -108,18 +114,16 @@ class Headroom:
         phi = self._gated.ratio(0.0)
         return load * (phi / max(e_held, 1e-9) + (1 - phi) / max(e_free, 1e-9))
 
-    def spare(self, now: float) -> bool:
-        """Gate while a gated engine would still idle more than the margin; before a
-        window of arrivals is seen, gate (an idle engine has capacity to spare). The
-        yields and φ of the last gated steps are remembered while the gate is open, so
-        a gate that cost too much is not tried again at the same load. Switching back
-        needs `hysteresis` more room: a gate flapping on and off lets full batches form
-        and loses what gating gains, at the cost of the throughput it spends."""
+    def pressure(self, now: float) -> float:
+        """Relqueries a second of lost capacity delays: r / (1 − r)². At busy share r a
+        second of engine time lost extends the busy period by 1 / (1 − r) seconds (what
+        arrives meanwhile must be served too), through which r / (1 − r) relQueries wait
+        on average. 0 before a window of arrivals is seen."""
         busy = self.busy_when_gated(now)
-        if busy is not None:
-            threshold = 1 - self.margin - (0 if self.gating else self.hysteresis)
-            self.gating = busy < threshold
-        return self.gating
+        if busy is None:
+            return 0.0
+        busy = min(busy, MAX_BUSY)
+        return busy / (1 - busy) ** 2
 
 
 @dataclass

@@ -1,10 +1,9 @@
-"""relstream's own policy: throughput first, then order.
+"""relstream's own policy: small batches while the stream can afford them, V1's when not.
 
 A stream never ends, so a policy that finishes less work per second than stock vLLM V1
-falls behind for good, whatever it gains by order. relstream therefore keeps V1's batches
-exactly (one admission for every policy, `admission.StepAdmission`: running requests
-first, then waiting ones while seats, token budget and KV last, chunked prompts, no
-admission in a step that preempted) and changes only the order, each step:
+while the stream needs that work falls behind for good, whatever it gains by order; a
+policy that keeps V1's full batches when the stream leaves capacity spare gives up the
+latency that holding work back buys. Each step:
 
 1. **Rank** relQueries by the remaining work they add to the engine, with the online
    step cost L = b + a_p·tokens + a_d·decodes (`stepcost`), aged by arrival:
@@ -25,20 +24,22 @@ admission in a step that preempted) and changes only the order, each step:
    FCFS would give it (the work of every unfinished relQuery ahead of it and its own,
    in engine seconds). Past it, R goes ahead of every relQuery that is not, earliest
    deadline first: a hard bound on any machine, with no per-machine threshold.
-3. **Shape the batch by the load** (`headroom`). While the stream leaves capacity to
-   spare (the full-batch work it brings per second is below what gated steps yield),
-   the Δ gate (`gate`, the paper's ABA in V1's mixed steps) holds back relQueries whose
-   admission would delay the running ones more than it saves, so the best-ranked finish
-   sooner. As the backlog grows the load reaches the gate's yield and the step is V1's:
+3. **Shape the batch by the load** (`gate`, `headroom`). A waiting relQuery joins the
+   running ones only when the paper's Δ (ABA, in V1's mixed steps) says admitting it now
+   beats admitting it after them, counting among those it would delay by waiting both
+   the relQueries queued behind it and the stream's pressure: how many relQueries a
+   second of lost capacity delays at the measured load. At light load small batches
+   finish the best-ranked relQueries sooner; as the engine nears full, the pressure
+   grows without bound and every step is V1's full batch (`admission.StepAdmission`,
+   the one admission every V1-style policy uses). Either way:
 4. **Run** every running request in rank order; when KV runs out, the last row of the
    worst-ranked running relQuery is preempted by recompute (V1's priority victim).
 5. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
    its rank) while they fit.
 
-Which regime holds is a fact of the machine (the step-cost fit prices both sides) and
-of the moment (the load); `gate` forces one for the reference policies the benchmarks
-compare against (`always`: the Δ-gated policy of commit 1f41818, `never`: V1's batches
-as in 5e404c3).
+Which regime holds is a fact of the machine (the step-cost fit prices both sides) and of
+the moment (the load). `RelstreamConfig.gate` gives the benchmarks' references: `always`,
+the Δ gate with no pressure (commit 1f41818), and `never`, V1's batches (5e404c3).
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ class RelstreamConfig:
     # rank = arrival + size_weight × W (inf: W alone). Both chosen on the sustained
     # benchmark (docs/benchmarks/sustained/notes.md).
     size_weight: float = 64.0
-    gate: str = "load"  # "load": gate while the stream leaves headroom; "always"; "never"
+    # "load": the Δ gate weighed by the load (headroom.pressure); "always": the gate
+    # alone (commit 1f41818); "never": V1's full batches (commit 5e404c3)
+    gate: str = "load"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Relstream(Policy):
         self._left: dict[str, Remaining] = {}  # the same, prompts at the cache's miss ratio
         self._steps = 0
         self.headroom = Headroom()
+        self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.gated_steps = 0  # steps planned with the gate (reports)
 
@@ -144,7 +148,7 @@ class Relstream(Policy):
             key=lambda info: self._ranked(info, coefficients),
         )
         now = view.now()
-        if self._gating(now):
+        if self.config.gate != "never":
             self.gated_steps += 1
             plan, held = self._gated_step(view, active, coefficients)
             self._planned = (now, full_batch(view), held, True)
@@ -155,16 +159,12 @@ class Relstream(Policy):
         step.admit(self._waiting_in_rank_order(view, active, coefficients))
         return step.plan()
 
-    def _gating(self, now: float) -> bool:
-        if self.config.gate == "load":
-            return self.headroom.spare(now)
-        return self.config.gate == "always"
-
     def _gated_step(
         self, view: EngineView, active: list[RelQueryInfo], c: Coefficients
     ) -> tuple[StepPlan, bool]:
-        """Decode every running request, then prompts and admissions through the Δ gate;
-        KV is kept for what running requests will still generate."""
+        """Decode every running request, then prompts and admissions through the Δ gate
+        weighed by the pressure; KV is kept for what running requests will still
+        generate. Also says whether the gate held work back."""
         step = StepComposer(view, self.oracle, reserve=1.0)
         step.decode(active)
         if step.preempted:
@@ -175,7 +175,8 @@ class Relstream(Policy):
         started = [(self._ranked(info, c), info) for info in active]
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         queued = len(self._order) + sum(1 for info in active if info.waiting)
-        held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c)
+        arriving = self.headroom.pressure(view.now()) if self.config.gate == "load" else 0.0
+        held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c, arriving)
         return step.plan(), held
 
     def _coefficients(self, view: EngineView) -> Coefficients:
@@ -217,13 +218,15 @@ class Relstream(Policy):
         tracker = view.tracker
         changed = tracker.drain_changed()
         for relquery_id in self._left.keys() - tracker.relqueries.keys():  # finished
+            self.headroom.finished(view.now(), self._size.pop(relquery_id))
             self._unrank(relquery_id)
             self.starvation.forget(relquery_id)
             del self._left[relquery_id]
             del self._uncached[relquery_id]
         newcomers = [tracker.relqueries[rid] for rid in changed if rid not in self._left]
         for info in newcomers:
-            self.headroom.arrived(info.arrival_time)
+            self._size[info.relquery_id] = info.total_requests
+            self.headroom.arrived(info.arrival_time, info.total_requests)
         for relquery_id in changed:
             self._uncached[relquery_id] = remaining(tracker.relqueries[relquery_id], self.oracle)
             self._left[relquery_id] = self._priced(view, tracker.relqueries[relquery_id])
