@@ -23,11 +23,18 @@ class ScriptedView(EngineView):
         return self.free_tokens
 
     def add_relquery(
-        self, relquery_id: str, prompts: list[int], max_tokens: int, arrival: float = 0.0
+        self,
+        relquery_id: str,
+        prompts: list[int],
+        max_tokens: int,
+        arrival: float = 0.0,
+        deadline: float | None = None,
     ) -> list[str]:
         ids = []
         for row, prompt in enumerate(prompts):
-            seq = SeqInfo(f"{relquery_id}#{row}", relquery_id, prompt, max_tokens, arrival)
+            seq = SeqInfo(
+                f"{relquery_id}#{row}", relquery_id, prompt, max_tokens, arrival, deadline=deadline
+            )
             self.tracker.add_request(seq, len(prompts))
             ids.append(seq.request_id)
         return ids

@@ -23,7 +23,9 @@ latency that holding work back buys. Each step:
 2. **Bound the wait.** R's deadline is its arrival plus `fcfs_slack` times the latency
    FCFS would give it (the work of every unfinished relQuery ahead of it and its own,
    in engine seconds). Past it, R goes ahead of every relQuery that is not, earliest
-   deadline first: a hard bound on any machine, with no per-machine threshold.
+   deadline first: a hard bound on any machine, with no per-machine threshold. A
+   deadline the user set (`RelQueryInfo.deadline`) raises R next, least slack first,
+   while it is at risk and still reachable (`deadlines`); without one nothing changes.
 3. **Shape the batch by the load** (`gate`, `headroom`). A waiting relQuery joins the
    running ones only when the paper's Δ (ABA, in V1's mixed steps) says admitting it now
    beats admitting it after them, counting among those it would delay by waiting both
@@ -54,6 +56,7 @@ from dataclasses import dataclass, replace
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
+from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, next_change, status
 from relstream.scheduler.gate import full_batch, gated_fill
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.policies import Policy
@@ -62,7 +65,7 @@ from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeedback, StepPlan
 
-Rank = tuple[int, float, float, str]  # (0 when starving else 1, aged W, arrival, id)
+Rank = tuple[int, float, float, str]  # (Urgency, aged W or latest start, arrival, id)
 RESORT_EVERY = 64  # steps between re-ranking every waiting relQuery on fresh coefficients
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
@@ -77,6 +80,7 @@ class RelstreamConfig:
     # "load": the Δ gate weighed by the load (headroom.pressure); "always": the gate
     # alone (commit 1f41818); "never": V1's full batches (commit 5e404c3)
     gate: str = "load"
+    deadlines: bool = True  # honour the deadlines users set (False: a reference ignoring them)
 
 
 @dataclass(frozen=True)
@@ -112,11 +116,14 @@ class Relstream(Policy):
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.gated_steps = 0  # steps planned with the gate (reports)
+        self.deadlines = DeadlineWatch()
+        self.step_time = StepTime()
 
     def observe(self, feedback: StepFeedback) -> None:
         """Only the step cost learns: relstream reads no other cost model. The step's
         work at full-batch prices feeds the headroom."""
         self.step_cost.observe(feedback)
+        self.step_time.observe(feedback.duration)
         at, batch, held, gated = self._planned
         base, per_token, per_decode, per_context = self.step_cost.coefficients()
         work = (
@@ -142,12 +149,12 @@ class Relstream(Policy):
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._coefficients(view)
         self._refresh(view, coefficients)
+        now = view.now()
         # Active relQueries changed this step, so _refresh has just estimated them afresh.
         active = sorted(
             view.tracker.active_relqueries.values(),
-            key=lambda info: self._ranked(info, coefficients),
+            key=lambda info: self._ranked(info, coefficients, now),
         )
-        now = view.now()
         if self.config.gate != "never":
             self.gated_steps += 1
             plan, held = self._gated_step(view, active, coefficients)
@@ -172,11 +179,12 @@ class Relstream(Policy):
                 step.continue_prompts(info)
             return step.plan(), False
         relqueries = view.tracker.relqueries
-        started = [(self._ranked(info, c), info) for info in active]
+        started = [(self._ranked(info, c, view.now()), info) for info in active]
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         queued = len(self._order) + sum(1 for info in active if info.waiting)
         arriving = self.headroom.pressure(view.now()) if self.config.gate == "load" else 0.0
-        held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c, arriving)
+        left = self._left.__getitem__
+        held = gated_fill(view, step, started, waiting, queued, left, c, arriving, _at_risk)
         return step.plan(), held
 
     def _coefficients(self, view: EngineView) -> Coefficients:
@@ -195,22 +203,45 @@ class Relstream(Policy):
     ) -> Iterator[SeqInfo]:
         """Waiting rows of started and fully waiting relQueries alike, best rank first."""
         relqueries = view.tracker.relqueries
-        started = ((self._ranked(info, coefficients), info) for info in active if info.waiting)
+        now = view.now()
+        started = ((self._ranked(info, coefficients, now), info) for info in active if info.waiting)
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         for _, info in heapq.merge(started, waiting, key=_first):
             yield from info.waiting.values()
 
     # ranking
-    def _ranked(self, info: RelQueryInfo, coefficients: Coefficients) -> Rank:
-        """The rank of R from its last estimate of remaining work; past its deadline, R
-        goes ahead of every relQuery that is not, earliest deadline first."""
+    def _ranked(self, info: RelQueryInfo, coefficients: Coefficients, now: float) -> Rank:
+        """The rank of R from its last estimate of remaining work; past its starvation
+        deadline, R goes ahead of every relQuery that is not, earliest deadline first;
+        at risk of missing the deadline its user set, ahead of the rest, least slack
+        (latest start, deadline − τ) first."""
         relquery_id = info.relquery_id
         if self.starvation.is_starving(relquery_id):
-            return (0, self.starvation.deadline(relquery_id), info.arrival_time, relquery_id)
+            deadline = self.starvation.deadline(relquery_id)
+            return (Urgency.STARVING, deadline, info.arrival_time, relquery_id)
+        if info.deadline is not None and self.config.deadlines:
+            needed = self._needed(relquery_id, coefficients)
+            if status(info.deadline, needed, now) is Urgency.AT_RISK:
+                latest_start = info.deadline - needed
+                return (Urgency.AT_RISK, latest_start, info.arrival_time, relquery_id)
         work = coefficients.work(self._left[relquery_id])
         if not math.isinf(self.config.size_weight):
             work = info.arrival_time + self.config.size_weight * work
-        return (1, work, info.arrival_time, relquery_id)
+        return (Urgency.OTHER, work, info.arrival_time, relquery_id)
+
+    def _needed(self, relquery_id: str, c: Coefficients) -> float:
+        """τ(R): its uncached prompt at the fitted price, then its decode steps left at
+        the engine's recent step duration (`deadlines`)."""
+        left = self._left[relquery_id]
+        step = self.step_time.get(c.base + c.per_decode * c.batch)
+        return c.per_token * left.prompt_tokens + step * left.steps
+
+    def _rank_waiting(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
+        """`_ranked`, and a look again when its deadline status may change."""
+        if info.deadline is not None and self.config.deadlines:
+            at = next_change(info.deadline, self._needed(info.relquery_id, c), now)
+            self.deadlines.watch(info.relquery_id, at)
+        return self._ranked(info, c, now)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
         """Re-estimate what changed; the rest keeps its rank (a fully waiting relQuery's
@@ -221,6 +252,7 @@ class Relstream(Policy):
             self.headroom.finished(view.now(), self._size.pop(relquery_id))
             self._unrank(relquery_id)
             self.starvation.forget(relquery_id)
+            self.deadlines.forget(relquery_id)
             del self._left[relquery_id]
             del self._uncached[relquery_id]
         newcomers = [tracker.relqueries[rid] for rid in changed if rid not in self._left]
@@ -231,21 +263,24 @@ class Relstream(Policy):
             self._uncached[relquery_id] = remaining(tracker.relqueries[relquery_id], self.oracle)
             self._left[relquery_id] = self._priced(view, tracker.relqueries[relquery_id])
         self._set_deadlines(newcomers, coefficients)
-        changed |= self.starvation.newly_starving(view.now(), tracker.relqueries)
+        now = view.now()
+        changed |= self.starvation.newly_starving(now, tracker.relqueries)
+        changed |= self.deadlines.due(now, tracker.relqueries)
         self._steps += 1
         if self._steps % RESORT_EVERY == 0:
             unchanged = [rid for rid in self._rank if rid not in changed]
             for rid in unchanged:  # the prefix cache moved on since they were estimated
                 self._left[rid] = self._priced(view, tracker.relqueries[rid])
             self._rank.update(
-                (rid, self._ranked(tracker.relqueries[rid], coefficients)) for rid in unchanged
+                (rid, self._rank_waiting(tracker.relqueries[rid], coefficients, now))
+                for rid in unchanged
             )
             self._order = sorted(self._rank.values())
         for relquery_id in changed:
             self._unrank(relquery_id)
             info = tracker.relqueries[relquery_id]
             if not info.running:
-                rank = self._ranked(info, coefficients)
+                rank = self._rank_waiting(info, coefficients, now)
                 self._rank[relquery_id] = rank
                 bisect.insort(self._order, rank)
 
@@ -284,3 +319,8 @@ class Relstream(Policy):
 
 def _first(pair: tuple[Rank, RelQueryInfo]) -> Rank:
     return pair[0]
+
+
+def _at_risk(rank: Rank) -> bool:
+    """A relQuery at risk of missing its deadline passes the Δ gate at once."""
+    return rank[0] == Urgency.AT_RISK
