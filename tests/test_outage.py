@@ -14,6 +14,10 @@ from relstream.kafka.clients import new_producer, read_messages
 from relstream.kafka.delivery import Backoff, publish_acked
 from relstream.kafka.outage import RateLimited
 from relstream.kafka.topics import Topics
+from relstream.model import Template
+from relstream.schemas import RowMessage
+from relstream.stream.registrations import QueryRegistration
+from relstream.stream.windowing import PartitionWindows
 
 
 def record(msg: str, *args, name: str = "aiokafka", level: int = logging.ERROR):
@@ -44,6 +48,38 @@ def test_outage_lines_pass_once_a_period_and_the_next_one_says_how_many_were_hel
 
 def test_the_backoff_doubles_up_to_its_cap():
     assert [Backoff(0.5, 10.0).after(n) for n in range(1, 8)] == [0.5, 1, 2, 4, 8, 10, 10]
+
+
+def test_a_window_closed_during_an_outage_is_replayed_with_the_same_rows_not_the_late_ones():
+    # Rows 568-569 came before the outage; 570-571, stamped within their window, were held
+    # by their producer and appended after it. Live, the window closed by the clock with
+    # 568-569 and was published; the rebalance after the outage replays the partition.
+    registration = QueryRegistration("q", "t", Template("{x}"), window_seconds=0.5)
+    stamps = {568: 100.0, 569: 100.1, 570: 100.2, 571: 100.3}
+    rows = {o: RowMessage(table="t", key=f"r{o}", values={"x": "v"}) for o in stamps}
+
+    def keys(window):
+        return [row.key for row in window.rows]
+
+    live = PartitionWindows(registration, 2)
+    for offset in (568, 569):
+        assert live.add(offset, stamps[offset], rows[offset]) == []
+    published = live.expire(now=160.0, lateness=1.0)
+    assert keys(published) == ["r568", "r569"]
+    replay = PartitionWindows(registration, 2, {568: published.last_offset})
+    replay.add(568, stamps[568], rows[568])
+    assert replay.expire(now=161.0, lateness=1.0) is None  # not before it has its rows
+    assert replay.add(569, stamps[569], rows[569]) == []
+    again = replay.add(570, stamps[570], rows[570])  # late: within the deadline
+    assert [(w.window_id, keys(w)) for w in again] == [(published.window_id, keys(published))]
+    replay.add(571, stamps[571], rows[571])
+    rest = replay.expire(now=161.0, lateness=1.0)
+    assert keys(rest) == ["r570", "r571"] and rest.first_offset == 570
+    # Without the memory (a restarted worker), the replay takes the late rows in.
+    forgetful = PartitionWindows(registration, 2)
+    for offset, stamp in stamps.items():
+        forgetful.add(offset, stamp, rows[offset])
+    assert keys(forgetful.expire(161.0, 1.0)) == ["r568", "r569", "r570", "r571"]
 
 
 def test_a_message_is_held_through_a_broker_outage_and_published_once_it_is_back(tmp_path):

@@ -66,6 +66,9 @@ class WindowStage:
         self.settings = settings
         self._cutters: dict[TopicPartition, PartitionWindows] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # Per partition: windows published and not yet committed past (first offset ->
+        # last), kept across a rebalance so a replay cuts them the same (`windowing`).
+        self._published: dict[int, dict[int, int]] = {}
         self.rows_seen = 0
         self.ready = asyncio.Event()  # set once it reads its rows topic
 
@@ -118,11 +121,17 @@ class WindowStage:
             expired = cutter.expire(now, self.settings.lateness)
             if expired is not None:
                 closed.append(expired)
-        sends += [self._publish(window) for window in closed]
+        published = self._published
+        for window in closed:
+            if published.get(window.partition, {}).get(window.first_offset) != window.last_offset:
+                sends.append(self._publish(window))
+            # else: a replay of a window already on the broker, cut the same: not sent again
         if sends:
             with self._holding(len(sends)) as stalled:
                 # every relQuery and dead letter is on the broker before the commit
                 await asyncio.gather(*(send(stalled) for send in sends))
+        for window in closed:
+            published.setdefault(window.partition, {})[window.first_offset] = window.last_offset
         if rejected:
             log.warning(
                 "query %s: %d rows dead-lettered (relstream deadletters lists them); first: %s",
@@ -135,8 +144,9 @@ class WindowStage:
     def _cutter(self, partition: TopicPartition) -> PartitionWindows:
         cutter = self._cutters.get(partition)
         if cutter is None:
+            published = self._published.setdefault(partition.partition, {})
             cutter = self._cutters[partition] = PartitionWindows(
-                self.registration, partition.partition
+                self.registration, partition.partition, published
             )
         return cutter
 
@@ -191,7 +201,12 @@ class WindowStage:
             if (offset := cutter.committable()) is not None
             and self._committed.get(partition) != offset
         }
-        self._committed.update(await commit_assigned(self._consumer, offsets))
+        committed = await commit_assigned(self._consumer, offsets)
+        self._committed.update(committed)
+        for partition, offset in committed.items():  # what lies below is never replayed
+            kept = self._published.get(partition.partition, {})
+            for first in [first for first in kept if first < offset]:
+                del kept[first]
 
     async def _forget(self, revoked: set) -> None:
         """Drop revoked partitions' open windows: their new owner replays them from the

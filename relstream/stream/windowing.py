@@ -18,7 +18,11 @@ A live worker cannot know that no more rows of a window will come until it sees 
 past the deadline; with none, it closes the window once its own clock is `lateness`
 seconds past the deadline. A row timestamped before the deadline but appended after that
 (a producer more than `lateness` late) goes to the next window live but would join this
-one on a replay: the only case where a replay could cut differently.
+one on a replay: the only case where a replay could cut differently. A broker outage
+makes every producer late, and the rebalance after it replays what was not committed, so
+a worker remembers the windows it has published and not yet committed past
+(`published`: first offset → last offset) and cuts a replay of one at the same row; only a
+restarted worker, which has forgotten them, can still cut differently.
 
 Kept free of Faust and Kafka so the rules are tested directly; the worker only feeds it.
 """
@@ -99,11 +103,18 @@ class Window:
 class PartitionWindows:
     """Cuts one input partition, fed its records in offset order, into windows."""
 
-    def __init__(self, registration: QueryRegistration, partition: int) -> None:
+    def __init__(
+        self,
+        registration: QueryRegistration,
+        partition: int,
+        published: dict[int, int] | None = None,
+    ) -> None:
         self.registration = registration
         self.partition = partition
         self.open: Window | None = None
         self.next_offset: int | None = None  # just past the last record fed
+        # windows already on the broker, first offset -> last: a replay ends them there
+        self.published = published if published is not None else {}
 
     def add(self, offset: int, timestamp: float, row: RowMessage | None) -> list[Window]:
         """Feed one record (`row` None: a rejected one) with its Kafka timestamp in
@@ -115,7 +126,10 @@ class PartitionWindows:
         if row is None:
             return []
         closed = []
-        if self.open is not None and timestamp >= self.open.deadline:
+        if self.open is not None and (
+            timestamp >= self.open.deadline
+            or offset > self.published.get(self.open.first_offset, offset)
+        ):
             closed.append(self.open)
             self.open = None
         if self.open is None:
@@ -130,10 +144,14 @@ class PartitionWindows:
         return closed
 
     def expire(self, now: float, lateness: float) -> Window | None:
-        """The open window, closed, once `now` is `lateness` past its deadline."""
-        if self.open is not None and now >= self.open.deadline + lateness:
-            closed, self.open = self.open, None
-            return closed
+        """The open window, closed, once `now` is `lateness` past its deadline (a replay
+        of a published window only once it has all its rows again)."""
+        window = self.open
+        if window is not None and window.last_offset < self.published.get(window.first_offset, -1):
+            return None
+        if window is not None and now >= window.deadline + lateness:
+            self.open = None
+            return window
         return None
 
     def committable(self) -> int | None:
