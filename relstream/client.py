@@ -167,10 +167,12 @@ class RelstreamClient:
         on_unreadable: Callable[[int, str], None] | None = None,
         join_timeout: float = JOIN_TIMEOUT_S,
     ) -> Iterator[ResultMessage]:
-        """Results from the group's committed offsets (a new group: from the beginning),
-        committing each batch once the caller asked for the next, so only what it handled.
-        Unless following, ends `idle_seconds` after the last result, counted from when the
-        group gave this reader its partitions (a join takes seconds on some brokers);
+        """Results from the group's committed offsets, committing each batch once the
+        caller asked for the next, so only what it handled; with no group, every result
+        from the beginning, joining no consumer group (none is left behind). Unless
+        following, ends once the topic's ends at the start are read and `idle_seconds`
+        passed after the last result (0: at those ends), the idle clock counted from when
+        the group gave this reader its partitions (a join takes seconds on some brokers);
         raises ResultsUnavailable if the group gives it none within `join_timeout`. An
         unreadable result is skipped, reported to `on_unreadable(offset, reason)`."""
         joiner = ResultJoiner()  # a big result comes in parts: the user sees it whole
@@ -192,7 +194,7 @@ class RelstreamClient:
     def dead_letters(
         self, follow: bool = False, idle_seconds: float = 3.0
     ) -> Iterator[DeadLetterMessage]:
-        """Every dead letter from the beginning (a new group each time), as `results`."""
+        """Every dead letter from the beginning (no consumer group), as `results`."""
         yield from self._read(self.topics.deadletter, DeadLetterMessage, None, follow, idle_seconds)
 
     def _read(
@@ -208,7 +210,9 @@ class RelstreamClient:
     ) -> Iterator[M]:
         """Messages of `topic` as in `results`; a batch is committed once handled, and only
         when `may_commit()` (a result's parts still missing hold the commit back)."""
-        group = group or f"relstream-reader-{uuid.uuid4().hex[:8]}"
+        if group is None:
+            yield from self._look(topic, message_type, follow, idle_seconds, on_unreadable)
+            return
         consumer = sync_consumer(
             self.bootstrap,
             topic,
@@ -237,6 +241,43 @@ class RelstreamClient:
                         f"within {join_timeout:g} s from {self.bootstrap}"
                     )
                 elif not follow and last is not None and now - last >= idle_seconds:
+                    return
+        finally:
+            consumer.close()
+
+    def _look(
+        self,
+        topic: str,
+        message_type: type[M],
+        follow: bool,
+        idle_seconds: float,
+        on_unreadable: Callable[[int, str], None] | None,
+    ) -> Iterator[M]:
+        """Messages of `topic` from its log start, with no consumer group: to the ends found
+        at the start (true ends, `bounds.extents`), then on while following or until
+        `idle_seconds` pass without a message."""
+        from relstream.kafka.bounds import Span, extents, partitions
+
+        consumer = sync_consumer(self.bootstrap, security=self.security, enable_auto_commit=False)
+        try:
+            found = extents(consumer, partitions(consumer, [topic]))
+            to_end = Span(consumer, {p: (e.start, e.end) for p, e in found.items()})
+            last = time.monotonic()
+            for record in to_end:
+                last = time.monotonic()
+                yield from self._decoded({None: [record]}, message_type, on_unreadable)
+            if not found or (not follow and idle_seconds <= 0):
+                return
+            consumer.assign(list(found))
+            consumer.resume(*found)
+            for partition, extent in found.items():
+                consumer.seek(partition, extent.end)
+            while True:
+                batches = consumer.poll(timeout_ms=POLL_MS)
+                if batches:
+                    last = time.monotonic()
+                    yield from self._decoded(batches, message_type, on_unreadable)
+                elif not follow and time.monotonic() - last >= idle_seconds:
                     return
         finally:
             consumer.close()

@@ -99,11 +99,12 @@ def _produce_rows(
 def results(
     bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
 ) -> None:
-    """Print results from the results topic (from the beginning)."""
+    """Print results from the results topic (from the beginning, to its end now unless
+    following; joins no consumer group)."""
     from relstream.client import RelstreamClient
 
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for result in client.results(follow=follow, on_unreadable=_print_skipped):
+        for result in client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped):
             _print_result(result)
 
 
@@ -165,23 +166,22 @@ def deadletters(
     bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
 ) -> None:
     """Print every dead letter (bad input the worker or an engine refused) with its reason,
-    from the beginning, then a count per reason."""
-    from collections import Counter
-
+    from the beginning (joining no consumer group), then a count per cause."""
     from relstream.client import RelstreamClient
-    from relstream.kafka.inspect import reason_kind
+    from relstream.kafka.inspect import DeadLetterCauses
 
-    reasons: Counter[str] = Counter()
+    causes = DeadLetterCauses()
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for letter in client.dead_letters(follow=follow):
-            reasons[reason_kind(letter.reason)] += 1
+        for letter in client.dead_letters(follow=follow, idle_seconds=0):
+            causes.add(letter)
             cut = " (cut)" if letter.truncated else ""
             where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
             console.print(
                 f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
             )
-    total = sum(reasons.values())
-    console.print(f"{total} dead letters" + "".join(f"; {n} {r}" for r, n in reasons.items()))
+    console.print(f"{causes.total()} dead letters")
+    for line in causes.lines():
+        console.print(f"  {line}", markup=False)
 
 
 def _print_skipped(offset: int, reason: str) -> None:

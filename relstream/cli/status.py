@@ -17,7 +17,8 @@ from relstream.kafka.security import KafkaSecurity
 @security_options
 def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
     """Topics and their sizes, each consumer group's lag (worker, engines, sinks), the
-    engines seen answering, and the dead letters by reason."""
+    engines seen answering, and the dead letters by cause. Joins no consumer group and
+    answers within 10 s, on a live pipeline too."""
     from relstream.kafka.inspect import TAIL_MESSAGES, pipeline_status
     from relstream.kafka.topics import Topics
 
@@ -27,15 +28,30 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
             f"no topic under {prefix!r} at {bootstrap}: is this the pipeline's broker and "
             "prefix? `relstream broker` and the worker create them"
         )
-    topics = Table("topic", "partitions", "messages", title=f"topics at {bootstrap}")
+    topics = Table(
+        "topic",
+        "partitions",
+        "messages",
+        title=f"topics at {bootstrap}",
+        caption="messages: end − start offsets (a compacted topic may hold fewer)",
+    )
     for topic in found.topics:
         topics.add_row(topic.name, str(topic.partitions), str(topic.messages))
-    groups = Table("group", "stage", "members", "lag by topic", title="consumer groups")
+    groups = Table(
+        "group",
+        "stage",
+        "members",
+        "lag by topic",
+        title="consumer groups",
+        caption="lag: messages after the group's committed offsets",
+    )
     for group in found.groups:
-        members = "?" if group.members is None else str(group.members)
+        members = "not told" if group.members is None else str(group.members)
         lag = ", ".join(f"{name} {count}" for name, count in sorted(group.lag.items()))
         groups.add_row(group.group, group.stage, members, lag)
     console.print(topics, groups)
+    if any(group.members is None for group in found.groups):
+        console.print("members: not told where the broker did not describe the group")
     now = time.time()
     for engine in found.engines:
         console.print(
@@ -45,6 +61,12 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
         )
     if not found.engines:
         console.print("no engine has answered a relQuery yet")
-    letters = sum(found.dead_letters.values())
-    reasons = "".join(f"; {n} {reason}" for reason, n in found.dead_letters.most_common())
-    console.print(f"{letters} dead letters (the newest {TAIL_MESSAGES:,} read){reasons}")
+    letters = found.dead_letters
+    console.print(f"{letters.total()} dead letters (the newest {TAIL_MESSAGES:,} a partition read)")
+    for line in letters.lines():
+        console.print(f"  {line}", markup=False)
+    if found.unread:
+        console.print(
+            f"not read to the end in time (counts are partial): {', '.join(found.unread)}",
+            markup=False,
+        )

@@ -1,21 +1,24 @@
 """What `relstream status` shows of a pipeline, read from its broker alone: each topic's
 size, each consumer group's lag by topic (what `kafka-consumer-groups --describe` gives),
-the engines seen answering, and the dead letters by reason.
+the engines seen answering, and the dead letters by cause.
 
-On kafka-python's admin client, which answers group offsets on Apache Kafka and both
-embedded brokers. Tansu reports a partition's end as its last batch's first offset + 1, so
-there sizes and lags count a batch of records as one: lower bounds.
+Every number is taken against one set of ends, found at the start (`bounds.extents`,
+which finds the true end where a broker's listed end is short, as Tansu's is), and each
+tail is read up to those ends and no further, within a deadline: a live pipeline never
+goes quiet, so reading "until idle" never returns. No consumer group is joined.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TypeVar
 
+from relstream.kafka.bounds import Extent, Span, extents, partitions
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_admin, sync_consumer
 from relstream.kafka.topics import Topics
@@ -23,14 +26,16 @@ from relstream.schemas import DeadLetterMessage, MessageError, MetricsMessage, d
 
 M = TypeVar("M", DeadLetterMessage, MetricsMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
-READ_IDLE_S = 1.0  # a tail is read once no record came for this long
+STATUS_S = 8.0  # status answers within this (plus the interpreter's start)
+MEMBERS_S = 2.0  # asking the broker for each group's members, at most
+EXAMPLES = 3  # example keys shown per dead-letter cause
 
 
 @dataclass(frozen=True)
 class TopicSize:
     name: str
     partitions: int
-    messages: int  # end minus start offsets, over its partitions
+    messages: int  # end minus start offsets, over its partitions (records, unless gaps)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class GroupLag:
     group: str
     stage: str  # what the group is, from the topics it reads: worker, engines, readers
     lag: dict[str, int]  # topic -> messages not yet committed, over its partitions
-    members: int | None  # None where the broker would not describe the group
+    members: int | None  # None where the broker would not say
 
 
 @dataclass(frozen=True)
@@ -48,17 +53,58 @@ class EngineSeen:
     last_answer_at: float  # wall time of its newest answer
 
 
+@dataclass
+class DeadLetterCauses:
+    """Dead letters counted by cause (the reason without its row key, ids and numbers),
+    with the keys of the first few letters of each cause."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, letter: DeadLetterMessage) -> None:
+        cause = reason_kind(letter.reason)
+        self.counts[cause] += 1
+        shown = self.examples.setdefault(cause, [])
+        if len(shown) < EXAMPLES:
+            shown.append(example_key(letter))
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def lines(self) -> list[str]:
+        """One line a cause, the commonest first: count, cause and example keys."""
+        return [
+            f"{n} × {cause} (e.g. {', '.join(self.examples[cause])})"
+            for cause, n in self.counts.most_common()
+        ]
+
+
 @dataclass(frozen=True)
 class PipelineStatus:
     topics: list[TopicSize]
     groups: list[GroupLag]
     engines: list[EngineSeen]
-    dead_letters: Counter[str]  # reason kind -> letters
+    dead_letters: DeadLetterCauses
+    unread: list[str] = field(default_factory=list)  # tails not read to their end in time
+
+
+_NAMED = re.compile(r"""\b(row|relQuery|key|id)\s+('[^']*'|"[^"]*"|\S+)""")
+_INDEX = re.compile(r"\[\d+\]")
+_NUMBER = re.compile(r"\d[\d,._]*")
 
 
 def reason_kind(reason: str) -> str:
-    """A dead letter's reason without its particulars: what to count letters by."""
-    return re.split(r"[:(]", reason)[0].strip()
+    """A dead letter's cause: its reason with the row key or relQuery id named in it, list
+    indices and numbers taken out, so letters of one cause count together."""
+    cause = _NAMED.sub(lambda m: f"{m.group(1)} …", reason)
+    return _NUMBER.sub("N", _INDEX.sub("[…]", cause)).strip()
+
+
+def example_key(letter: DeadLetterMessage) -> str:
+    """What names a dead letter to its sender: its key, or where it was read."""
+    if letter.key:
+        return letter.key.decode("utf-8", "backslashreplace")
+    return f"{letter.topic}[{letter.partition}]@{letter.offset}"
 
 
 def stage_of(topics: Topics, read: set[str]) -> str:
@@ -73,92 +119,108 @@ def stage_of(topics: Topics, read: set[str]) -> str:
 
 
 def pipeline_status(
-    bootstrap: str, topics: Topics, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str, topics: Topics, security: KafkaSecurity = PLAINTEXT, within: float = STATUS_S
 ) -> PipelineStatus:
+    deadline = time.monotonic() + within
     admin = sync_admin(bootstrap, security)
     consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
     try:
         names = sorted(n for n in admin.list_topics() if n.startswith(topics.prefix))
-        partitions = _partitions(consumer, names)
-        ends = consumer.end_offsets(partitions)
-        starts = consumer.beginning_offsets(partitions)
+        found = extents(consumer, partitions(consumer, names))
         sizes = [
             TopicSize(
                 name,
-                sum(p.topic == name for p in partitions),
-                sum(ends[p] - starts[p] for p in partitions if p.topic == name),
+                sum(p.topic == name for p in found),
+                sum(extent.offsets for p, extent in found.items() if p.topic == name),
             )
             for name in names
         ]
-        groups = [_lag(admin, group, topics, ends) for group in _groups(admin)]
-        engines = _engines(consumer, _partitions(consumer, [topics.metrics]), ends)
-        letters = Counter(
-            reason_kind(letter.reason)
-            for letter in _decoded(
-                DeadLetterMessage, _tail(consumer, _partitions(consumer, [topics.deadletter]), ends)
-            )
-        )
+        lags = [_lag(admin, group, topics, found) for group in _groups(admin)]
+        lags = [lag for lag in lags if lag.lag]
+        members = _members(bootstrap, security, [lag.group for lag in lags])
+        groups = [GroupLag(g.group, g.stage, g.lag, members.get(g.group)) for g in lags]
+        metrics = _tail(consumer, found, topics.metrics, deadline)
+        engines = _engines(_decoded(MetricsMessage, metrics))
+        letters = _tail(consumer, found, topics.deadletter, deadline)
+        causes = DeadLetterCauses()
+        for letter in _decoded(DeadLetterMessage, letters):
+            causes.add(letter)
+        unread = sorted({p.topic for span in (metrics, letters) for p in span.unread})
     finally:
         consumer.close()
         admin.close()
-    return PipelineStatus(sizes, [g for g in groups if g.lag], engines, letters)
-
-
-def _partitions(consumer, names: list[str]) -> list:
-    from kafka import TopicPartition
-
-    return [
-        TopicPartition(name, number)
-        for name in names
-        for number in sorted(consumer.partitions_for_topic(name) or ())
-    ]
+    return PipelineStatus(sizes, groups, engines, causes, unread)
 
 
 def _groups(admin) -> list[str]:
     return sorted(entry["group_id"] for entry in admin.list_groups())
 
 
-def _lag(admin, group: str, topics: Topics, ends: dict) -> GroupLag:
+def _lag(admin, group: str, topics: Topics, found: dict[object, Extent]) -> GroupLag:
     """The group's lag on the pipeline's topics (those it has no offsets on left out)."""
     committed = admin.list_group_offsets(group).get(group, {})
     lag: Counter[str] = Counter()
     for partition, offset in committed.items():
-        if partition in ends and offset.offset >= 0:
-            lag[partition.topic] += max(0, ends[partition] - offset.offset)
+        if partition in found and offset.offset >= 0:
+            extent = found[partition]
+            # A commit before the log start (retention took the rest) lags from the start.
+            lag[partition.topic] += max(0, extent.end - max(offset.offset, extent.start))
+    return GroupLag(group, stage_of(topics, set(lag)), dict(lag), None)
+
+
+def _members(bootstrap: str, security: KafkaSecurity, groups: list[str]) -> dict[str, int]:
+    """Members of each group the broker describes: by aiokafka, whose parser takes Tansu's
+    answer (kafka-python's fails on it); {} where the broker does not answer in time."""
+    if not groups:
+        return {}
+    from relstream.kafka.clients import new_admin
+
+    async def describe() -> dict[str, int]:
+        admin = new_admin(bootstrap, security)
+        await admin.start()
+        try:
+            members = {}
+            for response in await admin.describe_consumer_groups(groups):
+                for entry in response.groups:  # error, group, state, protocols, members
+                    error, group, listed = entry[0], entry[1], entry[5]
+                    if not error:
+                        members[group] = len(listed)
+            return members
+        finally:
+            await admin.close()
+
+    async def bounded() -> dict[str, int]:
+        return await asyncio.wait_for(describe(), MEMBERS_S)
+
     try:
-        members = len(admin.describe_groups([group])[group]["members"])
-    except Exception:  # Tansu's answer does not parse in kafka-python: members unknown
-        members = None
-    return GroupLag(group, stage_of(topics, set(lag)), dict(lag), members)
+        return asyncio.run(bounded())
+    except Exception:  # members are then shown as not told
+        return {}
 
 
-def _engines(consumer, partitions: list, ends: dict) -> list[EngineSeen]:
+def _tail(consumer, found: dict[object, Extent], topic: str, deadline: float) -> Span:
+    """The newest TAIL_MESSAGES records of each partition of `topic`, to the ends found."""
+    bounds = {
+        p: (extent.tail(TAIL_MESSAGES), extent.end)
+        for p, extent in found.items()
+        if p.topic == topic
+    }
+    return Span(consumer, bounds, deadline)
+
+
+def _engines(messages: Iterable[MetricsMessage]) -> list[EngineSeen]:
     answered: Counter[str] = Counter()
     newest: dict[str, float] = {}
-    for message in _decoded(MetricsMessage, _tail(consumer, partitions, ends)):
+    for message in messages:
         answered[message.engine] += 1
         newest[message.engine] = max(newest.get(message.engine, 0.0), message.at)
     return [EngineSeen(name, answered[name], newest[name]) for name in sorted(answered)]
 
 
-def _tail(consumer, partitions: list, ends: dict) -> Iterator[bytes]:
-    """The newest TAIL_MESSAGES values of each partition, oldest first."""
-    if not partitions:
-        return
-    consumer.assign(partitions)
-    for partition in partitions:
-        consumer.seek(partition, max(0, ends[partition] - TAIL_MESSAGES))
-    last = time.monotonic()
-    while time.monotonic() - last < READ_IDLE_S:
-        for records in consumer.poll(timeout_ms=200).values():
-            last = time.monotonic()
-            yield from (record.value for record in records)
-
-
-def _decoded(kind: type[M], values: Iterator[bytes]) -> Iterator[M]:
+def _decoded(kind: type[M], records: Iterable) -> Iterator[M]:
     """The values that decode as `kind`; another program's messages are not ours to count."""
-    for value in values:
+    for record in records:
         try:
-            yield decode(kind, value)
+            yield decode(kind, record.value)
         except MessageError:
             continue

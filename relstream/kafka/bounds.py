@@ -1,0 +1,109 @@
+"""Where each partition's log starts and truly ends, and reading partitions up to there:
+for the readers that only look (`relstream status`, `results`, `deadletters`), on a
+kafka-python consumer with no consumer group.
+
+A partition's end is asked once (ListOffsets "latest") and then checked by fetching its
+last batch: Tansu answers "latest" with its last batch's first offset + 1, so a batch of
+50 records there counts as one. A reader then reads each partition to the ends found at
+its start, never "until idle": on a live pipeline an engine writes every second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+POLL_MS = 200
+PROBE_S = 3.0  # fetching the last batches of every partition, at most
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A partition's log: offsets `start` (the oldest kept) to `end` (the next written)."""
+
+    start: int
+    end: int
+
+    @property
+    def offsets(self) -> int:
+        """Records in the log where offsets have no gaps (no compaction, no transaction
+        markers); otherwise an upper bound."""
+        return max(0, self.end - self.start)
+
+    def tail(self, newest: int) -> int:
+        """Where reading the newest `newest` records begins, never before the log start."""
+        return max(self.start, self.end - newest)
+
+
+def partitions(consumer, names: list[str]) -> list:
+    """Every partition of the named topics, in order."""
+    from kafka import TopicPartition
+
+    return [
+        TopicPartition(name, number)
+        for name in names
+        for number in sorted(consumer.partitions_for_topic(name) or ())
+    ]
+
+
+def extents(consumer, parts: list, probe_s: float = PROBE_S) -> dict:
+    """Each partition's Extent now. The listed end is checked by fetching from its last
+    offset: the records that fetch returns (the whole last batch) and the high watermark
+    of its answer give the true end where the listed one is short. A partition whose
+    fetch does not answer within `probe_s` keeps its listed end."""
+    if not parts:
+        return {}
+    starts = consumer.beginning_offsets(parts)
+    listed = consumer.end_offsets(parts)
+    ends = {p: max(listed[p], starts[p]) for p in parts}
+    probed = sorted(p for p in parts if ends[p] > starts[p])
+    pending = set(probed)
+    if pending:
+        consumer.assign(probed)
+        for partition in pending:
+            consumer.seek(partition, ends[partition] - 1)
+        deadline = time.monotonic() + probe_s
+        while pending and time.monotonic() < deadline:
+            for partition, records in consumer.poll(timeout_ms=POLL_MS).items():
+                ends[partition] = max(ends[partition], records[-1].offset + 1)
+                pending.discard(partition)
+            for partition in probed:
+                highwater = consumer.highwater(partition)
+                if highwater is not None:
+                    ends[partition] = max(ends[partition], highwater)
+        consumer.assign([])
+    return {p: Extent(starts[p], ends[p]) for p in parts}
+
+
+@dataclass
+class Span:
+    """Reading partitions from given offsets up to given ends: iterate for the records
+    (oldest first within a partition); `unread` then holds the partitions not read to
+    their end (the deadline passed first)."""
+
+    consumer: object
+    bounds: dict  # partition -> (first offset, end offset)
+    deadline: float | None = None  # time.monotonic(); None: read to the ends however long
+    unread: set = field(default_factory=set)
+
+    def __iter__(self) -> Iterator:
+        consumer = self.consumer
+        self.unread = {p for p, (first, end) in self.bounds.items() if first < end}
+        if not self.unread:
+            return
+        consumer.assign(sorted(self.unread))
+        consumer.resume(*self.unread)  # a partition an earlier span paused
+        for partition in self.unread:
+            consumer.seek(partition, self.bounds[partition][0])
+        while self.unread and (self.deadline is None or time.monotonic() < self.deadline):
+            for partition, records in consumer.poll(timeout_ms=POLL_MS).items():
+                end = self.bounds[partition][1]
+                for record in records:
+                    if record.offset < end:
+                        yield record
+            for partition in list(self.unread):
+                # position: past the last record read, or past a gap (compaction, markers)
+                if consumer.position(partition) >= self.bounds[partition][1]:
+                    self.unread.discard(partition)
+                    consumer.pause(partition)
