@@ -160,13 +160,55 @@ def test_a_follower_never_settles_its_leader():
     assert asyncio.run(scenario()) == (True, Answer("four", 1))
 
 
-def test_a_json_schema_output_is_part_of_the_key():
+def test_a_json_schema_output_is_part_of_the_key_with_its_property_order():
+    # Constrained decoding generates an object's properties in the schema's order, so
+    # {reasoning, answer} and {answer, reasoning} get different answers: the schema is
+    # kept as written, never sorted.
     from relstream.answers import OutputSpec
 
-    properties = {"a": {"type": "string"}}
-    schema = OutputSpec.build(json_schema={"type": "object", "properties": properties})
-    same = OutputSpec.build(json_schema={"properties": properties, "type": "object"})
-    with_schema = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=schema)
-    reordered = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=same)
-    assert request_key(with_schema, [1], MODEL) == request_key(reordered, [1], MODEL) != key(1)
-    assert request_key(with_schema, [1], MODEL).digest == request_key(reordered, [1], MODEL).digest
+    def keyed(properties: dict):
+        schema = {"type": "object", "properties": properties, "required": list(properties)}
+        output = OutputSpec.build(json_schema=schema)
+        return request_key(
+            RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, output=output), [1], MODEL
+        )
+
+    text = {"type": "string"}
+    first = keyed({"reasoning": text, "answer": text})
+    assert first == keyed({"reasoning": text, "answer": text}) != key(1)
+    assert first.digest != keyed({"answer": text, "reasoning": text}).digest
+    nested = {"a": {"type": "object", "properties": {"x": text, "y": text}}}
+    swapped = {"a": {"type": "object", "properties": {"y": text, "x": text}}}
+    assert keyed(nested).digest != keyed(swapped).digest
+
+
+def test_an_aborted_output_is_neither_shared_nor_cached():
+    # Only answers that ended by stop or length stand for the request: an aborted (or
+    # errored, or repetition-stopped) leader leaves its followers to run alone.
+    async def scenario(ending: str):
+        shared = SharedRequests(AnswerCache(10_000))
+        leader, follower = shared.role(key(8)), shared.role(key(8))
+        waiting = asyncio.ensure_future(shared.answer_of(follower))
+        shared.settle(leader, Answer("half an ans", 3, finish_reason=ending))
+        return await waiting, shared.cache.bytes, shared.role(key(8)).cached
+
+    for ending in ("abort", "error", "repetition", None):
+        assert asyncio.run(scenario(ending)) == (None, 0, None)
+    assert asyncio.run(scenario("length"))[0] == Answer("half an ans", 3, finish_reason="length")
+    heard = []
+    cache = AnswerCache(10_000, MODEL)
+    cache.on_new = lambda digest, answer: heard.append(answer)
+    cache.remember(key(8).digest, Answer("half an ans", 3, finish_reason="abort"))
+    assert heard == [] and len(cache) == 0
+
+
+def test_a_later_answer_replaces_the_earlier_one_and_drop_removes_it():
+    # As the answers topic does: a later write under a key wins, a tombstone removes it.
+    cache = AnswerCache(10_000, MODEL)
+    assert cache.put(key(1).digest, Answer("first", 1))
+    assert not cache.put(key(1).digest, Answer("first", 1))  # the same: nothing new
+    assert cache.put(key(1).digest, Answer("second, longer", 2))
+    assert cache.get(key(1).digest) == Answer("second, longer", 2)
+    assert cache.bytes == AnswerCache.entry_bytes(key(1).digest, Answer("second, longer", 2))
+    assert cache.drop(key(1).digest) and not cache.drop(key(1).digest)
+    assert cache.bytes == 0 and key(1).digest not in cache

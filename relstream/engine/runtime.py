@@ -21,6 +21,7 @@ from pathlib import Path
 
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
+from relstream.engine.identity import ModelIdentity, engine_identity
 from relstream.engine.requests import answered_row, sampling_params
 from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
 from relstream.model import (
@@ -131,14 +132,17 @@ def _breakdown(arrival: float, times: list[_RowTimes]) -> LatencyBreakdown | Non
 
 
 class RelQueryEngine:
-    def __init__(self, settings: EngineSettings, llm, tokenizer, model_name: str) -> None:
+    def __init__(
+        self, settings: EngineSettings, llm, tokenizer, model_name: str, identity: ModelIdentity
+    ) -> None:
         self.settings = settings
         self._llm = llm
         self._tokenizer = tokenizer
         self.model_name = model_name
+        self.identity = identity  # what request keys name: never another model's answers
         # Identical requests in flight computed once; finished answers kept if asked for.
         cache_bytes = settings.answer_cache_bytes
-        cache = AnswerCache(cache_bytes, model_name) if cache_bytes else None
+        cache = AnswerCache(cache_bytes, identity.model, identity.digest) if cache_bytes else None
         self._shared = SharedRequests(cache)
 
     @classmethod
@@ -146,7 +150,7 @@ class RelQueryEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from relstream.engine.weights import resolve_model
+        from relstream.engine.weights import KNOWN_MODELS, resolve_model
 
         on_cpu = apply_cpu_defaults(settings.cpu_kv_cache_gib)
         model = resolve_model(settings.model)
@@ -171,7 +175,10 @@ class RelQueryEngine:
         tokenizer = llm.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
-        return cls(settings, llm, tokenizer, model.rstrip("/").rsplit("/", 1)[-1])
+        # The full id: a known model's name or a Hub id, else the resolved folder's path.
+        model_id = settings.model if settings.model in KNOWN_MODELS else model
+        identity = engine_identity(llm, tokenizer, model_id, model)
+        return cls(settings, llm, tokenizer, model.rstrip("/").rsplit("/", 1)[-1], identity)
 
     async def __aenter__(self) -> RelQueryEngine:
         return self
@@ -206,7 +213,7 @@ class RelQueryEngine:
         handle = EngineHandle(relquery, time.monotonic(), self)
         prepared = [self._prepare_row(relquery, index) for index in range(len(relquery.rows))]
         roles = [
-            self._shared.role(request_key(relquery, row.token_ids, self.model_name))
+            self._shared.role(request_key(relquery, row.token_ids, self.identity.digest))
             if isinstance(row, _TokenizedRow) and self.settings.share_identical
             else Role(None)
             for row in prepared
@@ -333,7 +340,12 @@ class RelQueryEngine:
             answer = None
             if final is not None and final.finished:
                 completion = final.outputs[0]
-                answer = Answer(completion.text, len(completion.token_ids), _row_times(final))
+                answer = Answer(
+                    completion.text,
+                    len(completion.token_ids),
+                    _row_times(final),
+                    completion.finish_reason,
+                )
             self._shared.settle(role, answer)
         return answered_row(relquery, request, answer), answer.times
 

@@ -36,11 +36,15 @@ ENTRY_OVERHEAD_BYTES = 256  # a cache entry's table slot and objects, beyond its
 class RequestKey:
     """What decides a request's answer, so two equal keys get one answer."""
 
-    model: str  # the served model's name: another model's answers never match
+    # The model's exact identity (`engine.identity.ModelIdentity.digest`: full id,
+    # revision, dtype, quantization, tokenizer, chat template, vLLM version): another
+    # model's answers never match.
+    model: str
     token_ids: tuple[int, ...]
     sampling: Sampling
-    output: tuple | None  # the output constraint, hashable (a JSON schema as sorted JSON)
+    output: tuple | None  # the output constraint, hashable (a JSON schema as its JSON text)
     max_tokens: int
+    salt: str | None = None  # the relQuery's tenant salt: other tenants never share
 
     @cached_property
     def digest(self) -> bytes:
@@ -48,13 +52,24 @@ class RequestKey:
         return hashlib.sha256(msgspec.json.encode(self)).digest()
 
 
+# How an answer may end to be shared or kept: vLLM's "abort", "error" and "repetition"
+# endings are not the answer the request would get again.
+CACHEABLE_ENDINGS = frozenset({"stop", "length"})
+
+
 @dataclass(frozen=True)
 class Answer:
-    """A finished request's answer, and its step times when it ran (None from the cache)."""
+    """A finished request's answer, and its step times when it ran (None from the cache).
+    `finish_reason` is vLLM's: only "stop" and "length" answers are shared and kept."""
 
     text: str
     output_tokens: int
     times: Any = None
+    finish_reason: str | None = "stop"
+
+    @property
+    def complete(self) -> bool:
+        return self.finish_reason in CACHEABLE_ENDINGS
 
 
 @dataclass(frozen=True)
@@ -69,18 +84,25 @@ class Role:
 
 
 def request_key(relquery: RelQuery, token_ids: list[int], model: str) -> RequestKey | None:
-    """The key of a deterministic request (greedy, or seeded) to `model`; None otherwise."""
+    """The key of a deterministic request (greedy, or seeded) to the model whose identity
+    digest is `model`; None otherwise."""
     sampling = relquery.sampling
     if sampling.temperature != 0 and sampling.seed is None:
         return None
     output = _output_key(relquery.output)
-    return RequestKey(model, tuple(token_ids), sampling, output, relquery.max_output_tokens)
+    salt = getattr(relquery, "cache_salt", None)
+    return RequestKey(model, tuple(token_ids), sampling, output, relquery.max_output_tokens, salt)
 
 
 def _output_key(output: OutputSpec | None) -> tuple | None:
+    """The constraint as it reaches vLLM. A JSON schema is kept as written, key order
+    included: constrained decoding generates an object's properties in the schema's order,
+    so `{reasoning, answer}` and `{answer, reasoning}` get different answers."""
     if output is None:
         return None
-    schema = None if output.json_schema is None else json.dumps(output.json_schema, sort_keys=True)
+    schema = None
+    if output.json_schema is not None:
+        schema = json.dumps(output.json_schema, separators=(",", ":"), ensure_ascii=False)
     return (output.kind, output.choices, schema, output.regex)
 
 
@@ -90,11 +112,13 @@ class AnswerCache:
 
     `on_new`, when set, hears of every answer this engine computed and kept (the service
     publishes it to the answers topic); `put` alone, as the topic's reader uses it, keeps
-    an answer without telling anyone."""
+    an answer without telling anyone. A later `put` under a digest replaces the earlier
+    answer, and `drop` (a tombstone on the topic) removes it."""
 
-    def __init__(self, max_bytes: int, model: str = "") -> None:
+    def __init__(self, max_bytes: int, model: str = "", identity: str = "") -> None:
         self.max_bytes = max_bytes
-        self.model = model  # whose answers it holds (the topic's reader skips the others)
+        self.model = model  # the full model id, for people (logs, the topic's messages)
+        self.identity = identity or model  # whose answers it holds (the topic skips others)
         self.bytes = 0
         self.hits = self.misses = 0
         self.on_new: Callable[[bytes, Answer], None] | None = None
@@ -103,6 +127,12 @@ class AnswerCache:
     @staticmethod
     def entry_bytes(digest: bytes, answer: Answer) -> int:
         return len(digest) + len(answer.text.encode()) + ENTRY_OVERHEAD_BYTES
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._entries  # a look, not a use: no hit, no recency
 
     def get(self, digest: bytes) -> Answer | None:
         answer = self._entries.get(digest)
@@ -114,12 +144,14 @@ class AnswerCache:
         return answer
 
     def put(self, digest: bytes, answer: Answer) -> bool:
-        """Keep `answer` (without step times: none ran for a row it serves); False when it
-        was there already or alone exceeds the cap."""
+        """Keep `answer` (without step times: none ran for a row it serves), replacing an
+        earlier one under `digest`; False when that same answer was there already or it
+        alone exceeds the cap."""
         kept = Answer(answer.text, answer.output_tokens)
         size = self.entry_bytes(digest, kept)
-        if size > self.max_bytes or digest in self._entries:
+        if size > self.max_bytes or self._entries.get(digest) == kept:
             return False
+        self.drop(digest)
         self._entries[digest] = kept
         self.bytes += size
         while self.bytes > self.max_bytes:
@@ -127,8 +159,19 @@ class AnswerCache:
             self.bytes -= self.entry_bytes(old_digest, old)
         return True
 
+    def drop(self, digest: bytes) -> bool:
+        """Forget the answer under `digest`; False if none was held."""
+        old = self._entries.pop(digest, None)
+        if old is None:
+            return False
+        self.bytes -= self.entry_bytes(digest, old)
+        return True
+
     def remember(self, digest: bytes, answer: Answer) -> None:
-        """Keep an answer this engine computed, and pass it to `on_new`."""
+        """Keep an answer this engine computed, and pass it to `on_new`; an answer that
+        did not end by stop or length is neither."""
+        if not answer.complete:
+            return
         if self.put(digest, answer) and self.on_new is not None:
             self.on_new(digest, Answer(answer.text, answer.output_tokens))
 
@@ -155,11 +198,15 @@ class SharedRequests:
 
     def settle(self, role: Role, answer: Answer | None) -> None:
         """A leader's outcome: its answer (kept in the cache), or None if it did not finish.
-        Only the first settles; a role that does not lead has nothing to settle."""
+        An answer that ended otherwise than by stop or length (aborted, an error) counts as
+        not finished: its followers run alone and the cache never holds it. Only the first
+        settles; a role that does not lead has nothing to settle."""
         if not role.leads:
             return
         if role.future is None or role.future.done():
             return
+        if answer is not None and not answer.complete:
+            answer = None
         self._leaders.pop(role.key, None)
         role.future.set_result(answer)
         if answer is not None and self.cache is not None:
