@@ -43,3 +43,60 @@ class ScriptedView(EngineView):
         """Mark a request prefilled, as an engine would after its prefill step."""
         seq = self.tracker.start(request_id)
         self.tracker.record_progress(seq, computed=seq.prompt_tokens, generated=1)
+
+
+class CachingBackend:
+    """A backend with the real engine's identical-request sharing and answer cache
+    (`relstream.engine.shared`), without vLLM: a row's prompt tokens are its prompt's
+    bytes and its answer is `computed: <prompt>`. `computed` counts the rows it ran."""
+
+    model_name = "fake"
+    policy = "fcfs"
+
+    def __init__(self, identity: str = "ab" * 32, model: str = "org/fake-model") -> None:
+        from relstream.engine.shared import AnswerCache, SharedRequests
+
+        self.answer_cache = AnswerCache(1 << 20, model, identity)
+        self._shared = SharedRequests(self.answer_cache)
+        self.computed = 0
+
+    def backlog_rows(self) -> int:
+        return 10_000
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+    @staticmethod
+    def key(relquery, index: int, identity: str = "ab" * 32):
+        """The request key of `relquery`'s row `index` on a backend of `identity`."""
+        from relstream.engine.shared import request_key
+        from relstream.model import prepare_row
+
+        prompt = prepare_row(relquery, index).prompt
+        return request_key(relquery, list(prompt.encode()), identity)
+
+    async def submit(self, relquery):
+        import asyncio
+
+        from relstream.sim.backend import SimHandle
+
+        outcome = asyncio.ensure_future(self._serve(relquery))
+        return SimHandle(relquery, outcome, self.policy)
+
+    async def _serve(self, relquery):
+        from relstream.engine.requests import answered_row
+        from relstream.engine.shared import Answer
+        from relstream.model import RelQueryResult, prepare_row
+
+        rows = []
+        for index in range(len(relquery.rows)):
+            request = prepare_row(relquery, index)
+            role = self._shared.role(self.key(relquery, index, self.answer_cache.identity))
+            if role.cached is not None:
+                rows.append(answered_row(relquery, request, role.cached, True))
+                continue
+            self.computed += 1
+            answer = Answer(f"computed: {request.prompt}", 1)
+            self._shared.settle(role, answer)
+            rows.append(answered_row(relquery, request, answer))
+        return RelQueryResult(relquery.id, rows, None, self.policy, self.model_name)

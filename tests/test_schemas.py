@@ -74,7 +74,14 @@ GOOD = {
         "at": NOW,
     },
     "control": {"version": 1, "cancel": "q1"},
-    "answer": {"version": 1, "model": "smollm2", "text": "Paris", "output_tokens": 2},
+    "answer": {
+        "version": 2,
+        "model": "smollm2",
+        "identity": "ab" * 32,
+        "text": "Paris",
+        "output_tokens": 2,
+        "mac": bytes(32),
+    },
     "dead_letter": {
         "version": 1,
         "original": b"\xc1",

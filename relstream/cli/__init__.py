@@ -6,6 +6,7 @@ import os
 
 import click
 
+from relstream.cli.answers import answers
 from relstream.cli.bench import bench
 from relstream.cli.demo import demo
 from relstream.cli.drill import drill
@@ -69,5 +70,6 @@ for command in (
     status,
     drill,
     demo,
+    answers,
 ):
     main.add_command(command)

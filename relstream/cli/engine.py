@@ -81,6 +81,13 @@ _ENGINE_OPTIONS = (
         "<prefix>answers topic, for restarted engines and every engine of the group.",
     ),
     click.option(
+        "--answer-secret-file",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="With --answer-cache topic (required, or $RELSTREAM_ANSWER_SECRET): the secret "
+        "the engines share; answers are signed with it and others are ignored.",
+    ),
+    click.option(
         "--answer-cache-mb",
         default=256,
         show_default=True,
@@ -128,6 +135,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.backend import EngineFailure
     from relstream.kafka.delivery import quiet_outages
 
+    opts["answer_secret"] = _answer_secret(opts)  # refused before the engine loads
     if opts["backend"] == "vllm":
         reexec_with_tcmalloc()
     show_logs("relstream.engine")
@@ -139,6 +147,18 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
             f"engine failed: {exc}. Nothing was committed past the relQueries it was "
             "serving; a restarted engine answers them."
         ) from None
+
+
+def _answer_secret(opts: dict) -> bytes | None:
+    """The engines' shared secret for `--answer-cache topic`; None for the other modes."""
+    from relstream.service.answers import AnswerSecretError, answer_secret
+
+    if opts["answer_cache"] != "topic":
+        return None
+    try:
+        return answer_secret(opts.pop("answer_secret_file"))
+    except AnswerSecretError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 async def _start_backend(opts: dict):
@@ -186,6 +206,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             metrics_host=opts["metrics_host"],
             security=opts["security"],
             answer_topic=opts["answer_cache"] == "topic",
+            answer_secret=opts["answer_secret"],
         )
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves

@@ -235,16 +235,32 @@ class ControlMessage(Message, tag=WIRE_VERSION, kw_only=True):
     cancel: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
 
 
-class AnswerMessage(Message, tag=WIRE_VERSION, kw_only=True):
+# Version 2 names the model exactly and is signed; version 1 answers (unsigned, the model
+# named by its last path component) are refused, and an engine counts and ignores them.
+ANSWER_VERSION = 2
+
+
+class AnswerMessage(Message, tag=ANSWER_VERSION, kw_only=True):
     """One answer of a deterministic request, on the compacted answers topic (key: the
-    request's SHA-256 digest over model, prompt tokens, sampling, output constraint and
-    token limit), so restarted engines and the engines of one group answer it again
-    without running the model."""
+    request's SHA-256 digest over the model's identity, prompt tokens, sampling, output
+    constraint, token limit and tenant salt), so restarted engines and the engines of one
+    group answer it again without running the model. `mac` is an HMAC-SHA256, with the
+    secret the engines share, over the key and the other fields: an engine ignores (and
+    counts) an answer without a valid one. A null value (a tombstone) removes the key."""
 
     kind: ClassVar[str] = "answer"
-    model: NonEmpty
+    model: NonEmpty  # the full model id, for people; `identity` is what is matched
+    identity: Annotated[
+        str,
+        Meta(
+            pattern="^[0-9a-f]{64}$",
+            description="SHA-256 of the model's id, revision, dtype, quantization, tokenizer, "
+            "chat template and vLLM version",
+        ),
+    ]
     text: str
     output_tokens: Annotated[int, Meta(ge=0, le=MAX_OUTPUT_TOKENS)]
+    mac: Annotated[bytes, Meta(min_length=32, max_length=32)]
 
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (

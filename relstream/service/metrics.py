@@ -80,6 +80,12 @@ class EngineMetrics:
             ["measure"],
             registry=self.registry,
         )
+        self.answers_rejected = Counter(
+            "relstream_answers_rejected_total",
+            "Answers on the answers topic ignored: unsigned, forged (MAC mismatch), malformed",
+            ["reason"],
+            registry=self.registry,
+        )
 
     def observe_answer_cache(self, cache) -> None:
         """The engine's AnswerCache (relstream.engine.shared), where it has one."""

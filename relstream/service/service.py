@@ -97,6 +97,7 @@ class ServiceConfig:
     metrics_host: str = "127.0.0.1"
     security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
     answer_topic: bool = False  # back the backend's answer cache with the answers topic
+    answer_secret: bytes | None = None  # the engines' shared secret, signing answers
     stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
 
 
@@ -149,7 +150,8 @@ class EngineService:
         if config.answer_topic:
             answers = await start_answer_topic(
                 self.backend, self._producer, config.bootstrap, config.topics.answers,
-                config.broker, config.security,
+                config.broker, config.security, config.answer_secret,
+                self.metrics.answers_rejected,
             )  # fmt: skip
         log.info(
             "engine (%s) serving %s as group %s",
