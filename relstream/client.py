@@ -100,8 +100,10 @@ class RelstreamClient:
         system_prompt: str | None = None,
         output: OutputSpec | None = None,
         sampling: Sampling | None = None,
+        cache_salt: str | None = None,
     ) -> str:
-        """Send an ad-hoc relQuery (one answer per row); returns its id for `result`."""
+        """Send an ad-hoc relQuery (one answer per row); returns its id for `result`.
+        `cache_salt`, a tenant's: relQueries of other salts never share its answers."""
         relquery = RelQuery(
             relquery_id or f"adhoc-{uuid.uuid4().hex[:12]}",
             Template(template),
@@ -110,6 +112,7 @@ class RelstreamClient:
             system_prompt,
             output=output,
             sampling=sampling or Sampling(),
+            cache_salt=cache_salt,
         )
         value = encode(relquery_message(relquery))
         if len(value) > MAX_REQUEST_BYTES:

@@ -148,6 +148,9 @@ class RelQuery:
     # Free fields: the template is then an instruction, followed by these fields of each
     # row, one "name: value" line each, in its `field_orders` entry (shared values first).
     fields: tuple[str, ...] = ()
+    # A tenant's salt (vLLM's cache_salt): it enters the answer cache's key and vLLM's
+    # prefix cache, so relQueries of other salts never share an answer or a cached prefix.
+    cache_salt: str | None = None
     field_orders: list[tuple[str, ...]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from relstream.engine.identity import ModelIdentity, folder_revision, revision_of
-from relstream.engine.shared import Answer, AnswerCache, request_key
+from relstream.engine.shared import AnswerCache, request_key
 from relstream.model import RelQuery, Row, Template
 
 
@@ -85,9 +85,18 @@ def test_dtype_quantization_tokenizer_template_and_vllm_version_enter_the_key(tm
     assert len(digests) == 1 + len(variants)
 
 
-def test_a_tenant_salt_enters_the_key():
-    relquery = RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4)
-    plain = request_key(relquery, [1], "ab" * 32)
-    assert replace(plain, salt="tenant-a").digest != replace(plain, salt="tenant-b").digest
-    assert replace(plain, salt="tenant-a").digest != plain.digest
-    assert Answer("x", 1).complete
+def test_a_tenant_salt_enters_the_key_and_travels_on_the_wire():
+    from relstream.schemas import RelQueryMessage, decode, encode
+    from relstream.schemas.convert import relquery_from_message, relquery_message
+
+    def salted(salt: str | None) -> RelQuery:
+        return RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, cache_salt=salt)
+
+    keys = [request_key(salted(salt), [1], "ab" * 32) for salt in (None, "tenant-a", "tenant-b")]
+    assert len({key.digest for key in keys}) == 3
+    assert request_key(salted("tenant-a"), [1], "ab" * 32) == keys[1]
+    wire = decode(RelQueryMessage, encode(relquery_message(salted("tenant-a"))))
+    assert wire.cache_salt == "tenant-a"
+    assert relquery_from_message(wire).cache_salt == "tenant-a"
+    unsalted = encode(relquery_message(salted(None)))
+    assert b"cache_salt" not in unsalted  # left out at its default: older readers never see it

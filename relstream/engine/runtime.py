@@ -319,10 +319,13 @@ class RelQueryEngine:
         row_errors = (ValueError, VLLMClientError)
         relquery, request = handle.relquery, row.request
         params = sampling_params(relquery, relquery_tags(relquery.id, runnable))
+        prompt: dict = {"prompt_token_ids": row.token_ids}
+        if relquery.cache_salt is not None:  # a tenant's own prefix cache too
+            prompt["cache_salt"] = relquery.cache_salt
         final = None
         try:
             async for final in self._llm.generate(  # noqa: B007 (the last one is kept)
-                {"prompt_token_ids": row.token_ids}, params, request.request_id, priority=priority
+                prompt, params, request.request_id, priority=priority
             ):
                 pass
         except asyncio.CancelledError:

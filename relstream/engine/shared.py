@@ -90,7 +90,7 @@ def request_key(relquery: RelQuery, token_ids: list[int], model: str) -> Request
     if sampling.temperature != 0 and sampling.seed is None:
         return None
     output = _output_key(relquery.output)
-    salt = getattr(relquery, "cache_salt", None)
+    salt = relquery.cache_salt
     return RequestKey(model, tuple(token_ids), sampling, output, relquery.max_output_tokens, salt)
 
 

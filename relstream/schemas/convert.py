@@ -57,6 +57,7 @@ def relquery_from_message(message: RelQueryMessage) -> RelQuery:
         output=output,
         sampling=Sampling(message.temperature, message.top_p, message.seed, tuple(message.stop)),
         fields=tuple(message.fields or ()),
+        cache_salt=message.cache_salt,
     )
 
 
@@ -71,6 +72,7 @@ def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> R
         submitted_at=time.time() if submitted_at is None else submitted_at,
         output=None if output is None else output_message(output),
         fields=list(relquery.fields) or None,
+        cache_salt=relquery.cache_salt,
         **sampling_fields(relquery.sampling),
     )
 

@@ -129,6 +129,18 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
     seed: Seed | None = None
     stop: StopStrings = msgspec.field(default_factory=list)
     fields: FreeFields | None = None
+    cache_salt: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=MAX_ID_CHARS,
+                description="a tenant's salt: relQueries of other salts never share an "
+                "answer (the answer cache) nor a cached prompt prefix (vLLM's cache_salt)",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
