@@ -232,7 +232,8 @@ class RelstreamPlugin(EngineView):
         )
         held = [r for r in self.running if r.request_id not in planned]
         waiting, kv_holding = self.waiting, self.kv_holding_waiting
-        waiting.remove_requests(chosen)
+        if chosen:  # vLLM's queue removes by rebuilding itself: O(every waiting request)
+            waiting.remove_requests(chosen)
         self.waiting = create_request_queue(self.policy)
         for request in chosen:
             self.waiting.add_request(request)

@@ -19,12 +19,13 @@ so a gated engine does not admit what it would have to preempt.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.remaining import Remaining
-from relstream.scheduler.view import EngineView, RelQueryInfo
+from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo
 
 Ranked = tuple[tuple, RelQueryInfo]  # (rank, relQuery), best rank first
 
@@ -37,11 +38,16 @@ class GateCoefficients(Protocol):
     def work(self, left: Remaining) -> float: ...
 
 
+def sample(rows: Iterable[SeqInfo], size: int = 64) -> list[SeqInfo]:
+    """The first `size` rows, without copying the rest (a queue may hold 100,000)."""
+    return list(itertools.islice(rows, size))
+
+
 def full_batch(view: EngineView) -> int:
     """Requests a batch holds when seats and KV are the only limits, from the mean
     sequence (prompt and output budget) of running or else waiting rows."""
     tracker = view.tracker
-    seqs = list(tracker.running.values())[:64] or list(tracker.waiting.values())[:64]
+    seqs = sample(tracker.running.values()) or sample(tracker.waiting.values())
     if not seqs:
         return view.limits.max_num_seqs
     mean_tokens = sum(seq.prompt_tokens + seq.max_tokens for seq in seqs) / len(seqs)

@@ -50,6 +50,7 @@ import bisect
 import heapq
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -57,7 +58,7 @@ from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, next_change, status
-from relstream.scheduler.gate import full_batch, gated_fill
+from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.remaining import Oracle, Remaining, remaining
@@ -66,7 +67,7 @@ from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeedback, StepPlan
 
 Rank = tuple[int, float, float, str]  # (Urgency, aged W or latest start, arrival, id)
-RESORT_EVERY = 64  # steps between re-ranking every waiting relQuery on fresh coefficients
+REPRICE_PER_STEP = 4  # waiting relQueries re-priced and re-ranked each step, round robin
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
 
@@ -112,6 +113,8 @@ class Relstream(Policy):
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
         self._left: dict[str, Remaining] = {}  # the same, prompts at the cache's miss ratio
         self._steps = 0
+        self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
+        self._cycling: set[str] = set()
         self.headroom = Headroom()
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
@@ -192,8 +195,8 @@ class Relstream(Policy):
         requests' mean context (their prompts' when nothing runs)."""
         tracker = view.tracker
         base, per_token, per_decode, per_context = self.step_cost.coefficients()
-        rows = list(tracker.running.values())[:CONTEXT_SAMPLE]
-        rows = rows or list(tracker.waiting.values())[:CONTEXT_SAMPLE]
+        rows = sample(tracker.running.values(), CONTEXT_SAMPLE)
+        rows = rows or sample(tracker.waiting.values(), CONTEXT_SAMPLE)
         context = sum(seq.computed_tokens or seq.prompt_tokens for seq in rows)
         per_decode += per_context * context / max(len(rows), 1)
         return Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
@@ -267,15 +270,11 @@ class Relstream(Policy):
         changed |= self.starvation.newly_starving(now, tracker.relqueries)
         changed |= self.deadlines.due(now, tracker.relqueries)
         self._steps += 1
-        if self._steps % RESORT_EVERY == 0:
-            unchanged = [rid for rid in self._rank if rid not in changed]
-            for rid in unchanged:  # the prefix cache moved on since they were estimated
-                self._left[rid] = self._priced(view, tracker.relqueries[rid])
-            self._rank.update(
-                (rid, self._rank_waiting(tracker.relqueries[rid], coefficients, now))
-                for rid in unchanged
-            )
-            self._order = sorted(self._rank.values())
+        # The prefix cache and the coefficients move on: a few waiting relQueries are
+        # re-priced and re-ranked each step, round robin, so no step re-ranks them all.
+        for rid in self._stale(REPRICE_PER_STEP, changed):
+            self._left[rid] = self._priced(view, tracker.relqueries[rid])
+            changed.add(rid)
         for relquery_id in changed:
             self._unrank(relquery_id)
             info = tracker.relqueries[relquery_id]
@@ -283,6 +282,24 @@ class Relstream(Policy):
                 rank = self._rank_waiting(info, coefficients, now)
                 self._rank[relquery_id] = rank
                 bisect.insort(self._order, rank)
+                if relquery_id not in self._cycling:
+                    self._cycling.add(relquery_id)
+                    self._cycle.append(relquery_id)
+
+    def _stale(self, count: int, skip: set[str]) -> list[str]:
+        """Up to `count` ranked relQueries, those re-priced longest ago first."""
+        picked: list[str] = []
+        for _ in range(len(self._cycle)):
+            if len(picked) == count:
+                break
+            rid = self._cycle.popleft()
+            if rid not in self._rank:  # started or finished: dropped from the cycle
+                self._cycling.discard(rid)
+                continue
+            self._cycle.append(rid)
+            if rid not in skip:
+                picked.append(rid)
+        return picked
 
     def _priced(self, view: EngineView, info: RelQueryInfo) -> Remaining:
         """R's remaining work, its prompts priced at the prefix cache's miss ratio on a
