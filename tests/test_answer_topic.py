@@ -14,12 +14,19 @@ import pytest
 from helpers import CachingBackend
 
 from relstream.engine.shared import Answer, AnswerCache
-from relstream.kafka.clients import create_topics, new_producer, read_messages, start_all
+from relstream.kafka.clients import (
+    create_topics,
+    new_admin,
+    new_producer,
+    read_messages,
+    start_all,
+)
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.schemas import ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.answers import (
+    TOPIC_CONFIG,
     AnswerSecretError,
     AnswerTopic,
     answer_secret,
@@ -190,11 +197,27 @@ def test_purge_tombstones_every_answer_also_in_a_running_engine(broker):
             await reader.start()
             await reader.stop()
             again = await purge_answers(broker.bootstrap, topic, broker.kind)
-            return purged, len(running), engine.removed, len(restarted), again
+            configs = await topic_configs(broker.bootstrap, topic)
+            return (purged, len(running), engine.removed, len(restarted), again), configs
         finally:
             await producer.stop()
 
-    assert asyncio.run(scenario()) == (3, 0, 3, 0, 0)
+    counts, configs = asyncio.run(scenario())
+    assert counts == (3, 0, 3, 0, 0)
+    # Compacted, and bounded in time and size (README: the answers topic).
+    assert {name: configs.get(name) for name in TOPIC_CONFIG} == TOPIC_CONFIG
+
+
+async def topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = new_admin(bootstrap)
+    await admin.start()
+    try:
+        found = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        await admin.close()
+    return {entry[0]: entry[1] for entry in found[0].resources[0][4]}
 
 
 def test_purge_asks_for_confirmation():
