@@ -49,6 +49,57 @@ def test_each_group_orders_its_remaining_fields_by_what_it_shares():
     ]
 
 
+def test_the_layout_stops_at_its_budget_and_every_row_keeps_every_field():
+    # Given order colour, size, brand. Value visits: the root group scores 4 rows over 3
+    # fields and groups them by brand, 4 x (3 + 1) = 16; brand Alpha1's group (rows 0-1)
+    # and Bravo2's (rows 2-3) cost 2 x (2 + 1) = 6 each; then rows 0-1 under colour red
+    # and rows 2-3 under size XL cost 2 x (1 + 1) = 4 each, and save nothing: 36 in all.
+    rows = [
+        Row("0", {"brand": "Alpha1", "colour": "red", "size": "S"}),
+        Row("1", {"brand": "Alpha1", "colour": "red", "size": "M"}),
+        Row("2", {"brand": "Bravo2", "colour": "blue", "size": "XL"}),
+        Row("3", {"brand": "Bravo2", "colour": "green", "size": "XL"}),
+    ]
+    fields = ["colour", "size", "brand"]
+    whole = [("brand", "colour", "size")] * 2 + [("brand", "size", "colour")] * 2
+    assert shared_first(rows, fields, budget=36) == whole
+    assert shared_first(rows, fields) == whole  # far within FIELD_LAYOUT_BUDGET
+    # 22 = 16 + 6: Bravo2's group is past the budget and keeps colour, size.
+    assert shared_first(rows, fields, budget=22) == [("brand", "colour", "size")] * 4
+    # Under 16 the root group is past it: every row keeps the given order.
+    assert shared_first(rows, fields, budget=15) == [tuple(fields)] * 4
+
+
+class CountingValues(dict):
+    """A row's values that count the layout's visits (`get`)."""
+
+    visits = 0
+
+    def get(self, key, default=None):
+        CountingValues.visits += 1
+        return super().get(key, default)
+
+
+def test_the_layout_never_visits_more_values_than_its_budget():
+    # 200 rows x 64 fields of 3 values each, f10 the same long text on every row: laid
+    # out whole it would visit about 200 x 64^2 / 2 = 409,600 values. The root group
+    # costs 200 x 65 = 13,000.
+    fields = [f"f{j}" for j in range(64)]
+    rows = [
+        Row(str(i), CountingValues({name: f"v{(i * j) % 3}" for j, name in enumerate(fields)}))
+        for i in range(200)
+    ]
+    for row in rows:
+        row.values["f10"] = "the same long description on every row"
+    CountingValues.visits = 0
+    orders = shared_first(rows, fields, budget=20_000)
+    assert 13_000 <= CountingValues.visits <= 20_000
+    assert all(sorted(order) == sorted(fields) for order in orders)
+    assert all(order[0] == "f10" for order in orders)  # the root group was laid out
+    relquery = RelQuery("q", Template("Rate."), rows, 4, fields=tuple(fields))
+    assert all(prepare_row(relquery, i).prompt.count("\n") == 64 for i in range(200))
+
+
 def test_each_prompt_is_the_instruction_then_the_fields_shared_first():
     relquery = RelQuery(
         "q", Template("Rate this review."), reviews(), 4, fields=("title", "text", "description")
