@@ -46,9 +46,21 @@ def row_remaining_output(seq: SeqInfo, expected: int, oracle: Oracle | None = No
 
 
 def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
+    """What is left of R. Waiting rows that never ran are taken from the tracker's sums
+    (`RelQueryInfo.fresh_*`), so the cost is the rows running or resumed, at most the
+    engine's seats, however many wait; with an oracle every row is visited."""
     expected = expected_output(info)
     prompt = outputs = steps = 0
-    for rows in (info.running.values(), info.waiting.values()):
+    if oracle is None:
+        prompt = info.fresh_prompt_tokens
+        for budget, count in info.fresh_rows.items():
+            left = max(1, min(budget, expected))
+            outputs += count * left
+            steps = max(steps, left)
+        visited = (info.running.values(), info.resumed.values())
+    else:
+        visited = (info.running.values(), info.waiting.values())
+    for rows in visited:
         for seq in rows:
             left = row_remaining_output(seq, expected, oracle)
             uncomputed = seq.uncomputed_tokens

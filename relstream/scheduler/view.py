@@ -8,7 +8,7 @@ tens of thousands of waiting requests.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -56,6 +56,28 @@ class RelQueryInfo:
     prompt_tokens_seen: int = 0
     # when the user wants it answered, on the scheduler's clock (None: no deadline)
     deadline: float | None = None
+    # Waiting rows that never ran, summed, so what is left of R is estimated without
+    # visiting them (`remaining`): their prompt tokens, and how many there are by output
+    # budget. Waiting rows that ran before (preempted with output) are kept in `resumed`.
+    fresh_prompt_tokens: int = 0
+    fresh_rows: Counter[int] = field(default_factory=Counter)
+    resumed: dict[str, SeqInfo] = field(default_factory=dict)
+
+    def wait(self, seq: SeqInfo) -> None:
+        """`seq` joins R's waiting rows (counted in the sums when it never ran)."""
+        if seq.output_tokens:
+            self.resumed[seq.request_id] = seq
+        else:
+            self.fresh_prompt_tokens += seq.uncomputed_tokens
+            self.fresh_rows[seq.max_tokens] += 1
+
+    def unwait(self, seq: SeqInfo) -> None:
+        """`seq` leaves R's waiting rows (started or finished)."""
+        if self.resumed.pop(seq.request_id, None) is None:
+            self.fresh_prompt_tokens -= seq.uncomputed_tokens
+            self.fresh_rows[seq.max_tokens] -= 1
+            if not self.fresh_rows[seq.max_tokens]:
+                del self.fresh_rows[seq.max_tokens]
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,7 @@ class RequestTracker:
             )
             self.relqueries[seq.relquery_id] = info
         info.waiting[seq.request_id] = seq
+        info.wait(seq)
         info.prompt_tokens_seen += seq.prompt_tokens
         self.waiting[seq.request_id] = seq
         self._changed.add(seq.relquery_id)
@@ -98,6 +121,7 @@ class RequestTracker:
         seq = self.waiting.pop(request_id)
         info = self.relqueries[seq.relquery_id]
         del info.waiting[request_id]
+        info.unwait(seq)
         info.running[request_id] = seq
         self.running[request_id] = seq
         self.active_relqueries[seq.relquery_id] = info
@@ -112,6 +136,7 @@ class RequestTracker:
         info = self.relqueries[seq.relquery_id]
         del info.running[request_id]
         info.waiting[request_id] = seq
+        info.wait(seq)
         info.waiting.move_to_end(request_id, last=False)
         self.waiting[request_id] = seq
         self.waiting.move_to_end(request_id, last=False)
@@ -129,7 +154,8 @@ class RequestTracker:
         seq = self.running.pop(request_id, None) or self.waiting.pop(request_id)
         info = self.relqueries[seq.relquery_id]
         info.running.pop(request_id, None)
-        info.waiting.pop(request_id, None)
+        if info.waiting.pop(request_id, None) is not None:
+            info.unwait(seq)
         info.finished += 1
         info.finished_output_tokens += seq.output_tokens
         self._deactivate_if_idle(info)
