@@ -267,9 +267,9 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
     rows = [Row(c, {"country": c}) for c in ("France", "Japan", "France")]
     template = Template("What is the capital of {country}? Answer with the city name only.")
 
-    async def serve_once(name: str, results_so_far: int) -> tuple[ResultMessage, int]:
-        """A fresh engine and service answer one relQuery; returns its result and the
-        steps the engine ran."""
+    async def serve_once(name: str, results_so_far: int) -> tuple[ResultMessage, int, dict]:
+        """A fresh engine and service answer one relQuery; returns its result, the steps
+        the engine ran and the answers it rejected, by reason."""
         relquery = RelQuery(name, template, rows, max_output_tokens=8)
         log = tmp_path / f"{name}.jsonl"
         settings = EngineSettings(step_log=log, answer_cache_bytes=1 << 20)
@@ -279,7 +279,8 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
             answer_secret=SECRET,
         )  # fmt: skip
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, engine).run(stop))
+        serving = EngineService(config, engine)
+        service = asyncio.create_task(serving.run(stop))
         producer = new_producer(broker.bootstrap)
         await start_all(producer)
         await producer.send_and_wait(
@@ -293,13 +294,36 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
         engine.shutdown()
         mine = [decode(ResultMessage, m.value) for m in raw if m.key == name.encode()]
         steps = [json.loads(line) for line in log.read_text().splitlines()]
-        return mine[0], sum(1 for step in steps if step.get("event") != "start")
+        rejected = {
+            reason: serving.metrics.registry.get_sample_value(
+                "relstream_answers_rejected_total", {"reason": reason}
+            )
+            for reason in ("forged", "unsigned")
+        }
+        return mine[0], sum(1 for step in steps if step.get("event") != "start"), rejected
 
-    async def before_and_after() -> list[tuple[ResultMessage, int]]:
+    async def forge() -> int:
+        """Under each key the engine published, a forgery (a genuine MAC, another text)
+        and an unsigned answer, after the genuine one: the restarted engine must keep
+        serving the genuine answers."""
+        published = await read_messages(broker.bootstrap, topics.answers, 2, broker.kind, 60)
+        producer = new_producer(broker.bootstrap)
+        await start_all(producer)
+        for message in published:
+            for value in forgeries(message.key, message.value):
+                await producer.send_and_wait(topics.answers, value, key=message.key)
+        await producer.stop()
+        return len(published)
+
+    async def before_and_after():
         await create_topics(broker.bootstrap, topics.layout())
-        return [await serve_once("before", 0), await serve_once("after", 1)]
+        before = await serve_once("before", 0)
+        return before, await forge(), await serve_once("after", 1)
 
-    (before, steps_before), (after, steps_after) = asyncio.run(before_and_after())
+    (before, steps_before, _), forged, (after, steps_after, rejected) = asyncio.run(
+        before_and_after()
+    )
+    assert forged == 2 and rejected == {"forged": 2.0, "unsigned": 4.0}
     assert steps_before > 0 and [row.cached for row in before.rows] == [False, False, False]
     assert [row.output for row in after.rows] == [row.output for row in before.rows]
     assert [row.key for row in after.rows] == ["France", "Japan", "France"]
