@@ -7,7 +7,8 @@ fractions of the capacity stock V1 reaches on that very trace (its FCFS policy s
 every relQuery at once: relQueries over makespan). Each run reports its mean, p50, p99
 and max latency, its makespan (the throughput figure) and the mean latency of the last
 third of relQueries over the first third (above 1, a queue that grows while the stream
-runs).
+runs). With `deadlines`, every relQuery is due that many times its latency alone after
+its arrival (`bench.deadlines`) and each run also reports the share of deadlines met.
 
 Profiles are the simulator's named ones or profile files (a campaign epoch's fitted
 `fitted_profile*.json`), labelled by file name.
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from relstream.bench.deadlines import alone_latencies, attainment, with_deadlines
 from relstream.bench.runner import make_cost_model, run_pooled, summarize
 from relstream.bench.workload import (
     TokenizedTrace,
@@ -54,6 +56,7 @@ class SustainedOptions:
     workers: int = 2
     fcfs_slack: float | None = None  # relstream's deadline slack, if not its default
     size_weight: float | None = None  # relstream's rank: arrival + this × W, if given
+    deadlines: float | None = None  # each relQuery due this times its latency alone
     command: str = ""
 
     def trace(self, arrival: str, seed: int) -> TraceConfig:
@@ -118,8 +121,14 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
             if options.size_weight is not None:
                 config = replace(config, size_weight=options.size_weight)
             built = Relstream(built.cost, config)
-        return SimulatedEngine(profile, built).run(trace.at_rate(rate, block))
+        relqueries = trace.at_rate(rate, block)
+        if alone is not None:
+            relqueries = with_deadlines(relqueries, alone, options.deadlines)
+        return SimulatedEngine(profile, built).run(relqueries)
 
+    alone = None
+    if options.deadlines is not None:  # once per trace and profile, for every load
+        alone = alone_latencies(trace.at_rate(ALL_AT_ONCE, block), profile)
     capacity = len(trace.entries) / serve("v1-fcfs", ALL_AT_ONCE).makespan
     arrival_order = {entry.relquery.id: n for n, entry in enumerate(trace.entries)}
     records = []
@@ -127,6 +136,7 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
         for policy in options.policies:
             run = serve(policy, load * capacity)
             summary = summarize(policy, load * capacity, run)
+            met = {} if alone is None else {"attainment": attainment(run)}
             records.append(
                 {
                     "profile": profile_label(cell.profile),
@@ -142,6 +152,7 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
                     "thirds": thirds_ratio(run, arrival_order),
                     "preemptions": summary.preemptions,
                     "steps": summary.steps,
+                    **met,
                 }
             )
     return {"cell": asdict(cell), "capacity": capacity, "records": records}

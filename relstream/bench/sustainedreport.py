@@ -136,6 +136,8 @@ def markdown_verdicts(verdicts: Sequence[Verdict]) -> list[str]:
         pick = max if target in larger_worse else min
         shown = pick(worst, key=lambda v: v.value)
         value = f"{100 * shown.value:+.2f} %" if "makespan" in target else f"{shown.value:.2f}x"
+        if "attainment" in target:  # a gain in points of attainment
+            value = f"{100 * shown.value:+.1f} points"
         holding = f"{len(mine) - len(failing)} / {len(mine)}"
         lines.append(f"| {target} | {holding} | {shown.run} | {value} |")
     return lines

@@ -60,6 +60,13 @@ DEFAULT_PROFILES = (
     help="relstream ranks by arrival + this × its work (engine seconds) [work alone].",
 )
 @click.option(
+    "--deadlines",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Each relQuery due this times its latency alone (stock V1, empty engine); adds "
+    "relstream-no-deadlines and the deadline attainment report.",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("docs/benchmarks/sustained"),
@@ -85,6 +92,8 @@ def bench_sustained(**opts) -> None:
     missing = [name for name in needed if name not in opts["policies"]]
     if missing:
         raise click.BadParameter(f"the report needs {', '.join(missing)}", param_hint="--policies")
+    if opts["deadlines"] and "relstream-no-deadlines" not in opts["policies"]:
+        opts["policies"] = (*opts["policies"], "relstream-no-deadlines")
     datasets = opts["datasets"] if opts["datasets"].is_dir() else None
     if datasets is None:
         console.print(f"[yellow]{opts['datasets']} not found: using the bundled sample table[/]")
@@ -97,6 +106,7 @@ def bench_sustained(**opts) -> None:
         f"--max-rows {opts['max_rows']} "
         + (f"--fcfs-slack {opts['fcfs_slack']:g} " if opts["fcfs_slack"] else "")
         + (f"--size-weight {opts['size_weight']:g} " if opts["size_weight"] else "")
+        + (f"--deadlines {opts['deadlines']:g} " if opts["deadlines"] else "")
         + f"--datasets {os.path.relpath(datasets) if datasets else 'bundled'}"
     )
     options = SustainedOptions(
@@ -113,6 +123,7 @@ def bench_sustained(**opts) -> None:
         workers=opts["workers"],
         fcfs_slack=opts["fcfs_slack"],
         size_weight=opts["size_weight"],
+        deadlines=opts["deadlines"],
         command=command,
     )
     traces = len(options.arrivals) * len(options.seeds)
@@ -153,10 +164,11 @@ def write_sustained_report(
     options, capacities: list[dict], records: list[dict], machine: str | None = None
 ) -> list:
     """results.json, README.md and plot in the out folder; the verdicts."""
+    from relstream.bench.deadlinereport import judge_deadlines, markdown_deadlines
     from relstream.bench.report import machine_description, write_report
     from relstream.bench.sustainedreport import judge, markdown_table, markdown_verdicts, plot
 
-    verdicts = judge(records)
+    verdicts = judge(records) + judge_deadlines(records)
     out = options.out_dir
     out.mkdir(parents=True, exist_ok=True)
     plot(records, out / "mean_vs_load.png")
@@ -172,6 +184,7 @@ def write_sustained_report(
             "loads": list(options.loads),
             "relqueries": options.relqueries,
             "max_rows": options.max_rows,
+            "deadlines": options.deadlines,
         },
         "capacities": capacities,
         "runs": records,
@@ -197,6 +210,20 @@ def write_sustained_report(
         "![mean latency over v1-fcfs's](mean_vs_load.png)",
         "",
     ]
+    deadlines = markdown_deadlines(records)
+    if deadlines:
+        setting += (
+            f" Deadlines: each relQuery due {options.deadlines:g}x its latency alone (stock "
+            "V1, empty engine) after its arrival; stock V1 ignores them, "
+            "relstream-no-deadlines is relstream blind to them."
+        )
+        body += [
+            "## Deadline attainment (share of relQueries answered by their deadline; mean "
+            "over seeds, [min – max])",
+            "",
+            *deadlines,
+            "",
+        ]
     write_report(
         out, "Sustained load: long traces near capacity (simulator)", document, setting, body
     )

@@ -10,7 +10,6 @@ goes quiet, so reading "until idle" never returns. No consumer group is joined.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections import Counter
@@ -27,7 +26,6 @@ from relstream.schemas import DeadLetterMessage, MessageError, MetricsMessage, d
 M = TypeVar("M", DeadLetterMessage, MetricsMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
 STATUS_S = 8.0  # status answers within this (plus the interpreter's start)
-MEMBERS_S = 2.0  # asking the broker for each group's members, at most
 EXAMPLES = 3  # example keys shown per dead-letter cause
 
 
@@ -137,7 +135,7 @@ def pipeline_status(
         ]
         lags = [_lag(admin, group, topics, found) for group in _groups(admin)]
         lags = [lag for lag in lags if lag.lag]
-        members = _members(bootstrap, security, [lag.group for lag in lags])
+        members = _members(admin, [lag.group for lag in lags])
         groups = [GroupLag(g.group, g.stage, g.lag, members.get(g.group)) for g in lags]
         metrics = _tail(consumer, found, topics.metrics, deadline)
         engines = _engines(_decoded(MetricsMessage, metrics))
@@ -168,34 +166,41 @@ def _lag(admin, group: str, topics: Topics, found: dict[object, Extent]) -> Grou
     return GroupLag(group, stage_of(topics, set(lag)), dict(lag), None)
 
 
-def _members(bootstrap: str, security: KafkaSecurity, groups: list[str]) -> dict[str, int]:
-    """Members of each group the broker describes: by aiokafka, whose parser takes Tansu's
-    answer (kafka-python's fails on it); {} where the broker does not answer in time."""
+def _members(admin, groups: list[str]) -> dict[str, int]:
+    """Members of each group the broker describes; {} where it does not. Tansu marks its
+    answer with authorized operations kafka-python's parser refuses (even when not asked
+    for them), so there the request is sent again and its answer read as it came."""
     if not groups:
         return {}
-    from relstream.kafka.clients import new_admin
+    try:
+        described = admin.describe_groups(groups)
+        return {group: len(about["members"]) for group, about in described.items()}
+    except ValueError:  # "15 is not a valid ACLOperation": Tansu's answer
+        pass
+    except Exception:  # a broker that does not describe groups: members not told
+        return {}
+    try:
+        return _members_as_answered(admin, groups)
+    except Exception:  # kafka-python's internals moved: members not told
+        return {}
+
+
+def _members_as_answered(admin, groups: list[str]) -> dict[str, int]:
+    from kafka.protocol.admin import DescribeGroupsRequest
 
     async def describe() -> dict[str, int]:
-        admin = new_admin(bootstrap, security)
-        await admin.start()
-        try:
-            members = {}
-            for response in await admin.describe_consumer_groups(groups):
-                for entry in response.groups:  # error, group, state, protocols, members
-                    error, group, listed = entry[0], entry[1], entry[5]
-                    if not error:
-                        members[group] = len(listed)
-            return members
-        finally:
-            await admin.close()
+        members = {}
+        coordinators = await admin._find_coordinator_ids(groups)
+        for coordinator in set(coordinators.values()):
+            asked = [group for group in groups if coordinators[group] == coordinator]
+            request = DescribeGroupsRequest(groups=asked, include_authorized_operations=False)
+            response = await admin._manager.send(request, node_id=coordinator)
+            for group in response.groups:
+                if not group.error_code:
+                    members[group.group_id] = len(group.members)
+        return members
 
-    async def bounded() -> dict[str, int]:
-        return await asyncio.wait_for(describe(), MEMBERS_S)
-
-    try:
-        return asyncio.run(bounded())
-    except Exception:  # members are then shown as not told
-        return {}
+    return admin._manager.run(describe)
 
 
 def _tail(consumer, found: dict[object, Extent], topic: str, deadline: float) -> Span:

@@ -1,29 +1,28 @@
-"""Deadlines users set: which relQueries are at risk of missing theirs, and when that
-changes.
+"""Deadlines users set: a relQuery that can no longer meet its deadline goes behind the
+others.
 
 τ(R), the time R still needs if it went first, is its uncached prompt at the fitted
 per-token price plus its decode steps left at the engine's recent step duration: R's
 rows join the batch that runs now, so each of its steps lasts as long as that batch's
-steps do, and its last row ends after L(R) of them. Its slack is deadline − now − τ.
+do, and its last row ends after L(R) of them. R is **lost** once deadline − now <
+`LOST_SHARE`·τ: even served first, it would need at least twice the time left.
 
-- **At risk** once the slack is at most (`RISK_FACTOR` − 1)·τ, i.e. now + 2τ ≥ deadline.
-  τ is an estimate (outputs expected from finished siblings, a step time that R's own
-  rows lengthen, seats that free only as running rows end), so R is raised while as much
-  time again as the estimate remains for its error; earlier, size order serves most
-  relQueries in time anyway and raising R would only cost the mean.
-- At risk, relQueries go ahead of all but starving ones (`starvation`), **least slack
-  first**, and pass the Δ gate at once: holding one back is what makes it miss.
-- **Unreachable** once the slack is negative: R can no longer finish in time even going
-  first. It falls back to its size rank (and the starvation guard still bounds its
-  wait). Going first would not save it, and every relQuery it passed would lose time it
-  may need for its own deadline: the domino by which earliest-deadline-first collapses
-  under overload. The slack is re-read whenever R's estimate changes, so a relQuery
-  given up while the engine was crowded is raised again if a quieter batch brings it
-  back within reach.
+A lost relQuery goes behind every relQuery that is not (size order within each group;
+the starvation guard still bounds its wait). Serving it first cannot save it, and every
+relQuery it passed would lose time it may need for its own deadline: the domino by
+which earliest-deadline-first collapses under overload; Moore and Hodgson's rule for the
+most jobs on time likewise serves short jobs first and sets aside those that cannot
+finish. τ overestimates a waiting relQuery (it counts every row's whole output budget
+until a row finishes, and a step of today's full batch), hence the half.
 
-Status changes with the clock alone, so `DeadlineWatch` keeps the next time each waiting
-relQuery's status may change (when it becomes at risk, when unreachable) in a heap; the
-policy re-ranks those due.
+Nothing is raised *ahead* of size order: on the sustained benchmark (deadlines of 3x each
+relQuery's latency alone) ranking relQueries at risk first, least slack or least work
+first, met fewer deadlines than size order alone in most cells (docs/benchmarks/
+deadlines/notes.md). A deadline proportional to a relQuery's own size is what size order
+already serves: the smallest relQueries, whose deadlines are tightest, go first.
+
+The status changes with the clock alone, so `DeadlineWatch` keeps the time each waiting
+relQuery becomes lost in a heap, and the policy re-ranks those due.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import math
 from collections.abc import Container
 from enum import IntEnum
 
-RISK_FACTOR = 2.0  # at risk once now + RISK_FACTOR·τ reaches the deadline
+LOST_SHARE = 0.5  # lost once less than this share of τ is left before the deadline
 STEP_MEMORY = 32  # steps the recent step duration is averaged over (exponentially)
 
 
@@ -41,28 +40,13 @@ class Urgency(IntEnum):
     """The first field of a relQuery's rank: lower goes first."""
 
     STARVING = 0  # past the starvation guard's deadline
-    AT_RISK = 1  # may miss the user's deadline unless served now
-    OTHER = 2  # size (aged) order
+    OTHER = 1  # size (aged) order
+    LOST = 2  # can no longer meet the deadline its user set
 
 
-def status(deadline: float | None, needed: float, now: float) -> Urgency:
-    """AT_RISK while `deadline` is reachable (slack ≥ 0) but near (now + RISK_FACTOR ×
-    `needed` ≥ deadline), else OTHER."""
-    if deadline is None:
-        return Urgency.OTHER
-    slack = deadline - now - needed
-    if 0 <= slack <= (RISK_FACTOR - 1) * needed:
-        return Urgency.AT_RISK
-    return Urgency.OTHER
-
-
-def next_change(deadline: float, needed: float, now: float) -> float | None:
-    """When the status of a relQuery needing `needed` seconds may next change, its
-    estimate unchanged: when it becomes at risk, then when it becomes unreachable."""
-    for at in (deadline - RISK_FACTOR * needed, deadline - needed):
-        if at > now:
-            return at
-    return None
+def lost_at(deadline: float, needed: float) -> float:
+    """When a relQuery needing `needed` seconds (τ) can no longer meet `deadline`."""
+    return deadline - LOST_SHARE * needed
 
 
 class StepTime:

@@ -8,8 +8,7 @@ over started and waiting relQueries alike (`gated_fill`):
 - a started relQuery's prompt chunk is capped where what it delays the relQueries
   decoding ahead of it outweighs the step base it saves (`prompt_allowance`);
 - a waiting relQuery with less work left than every running one is admitted at once
-  (shortest first: ABA's m+ > m-), and so is one the caller calls urgent (at risk of
-  missing its user's deadline); any other only when Δ < 0 (`admission_pays`);
+  (shortest first: ABA's m+ > m-); any other only when Δ < 0 (`admission_pays`);
 - once a relQuery is held back, nobody ranked after it is admitted.
 
 KV is reserved for what running requests will still generate (`composer.StepComposer`),
@@ -111,12 +110,10 @@ def gated_fill(
     left: Callable[[str], Remaining],
     c: GateCoefficients,
     arriving: float = 0.0,
-    urgent: Callable[[tuple], bool] | None = None,
 ) -> bool:
     """Give the step's prompt budget in rank order (`started`: running relQueries,
     `waiting`: fully waiting ones, each best first; `queued`: relQueries with waiting
-    rows; `urgent(rank)`: admitted without Δ). True when the gate held work back (a
-    capped prompt or a Δ ≥ 0)."""
+    rows). True when the gate held work back (a capped prompt or a Δ ≥ 0)."""
     free = batching_is_free(view, c)
     running_set = [left(info.relquery_id) for _, info in started]
     best_running = min((c.work(remaining) for remaining in running_set), default=0.0)
@@ -124,7 +121,7 @@ def gated_fill(
     admitting, held = True, False
     decoding_ahead = 0  # relQueries ranked ahead whose rows decode in this step
     merged = heapq.merge(started, waiting, key=lambda pair: pair[0])
-    for position, (rank, info) in enumerate(merged):
+    for position, (_, info) in enumerate(merged):
         behind = max(queued - position - 1, 0) + arriving
         limit = prompt_allowance(decoding_ahead, behind, c, free)
         if info.running:
@@ -141,7 +138,7 @@ def gated_fill(
         if info.running:
             admitting = step.admit(info, limit)
             held = held or (not admitting and limit is not None)
-        elif c.work(remaining) < best_running or free or (urgent is not None and urgent(rank)):
+        elif c.work(remaining) < best_running or free:
             admitting = step.admit(info)
         else:
             pays = admission_pays(running_set, remaining, behind, c)

@@ -24,8 +24,9 @@ latency that holding work back buys. Each step:
    FCFS would give it (the work of every unfinished relQuery ahead of it and its own,
    in engine seconds). Past it, R goes ahead of every relQuery that is not, earliest
    deadline first: a hard bound on any machine, with no per-machine threshold. A
-   deadline the user set (`RelQueryInfo.deadline`) raises R next, least slack first,
-   while it is at risk and still reachable (`deadlines`); without one nothing changes.
+   relQuery that can no longer meet the deadline its user set (`RelQueryInfo.deadline`)
+   goes behind the others, so it does not push them past theirs (`deadlines`); without
+   deadlines nothing changes.
 3. **Shape the batch by the load** (`gate`, `headroom`). A waiting relQuery joins the
    running ones only when the paper's Δ (ABA, in V1's mixed steps) says admitting it now
    beats admitting it after them, counting among those it would delay by waiting both
@@ -57,7 +58,7 @@ from dataclasses import dataclass, replace
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
-from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, next_change, status
+from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.policies import Policy
@@ -66,7 +67,7 @@ from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeedback, StepPlan
 
-Rank = tuple[int, float, float, str]  # (Urgency, aged W or latest start, arrival, id)
+Rank = tuple[int, float, float, str]  # (Urgency, aged W or starvation deadline, arrival, id)
 REPRICE_PER_STEP = 4  # waiting relQueries re-priced and re-ranked each step, round robin
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
@@ -186,8 +187,7 @@ class Relstream(Policy):
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         queued = len(self._order) + sum(1 for info in active if info.waiting)
         arriving = self.headroom.pressure(view.now()) if self.config.gate == "load" else 0.0
-        left = self._left.__getitem__
-        held = gated_fill(view, step, started, waiting, queued, left, c, arriving, _at_risk)
+        held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c, arriving)
         return step.plan(), held
 
     def _coefficients(self, view: EngineView) -> Coefficients:
@@ -213,24 +213,21 @@ class Relstream(Policy):
             yield from info.waiting.values()
 
     # ranking
-    def _ranked(self, info: RelQueryInfo, coefficients: Coefficients, now: float) -> Rank:
+    def _ranked(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
         """The rank of R from its last estimate of remaining work; past its starvation
         deadline, R goes ahead of every relQuery that is not, earliest deadline first;
-        at risk of missing the deadline its user set, ahead of the rest, least slack
-        (latest start, deadline − τ) first."""
+        once it can no longer meet the deadline its user set, behind those that can."""
         relquery_id = info.relquery_id
         if self.starvation.is_starving(relquery_id):
             deadline = self.starvation.deadline(relquery_id)
             return (Urgency.STARVING, deadline, info.arrival_time, relquery_id)
-        if info.deadline is not None and self.config.deadlines:
-            needed = self._needed(relquery_id, coefficients)
-            if status(info.deadline, needed, now) is Urgency.AT_RISK:
-                latest_start = info.deadline - needed
-                return (Urgency.AT_RISK, latest_start, info.arrival_time, relquery_id)
-        work = coefficients.work(self._left[relquery_id])
+        urgency = Urgency.OTHER
+        if info.deadline is not None and self.config.deadlines and now >= self._lost_at(info, c):
+            urgency = Urgency.LOST
+        work = c.work(self._left[relquery_id])
         if not math.isinf(self.config.size_weight):
             work = info.arrival_time + self.config.size_weight * work
-        return (Urgency.OTHER, work, info.arrival_time, relquery_id)
+        return (urgency, work, info.arrival_time, relquery_id)
 
     def _needed(self, relquery_id: str, c: Coefficients) -> float:
         """τ(R): its uncached prompt at the fitted price, then its decode steps left at
@@ -239,11 +236,15 @@ class Relstream(Policy):
         step = self.step_time.get(c.base + c.per_decode * c.batch)
         return c.per_token * left.prompt_tokens + step * left.steps
 
+    def _lost_at(self, info: RelQueryInfo, c: Coefficients) -> float:
+        assert info.deadline is not None
+        return lost_at(info.deadline, self._needed(info.relquery_id, c))
+
     def _rank_waiting(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
-        """`_ranked`, and a look again when its deadline status may change."""
+        """`_ranked`, and a look again when it may lose its deadline."""
         if info.deadline is not None and self.config.deadlines:
-            at = next_change(info.deadline, self._needed(info.relquery_id, c), now)
-            self.deadlines.watch(info.relquery_id, at)
+            at = self._lost_at(info, c)
+            self.deadlines.watch(info.relquery_id, at if at > now else None)
         return self._ranked(info, c, now)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
@@ -336,8 +337,3 @@ class Relstream(Policy):
 
 def _first(pair: tuple[Rank, RelQueryInfo]) -> Rank:
     return pair[0]
-
-
-def _at_risk(rank: Rank) -> bool:
-    """A relQuery at risk of missing its deadline passes the Δ gate at once."""
-    return rank[0] == Urgency.AT_RISK

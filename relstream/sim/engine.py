@@ -48,6 +48,7 @@ class SimRelQuery:
     max_tokens: int
     requests: list[SimRequest]
     labels: dict[str, str] = field(default_factory=dict)
+    deadline: float | None = None  # when its user wants it answered, on the sim clock
 
 
 @dataclass
@@ -64,6 +65,7 @@ class RelQueryOutcome:
     requests: int
     labels: dict[str, str]
     latency: LatencyBreakdown
+    deadline_met: bool | None = None  # None: it had no deadline
 
 
 @dataclass
@@ -218,6 +220,7 @@ class SimulatedEngine(EngineView):
                 request.prompt_tokens,
                 relquery.max_tokens,
                 relquery.arrival_time,
+                deadline=relquery.deadline,
             )
             self.prompt_tokens += request.prompt_tokens
             self.tracker.add_request(seq, len(running))
@@ -344,6 +347,7 @@ class SimulatedEngine(EngineView):
             timeline.arrival if prefill_end is None else prefill_end,
             timeline.finish,
         )
+        met = None if relquery.deadline is None else timeline.finish <= relquery.deadline
         return RelQueryOutcome(
-            relquery.relquery_id, len(relquery.requests), relquery.labels, latency
+            relquery.relquery_id, len(relquery.requests), relquery.labels, latency, met
         )

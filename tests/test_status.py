@@ -1,0 +1,193 @@
+"""`relstream status` on a live pipeline (a worker, an engine on the simulated backend, a
+relQuery answered every second, so metrics every second), on each embedded broker: it
+returns within 10 s, with topic sizes and lags that match the records on the broker; and
+the readers that only look leave no consumer group behind."""
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+from engines import engine_process
+from test_streaming import stream_bin
+
+from relstream.kafka.clients import create_topics
+from relstream.kafka.topics import Topics
+from relstream.stream import launch
+
+STATUS_LIMIT_S = 10.0
+
+
+def relstream(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    # Wide, so rich does not fold the tables' long topic and group names.
+    return subprocess.run(
+        [sys.executable, "-m", "relstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+
+
+def produce(bootstrap: str, topic: str, rows: range) -> None:
+    """Rows in batches of many records: Tansu's listed end counts a batch as one."""
+    from kafka import KafkaProducer
+
+    from relstream.schemas import RowMessage, encode
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20)
+    for i in rows:
+        row = RowMessage(table="reviews", key=f"k{i}", values={"review": f"text {i}"})
+        producer.send(topic, encode(row), key=row.key.encode())
+    producer.flush()
+    producer.close()
+
+
+def records_in(bootstrap: str, topic: str) -> int:
+    """Records of `topic` counted one by one, from the log start to the high watermark
+    of the fetches that read them (right on both brokers, where ListOffsets is not)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(parts)
+        consumer.seek_to_beginning()
+        count = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            count += sum(len(records) for records in consumer.poll(timeout_ms=200).values())
+            marks = [consumer.highwater(p) for p in parts]
+            if None not in marks and all(
+                consumer.position(p) >= m for p, m in zip(parts, marks, strict=True)
+            ):
+                return count
+        raise TimeoutError(f"{topic} not read to its high watermark in 30 s")
+    finally:
+        consumer.close()
+
+
+def group_ids(bootstrap: str) -> set[str]:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return {entry["group_id"] for entry in admin.list_groups()}
+    finally:
+        admin.close()
+
+
+def committed_on(bootstrap: str, group: str, topic: str) -> int:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+        return sum(o.offset for p, o in offsets.items() if p.topic == topic and o.offset > 0)
+    finally:
+        admin.close()
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {seconds:g} s")
+        time.sleep(0.5)
+
+
+def ask_every_second(bootstrap: str, prefix: str, stop: threading.Event) -> None:
+    """One relQuery a second, so the engine publishes a metrics message every second."""
+    from relstream.client import RelstreamClient
+
+    with RelstreamClient(bootstrap, prefix) as client:
+        beat = 0
+        while not stop.wait(1.0):
+            client.submit("Echo {x}", [{"key": f"beat{beat}", "values": {"x": str(beat)}}])
+            beat += 1
+
+
+def row_of(table_text: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is `first`."""
+    for line in table_text.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
+        if cells and cells[0] == first:
+            return cells
+    raise AssertionError(f"no row {first!r} in:\n{table_text}")
+
+
+def test_status_on_a_live_pipeline_is_right_and_returns(broker, tmp_path):
+    prefix = f"l{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    rows_topic = topics.rows("reviews")
+    asyncio.run(create_topics(broker.bootstrap, topics.layout(("reviews",))))
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "rate"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
+        "window_seconds = 1.0\nmax_rows = 5\nmax_output_tokens = 4\n"
+    )
+    app_id, engines = f"worker-{uuid.uuid4().hex[:6]}", f"engines-{uuid.uuid4().hex[:6]}"
+    ready, engine_log = tmp_path / "ready", tmp_path / "engine.log"
+    executable = [str(stream_bin() / "relstream")]
+    worker_group = f"{app_id}-rate"  # a group a registration
+    worker = launch.start_worker(
+        executable, broker, config, tmp_path / "worker.log", topics, app_id, ready
+    )
+    engine = engine_process(broker, topics, engines, engine_log)
+    stop = threading.Event()
+    beats = threading.Thread(target=ask_every_second, args=(broker.bootstrap, prefix, stop))
+    try:
+        launch.wait_ready(ready, engine_log, [worker, engine], 120)
+        beats.start()
+        # 20 rows the worker takes; stopped, it leaves the next 50 behind: a lag of 50.
+        produce(broker.bootstrap, rows_topic, range(20))
+        wait_until(
+            lambda: committed_on(broker.bootstrap, worker_group, rows_topic) == 20,
+            90,
+            "the worker's commit of 20 rows",
+        )
+        worker.terminate()
+        worker.wait(60)
+        produce(broker.bootstrap, rows_topic, range(20, 70))
+        wait_until(lambda: records_in(broker.bootstrap, topics.metrics) >= 3, 30, "3 metrics")
+
+        groups_before = group_ids(broker.bootstrap)
+        bootstrap = ("--bootstrap", broker.bootstrap, "--prefix", prefix)
+        for reader in ("results", "deadletters"):
+            read = relstream(reader, *bootstrap)
+            assert read.returncode == 0, read.stderr
+        live = (topics.relqueries, topics.results, topics.metrics)
+        before = {topic: records_in(broker.bootstrap, topic) for topic in live}
+        started = time.monotonic()
+        shown = relstream("status", *bootstrap, timeout=STATUS_LIMIT_S + 20)
+        took = time.monotonic() - started
+        after = {topic: records_in(broker.bootstrap, topic) for topic in live}
+        assert group_ids(broker.bootstrap) <= groups_before  # no reader left a group
+        assert engine.poll() is None
+    finally:
+        stop.set()
+        if beats.is_alive():
+            beats.join(10)
+        for process in (worker, engine):
+            process.terminate()
+            process.wait(60)
+    assert shown.returncode == 0, shown.stderr
+    assert took < STATUS_LIMIT_S, f"status took {took:.1f} s"
+    text = shown.stdout
+    assert row_of(text, rows_topic)[1:] == ["4", "70"]
+    for topic in live:  # written while status ran: between the counts around it
+        messages = int(row_of(text, topic)[2])
+        assert before[topic] <= messages <= after[topic], (topic, before, messages, after)
+    assert row_of(text, worker_group)[1] == "worker"
+    assert row_of(text, worker_group)[-1] == f"{rows_topic} 50"
+    engine_row = row_of(text, engines)
+    assert engine_row[1:3] == ["engines", "1"], engine_row  # members, told on both brokers
+    lag = int(re.fullmatch(rf"{re.escape(topics.relqueries)} (\d+)", engine_row[-1]).group(1))
+    assert lag <= 3  # the engine keeps up with a relQuery a second
+    said = " ".join(text.split())
+    assert re.search(r"engine \S+: \d+ relQueries answered", said), said
+    assert "not read to the end" not in said
