@@ -2,6 +2,7 @@
 
 import json
 
+import msgspec
 import pytest
 
 from relstream.bench.campaign import (
@@ -11,6 +12,7 @@ from relstream.bench.campaign import (
     warm_up_speeds,
 )
 from relstream.bench.workload import TraceConfig
+from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
 
 POLICIES = ("relstream", "v1-fcfs")
 SEED_2 = TraceConfig(48, 1, 48, "poisson", 1.0, 0.02, 2)
@@ -23,28 +25,23 @@ def run(policy: str, load: float, epoch: int | None, mean: float, **extra) -> di
     return {**record, **extra}
 
 
-def step(tokens: int, decodes: int) -> dict:
+def step(tokens: int, decodes: int) -> StepRecord:
     """A step of a machine whose steps cost 20 ms + 1 ms a prompt token + 2 ms a decode."""
     duration = 0.020 + 0.001 * tokens + 0.002 * decodes
-    return {
-        "kind": "mixed",
-        "uncached_tokens": tokens,
-        "decode_requests": decodes,
-        "decode_context_tokens": 0,
-        "duration_s": duration,
-    }
+    return StepRecord(
+        kind="mixed", uncached_tokens=tokens, decode_requests=decodes, duration_s=duration
+    )
 
 
-def slower(record: dict, factor: float) -> dict:
-    return {**record, "duration_s": record["duration_s"] * factor}
+def slower(record: StepRecord, factor: float) -> StepRecord:
+    return msgspec.structs.replace(record, duration_s=record.duration_s * factor)
 
 
 CAPACITY_STEPS = [step(t, d) for t in (0, 64, 512) for d in (1, 8, 30)]
 
 
 def write_capacity_log(path, steps) -> None:
-    lines = [{"event": "start", "limits": {}}, *steps]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path.write_text("".join(encode_line(line) for line in (StepLogStart(), *steps)))
 
 
 def test_a_cell_is_compared_in_the_latest_epoch_that_ran_every_policy():

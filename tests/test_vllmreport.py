@@ -5,6 +5,7 @@ import pytest
 from relstream.bench.campaign import MachineSpeedError, check_speed, speed_against
 from relstream.bench.targets import judge_targets
 from relstream.bench.vllmbench import offline_cost_lines, run_windows
+from relstream.scheduler.steprecord import StepLogStart, StepRecord
 
 
 def test_each_target_is_judged_on_its_worst_trace():
@@ -49,25 +50,25 @@ def test_relserves_offline_lines_come_from_the_capacity_runs_steps():
     # Steps on an exact plane: 20 ms + 1 ms per prompt token + 2 ms per decode, whatever
     # the context.
     steps = [
-        {
-            "kind": "mixed",
-            "uncached_tokens": tokens,
-            "decode_requests": decodes,
-            "decode_context_tokens": context * decodes,
-            "duration_s": 0.020 + 0.001 * tokens + 0.002 * decodes,
-        }
+        StepRecord(
+            kind="mixed",
+            uncached_tokens=tokens,
+            decode_requests=decodes,
+            decode_context_tokens=context * decodes,
+            duration_s=0.020 + 0.001 * tokens + 0.002 * decodes,
+        )
         for tokens in (0, 64, 512, 2048)
         for decodes in (1, 8, 32, 128)
         for context in (50, 400)
     ]
-    header = {
-        "limits": {
+    header = StepLogStart(
+        limits={
             "max_num_seqs": 256,
             "max_num_batched_tokens": 2048,
             "kv_capacity_tokens": 46592,
             "block_size": 128,
         }
-    }
+    )
     lines = offline_cost_lines(header, steps)
     assert lines == pytest.approx(
         {"alpha_p": 0.001, "beta_p": 0.020, "alpha_d": 0.002, "beta_d": 0.020}, rel=1e-6
@@ -82,13 +83,17 @@ def test_each_run_finds_its_steps_walking_back_from_the_engines_last_step():
         {"rate": 0.75, "makespan": 20.0},
         {"rate": 1.3, "makespan": 30.0},
     ]
-    steps = [{"t": t} for t in (12.0, 49.0, 55.0, 100.0)]
+    steps = [
+        StepRecord(kind="decode", uncached_tokens=0, decode_requests=1, duration_s=0.1, t=t)
+        for t in (12.0, 49.0, 55.0, 100.0)
+    ]
     assert run_windows(records, steps) == [(10.0, 50.0), (50.0, 70.0), (70.0, 100.0)]
 
 
 def test_a_stored_window_is_taken_as_it_is():
     records = [{"rate": 0.4, "makespan": 40.0, "window": [3.0, 44.0]}]
-    assert run_windows(records, [{"t": 100.0}]) == [(3.0, 44.0)]
+    last = StepRecord(kind="decode", uncached_tokens=0, decode_requests=1, duration_s=0.1, t=100.0)
+    assert run_windows(records, [last]) == [(3.0, 44.0)]
 
 
 # A capacity run's fit: 20 ms a step, 1 ms a prompt token, 2 ms a decode, 0 per context.
@@ -100,13 +105,10 @@ REFERENCE = {
 }
 
 
-def step(tokens: int, decodes: int, seconds: float) -> dict:
-    return {
-        "uncached_tokens": tokens,
-        "decode_requests": decodes,
-        "decode_context_tokens": 0,
-        "duration_s": seconds,
-    }
+def step(tokens: int, decodes: int, seconds: float) -> StepRecord:
+    return StepRecord(
+        kind="mixed", uncached_tokens=tokens, decode_requests=decodes, duration_s=seconds
+    )
 
 
 def test_speed_is_real_step_time_over_what_the_capacity_runs_fit_predicts():

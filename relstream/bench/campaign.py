@@ -20,6 +20,7 @@ from pathlib import Path
 
 from relstream.bench.stepfit import fit_step_costs
 from relstream.bench.workload import TraceConfig
+from relstream.scheduler.steprecord import StepRecord, read_step_log
 
 # Loads mean a fraction of the capacity of the machine that runs them. An engine whose
 # warm-up steps, priced by its epoch's capacity-run fit, land outside this band runs on
@@ -31,17 +32,17 @@ class MachineSpeedError(RuntimeError):
     """This machine's steps run too far from the speed of its epoch's capacity run."""
 
 
-def speed_against(reference: dict, steps: Sequence[dict]) -> float:
+def speed_against(reference: dict, steps: Sequence[StepRecord]) -> float:
     """Real step time over the time `reference` (a `fit_step_costs` result) predicts for
     the same steps: above 1, this machine is slower than the one the fit came from."""
     predicted = sum(
         reference["base"]
-        + reference["per_uncached_token"] * s["uncached_tokens"]
-        + reference["per_decode_request"] * s["decode_requests"]
-        + reference["per_context_token"] * s["decode_context_tokens"]
+        + reference["per_uncached_token"] * s.uncached_tokens
+        + reference["per_decode_request"] * s.decode_requests
+        + reference["per_context_token"] * s.decode_context_tokens
         for s in steps
     )
-    return sum(s["duration_s"] for s in steps) / predicted if predicted else float("nan")
+    return sum(s.duration_s for s in steps) / predicted if predicted else float("nan")
 
 
 def within_band(speed: float) -> bool:
@@ -49,7 +50,7 @@ def within_band(speed: float) -> bool:
     return low <= speed <= high
 
 
-def check_speed(reference: dict, warm_up_steps: Sequence[dict]) -> None:
+def check_speed(reference: dict, warm_up_steps: Sequence[StepRecord]) -> None:
     if not warm_up_steps:
         return
     speed = speed_against(reference, warm_up_steps)
@@ -60,18 +61,6 @@ def check_speed(reference: dict, warm_up_steps: Sequence[dict]) -> None:
             f"run predicts (allowed {low}-{high}x): the machine changed speed during the "
             "campaign. Resume it: the next epoch measures capacity on this machine."
         )
-
-
-def read_step_log(path: Path) -> tuple[dict, list[dict]]:
-    header: dict = {}
-    steps: list[dict] = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("event") == "start":
-            header = record
-        else:
-            steps.append(record)
-    return header, steps
 
 
 def trace_name(trace: TraceConfig) -> str:
@@ -95,7 +84,7 @@ class Epoch:
         return fit_step_costs(read_step_log(self.capacity_log)[1])
 
 
-def warm_up_speeds(epochs: Sequence[Epoch], warm_up: Sequence[dict]) -> dict[int, float]:
+def warm_up_speeds(epochs: Sequence[Epoch], warm_up: Sequence[StepRecord]) -> dict[int, float]:
     """This machine's speed against each epoch's: `warm_up` steps priced by its fit."""
     return {epoch.number: speed_against(epoch.reference(), warm_up) for epoch in epochs}
 

@@ -53,7 +53,7 @@ async def measure(datasets: list[LoadedDataset], rows: int, log: Path, say=print
                     prompts = prompt_token_ids(row_prompts(relquery))
                     record[variant] = {
                         "prompt_tokens": sum(len(ids) for ids in prompts),
-                        "computed": sum(step["uncached_tokens"] for step in steps),
+                        "computed": sum(step.uncached_tokens for step in steps),
                     }
                 records.append(record)
                 say(f"{dataset.spec.name} {query_type}: measured")

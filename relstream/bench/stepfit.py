@@ -16,23 +16,24 @@ from collections.abc import Sequence
 import numpy as np
 
 from relstream.scheduler.stepcost import nonnegative_lstsq
+from relstream.scheduler.steprecord import StepRecord
 
 FEATURES = ("uncached_tokens", "decode_requests", "decode_context_tokens")
 
 
-def fit_step_costs(steps: Sequence[dict]) -> dict:
+def fit_step_costs(steps: Sequence[StepRecord]) -> dict:
     """Coefficients (seconds) and how well they explain the steps they came from."""
-    usable = [s for s in steps if all(f in s for f in FEATURES)]
+    usable = list(steps)
     if len(usable) < len(FEATURES) + 1:
         raise ValueError(f"{len(usable)} step records with {', '.join(FEATURES)}: too few")
-    design = np.array([[1.0, *(s[f] for f in FEATURES)] for s in usable])
-    durations = np.array([s["duration_s"] for s in usable])
+    design = np.array([[1.0, *(getattr(s, f) for f in FEATURES)] for s in usable])
+    durations = np.array([s.duration_s for s in usable])
     coefficients = nonnegative_lstsq(design, durations)
     predicted = design @ coefficients
     base, per_token, per_decode, per_context = (float(c) for c in coefficients)
     by_kind: dict[str, dict[str, float]] = {}
-    for kind in sorted({s["kind"] for s in usable}):
-        mask = np.array([s["kind"] == kind for s in usable])
+    for kind in sorted({s.kind for s in usable}):
+        mask = np.array([s.kind == kind for s in usable])
         by_kind[kind] = {
             "steps": int(mask.sum()),
             "busy_ratio": float(predicted[mask].sum() / durations[mask].sum()),

@@ -36,6 +36,7 @@ from relstream.bench.runner import Measured, summarize_outcomes
 from relstream.bench.stepfit import fit_step_costs, profile_document
 from relstream.bench.workload import TraceConfig, TraceEntry, generate_relqueries, load_datasets
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream.sim.profiles import fit_line, profile_from_document
 
 # relserve runs as the paper runs it: step-cost lines fitted offline, here from the
@@ -109,15 +110,13 @@ async def replay(
     return ReplayResult(outcomes, (started, time.monotonic()), errors, output_tokens)
 
 
-def step_stats(steps: Sequence[dict]) -> dict:
-    busy = sum(s["duration_s"] for s in steps)
-    overhead = sum(s["decision_s"] + s["adapter_s"] for s in steps)
+def step_stats(steps: Sequence[StepRecord]) -> dict:
+    busy = sum(s.duration_s for s in steps)
+    overhead = sum(s.decision_s + s.adapter_s for s in steps)
     kinds: dict[str, int] = {}
     for step in steps:
-        kinds[step["kind"]] = kinds.get(step["kind"], 0) + 1
-    decodes = [
-        s["decode_requests"] for s in steps if s["kind"] != "prefill" and s["decode_requests"]
-    ]
+        kinds[step.kind] = kinds.get(step.kind, 0) + 1
+    decodes = [s.decode_requests for s in steps if s.kind != "prefill" and s.decode_requests]
     return {
         "steps": kinds,
         "mean_decode_batch": statistics.fmean(decodes) if decodes else 0.0,
@@ -127,10 +126,10 @@ def step_stats(steps: Sequence[dict]) -> dict:
     }
 
 
-def fit_cost_model(steps: Sequence[dict]) -> dict:
+def fit_cost_model(steps: Sequence[StepRecord]) -> dict:
     """Least-squares lines through pure prefill and pure decode steps (paper's form)."""
-    prefill = [(s["uncached_tokens"], s["duration_s"]) for s in steps if s["kind"] == "prefill"]
-    decode = [(s["decode_requests"], s["duration_s"]) for s in steps if s["kind"] == "decode"]
+    prefill = [(s.uncached_tokens, s.duration_s) for s in steps if s.kind == "prefill"]
+    decode = [(s.decode_requests, s.duration_s) for s in steps if s.kind == "decode"]
     prefill_line, decode_line = fit_line(prefill), fit_line(decode)
     return {
         "alpha_p": prefill_line.slope,
@@ -142,12 +141,12 @@ def fit_cost_model(steps: Sequence[dict]) -> dict:
     }
 
 
-def offline_cost_lines(header: dict, steps: Sequence[dict]) -> dict[str, float]:
+def offline_cost_lines(header: StepLogStart, steps: Sequence[StepRecord]) -> dict[str, float]:
     """The paper's two lines as an offline profiling run gives them: the all-step fit
     (mixed steps included: a run of stock V1 has almost no pure prefill steps) read over
     typical batches, as the simulator reads a profile (`CostProfile.prior`)."""
     fit = fit_step_costs(steps)
-    document = profile_document(fit, header["limits"], "offline", "the capacity run")
+    document = profile_document(fit, header.limits, "offline", "the capacity run")
     return profile_from_document(document).prior().coefficients()
 
 
@@ -267,13 +266,13 @@ def _record(
     cost_prior: dict[str, float] | None,
     reference: dict,
 ) -> dict:
-    window = [s for s in steps if run.window[0] <= s["t"] <= run.window[1]]
+    window = [s for s in steps if run.window[0] <= s.t <= run.window[1]]
     stats = step_stats(window)
     summary = summarize_outcomes(
         policy,
         load,
         run.outcomes,
-        [s["decision_s"] + s["adapter_s"] for s in window],
+        [s.decision_s + s.adapter_s for s in window],
         makespan=run.window[1] - run.window[0],
         steps=stats["steps"],
         cost_coefficients=cost_prior or {},
@@ -292,14 +291,14 @@ def _record(
     }
 
 
-def run_windows(records: Sequence[dict], steps: Sequence[dict]) -> list[tuple[float, float]]:
+def run_windows(records: Sequence[dict], steps: Sequence[StepRecord]) -> list[tuple[float, float]]:
     """Each record's window (monotonic start, end) in the step log of its engine, in the
     records' order. Records that predate the stored `window` get theirs from the log: an
     engine serves its loads back to back in rising order, so walking back from its last
     step by each run's makespan finds them (this reproduces every older record's step
     count to within the one step at a boundary)."""
     derived: dict[int, tuple[float, float]] = {}
-    end = steps[-1]["t"] if steps else 0.0
+    end = steps[-1].t if steps else 0.0
     for index in sorted(range(len(records)), key=lambda i: -records[i]["rate"]):
         derived[index] = (end - records[index]["makespan"], end)
         end = derived[index][0]

@@ -30,6 +30,7 @@ from relstream.bench.vllmbench import (
 )
 from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
 from relstream.scheduler import CostModel
+from relstream.scheduler.steprecord import StepRecord
 from relstream.sim.profiles import profile_from_document
 
 
@@ -111,14 +112,14 @@ def write_vllm_report(out: Path, datasets_dir: Path | None) -> dict:
     return document
 
 
-def _epoch_steps(out: Path, runs: list[dict], epoch: Epoch) -> tuple[list[dict], dict]:
+def _epoch_steps(out: Path, runs: list[dict], epoch: Epoch) -> tuple[list[StepRecord], dict]:
     """Every step logged on one epoch's machine: its capacity run and its engines."""
     logs = {out / step_log_of(run) for run in runs if run_epoch(run) == epoch.number}
-    steps: list[dict] = []
+    steps: list[StepRecord] = []
     limits: dict = {}
     for path in sorted({epoch.capacity_log, *logs}):
         header, logged = read_step_log(path)
-        limits = header.get("limits", limits)
+        limits = header.limits if header and header.limits else limits
         steps += logged
     return steps, limits
 
@@ -166,9 +167,9 @@ def _predict(
         windows = dict(zip(map(id, served), run_windows(served, steps), strict=True))
         for run in records:
             start, end = windows[id(run)]
-            own = [s for s in steps if start <= s["t"] <= end]
+            own = [s for s in steps if start <= s.t <= end]
             epoch_profile = shared[run_epoch(run)]
-            profile = _run_profile(own, header["limits"]) or epoch_profile
+            profile = _run_profile(own, header.limits) or epoch_profile
             capacity = epochs[run_epoch(run)].capacity
             for key, used in (
                 ("predicted_mean", profile),
@@ -189,7 +190,7 @@ def _by_engine(runs: list[dict]) -> dict[str, list[dict]]:
     return engines
 
 
-def _run_profile(steps: list[dict], limits: dict):
+def _run_profile(steps: list[StepRecord], limits: dict):
     """A profile fitted to one run's steps, or None when it has too few to fit."""
     try:
         fit = fit_step_costs(steps)

@@ -21,7 +21,6 @@ profiles offline)}.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from typing import Any
@@ -46,6 +45,7 @@ from relstream.scheduler import (
     make_policy,
     policy_spec,
 )
+from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
 
 # Until the online fit has seen steps, priorities come from the first step costs
 # measured on the CPU build (docs/architecture.md, "Environment facts").
@@ -99,16 +99,15 @@ class RelstreamPlugin(EngineView):
         log_path = settings.get("step_log")
         self._step_log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
         if self._step_log:
-            header = {
-                "event": "start",
-                "vllm": vllm.__version__,
-                "scheduler": type(self).__name__,
-                "policy": self.policy_name,
-                "limits": asdict(self.limits),
-                "cost_model": cost_model,
-                "cost_prior": prior,
-            }
-            self._step_log.write(json.dumps(header) + "\n")
+            header = StepLogStart(
+                vllm=vllm.__version__,
+                scheduler=type(self).__name__,
+                policy=self.policy_name,
+                limits=asdict(self.limits),
+                cost_model=cost_model,
+                cost_prior=prior,
+            )
+            self._step_log.write(encode_line(header))
         # Steps scheduled and not yet reported back, by their SchedulerOutput: one at a
         # time on the plain Scheduler, two when async scheduling plans a step ahead.
         self._pending: dict[int, dict[str, Any]] = {}
@@ -174,6 +173,7 @@ class RelstreamPlugin(EngineView):
         admitted = self._sync_membership(output)
         pending = self._composition(output)
         pending["admitted"] = admitted
+        pending["decision"] = None if self.decided_by_vllm else self.relstream_policy.decision
         pending["decision_s"] = decided - started
         pending["started"] = step_clock()
         pending["adapter_s"] = pending["started"] - decided
@@ -200,11 +200,14 @@ class RelstreamPlugin(EngineView):
             )
             self.relstream_policy.observe(feedback)
             if self._step_log:
-                record = {**pending, "kind": pending["kind"].value, "duration_s": duration}
-                record["waiting"] = len(self.tracker.waiting)
-                record["running"] = len(self.tracker.running)
-                record["t"] = time.monotonic()
-                self._step_log.write(json.dumps(record) + "\n")
+                record = StepRecord(
+                    **{**pending, "kind": pending["kind"].value},
+                    duration_s=duration,
+                    waiting=len(self.tracker.waiting),
+                    running=len(self.tracker.running),
+                    t=time.monotonic(),
+                )
+                self._step_log.write(encode_line(record))
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def shutdown(self) -> None:

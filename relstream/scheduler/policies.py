@@ -19,6 +19,7 @@ from relstream.scheduler.batching import (
 )
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.dpu import DPUConfig, DynamicPriorityUpdater
+from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import (
     IDLE,
     EngineView,
@@ -31,6 +32,8 @@ from relstream.scheduler.view import (
 
 class Policy(ABC):
     name: str
+    # Why the last planned step is what it is, for the step log (None: nothing to say).
+    decision: StepDecision | None = None
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost

@@ -65,6 +65,7 @@ from relstream.scheduler.policies import Policy
 from relstream.scheduler.remaining import Oracle, Remaining, remaining
 from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
+from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeedback, StepPlan
 
 Rank = tuple[int, float, float, str]  # (Urgency, aged W or starvation deadline, arrival, id)
@@ -167,7 +168,8 @@ class Relstream(Policy):
         self._planned = (now, full_batch(view), False, False)
         step = StepAdmission.for_step(view)
         step.run_running([seq for info in active for seq in info.running.values()])
-        step.admit(self._waiting_in_rank_order(view, active, coefficients))
+        stop = step.admit(self._waiting_in_rank_order(view, active, coefficients))
+        self.decision = StepDecision(stop=stop.value)
         return step.plan()
 
     def _gated_step(
@@ -181,6 +183,7 @@ class Relstream(Policy):
         if step.preempted:
             for info in active:
                 step.continue_prompts(info)
+            self.decision = StepDecision(gated=True)
             return step.plan(), False
         relqueries = view.tracker.relqueries
         started = [(self._ranked(info, c, view.now()), info) for info in active]
@@ -188,6 +191,7 @@ class Relstream(Policy):
         queued = len(self._order) + sum(1 for info in active if info.waiting)
         arriving = self.headroom.pressure(view.now()) if self.config.gate == "load" else 0.0
         held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c, arriving)
+        self.decision = StepDecision(gated=True, held=held, pressure=arriving)
         return step.plan(), held
 
     def _coefficients(self, view: EngineView) -> Coefficients:
