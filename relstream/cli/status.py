@@ -22,7 +22,8 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
     from relstream.kafka.inspect import TAIL_MESSAGES, pipeline_status
     from relstream.kafka.topics import Topics
 
-    found = pipeline_status(bootstrap, Topics(prefix), security)
+    names = Topics(prefix)
+    found = pipeline_status(bootstrap, names, security)
     if not found.topics:
         raise click.ClickException(
             f"no topic under {prefix!r} at {bootstrap}: is this the pipeline's broker and "
@@ -33,36 +34,43 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
         "partitions",
         "messages",
         title=f"topics at {bootstrap}",
-        caption="messages: end − start offsets (a compacted topic may hold fewer)",
+        caption="end − start offsets; a compacted topic may hold fewer",
     )
     for topic in found.topics:
         topics.add_row(topic.name, str(topic.partitions), str(topic.messages))
-    groups = Table(
-        "group",
-        "stage",
-        "members",
-        "lag by topic",
-        title="consumer groups",
-        caption="lag: messages after the group's committed offsets",
-    )
-    for group in found.groups:
-        members = "not told" if group.members is None else str(group.members)
-        lag = ", ".join(f"{name} {count}" for name, count in sorted(group.lag.items()))
-        groups.add_row(group.group, group.stage, members, lag)
-    console.print(topics, groups)
-    if any(group.members is None for group in found.groups):
-        console.print("members: not told where the broker did not describe the group")
+    console.print(topics)
+    if found.groups:
+        groups = Table(
+            "group",
+            "stage",
+            "members",
+            "lag by topic",
+            title="consumer groups",
+            caption="lag: messages after the committed offsets",
+        )
+        for group in found.groups:
+            members = "not told" if group.members is None else str(group.members)
+            lag = ", ".join(f"{name} {count}" for name, count in sorted(group.lag.items()))
+            groups.add_row(group.group, group.stage, members, lag)
+        console.print(groups)
+        if any(group.members is None for group in found.groups):
+            console.print("members not told: the broker did not describe the group")
+    else:
+        console.print("no consumer group has committed offsets on these topics")
+    newest = f" (in the newest {TAIL_MESSAGES:,} %s per partition)"
+    metrics_cut = newest % "metrics" if names.metrics in found.cut else ""
     now = time.time()
     for engine in found.engines:
         console.print(
-            f"engine {engine.name}: {engine.answered} relQueries answered, the last "
-            f"{now - engine.last_answer_at:.0f} s ago",
+            f"engine {engine.name}: {engine.answered} relQueries answered{metrics_cut}, the "
+            f"last {now - engine.last_answer_at:.0f} s ago",
             markup=False,
         )
     if not found.engines:
         console.print("no engine has answered a relQuery yet")
     letters = found.dead_letters
-    console.print(f"{letters.total()} dead letters (the newest {TAIL_MESSAGES:,} a partition read)")
+    letters_cut = newest % "dead letters" if names.deadletter in found.cut else ""
+    console.print(f"{letters.total()} dead letters{letters_cut}")
     for line in letters.lines():
         console.print(f"  {line}", markup=False)
     if found.unread:

@@ -84,6 +84,7 @@ class PipelineStatus:
     engines: list[EngineSeen]
     dead_letters: DeadLetterCauses
     unread: list[str] = field(default_factory=list)  # tails not read to their end in time
+    cut: list[str] = field(default_factory=list)  # tails that began after the log start
 
 
 _NAMED = re.compile(r"""\b(row|relQuery|key|id)\s+('[^']*'|"[^"]*"|\S+)""")
@@ -144,10 +145,13 @@ def pipeline_status(
         for letter in _decoded(DeadLetterMessage, letters):
             causes.add(letter)
         unread = sorted({p.topic for span in (metrics, letters) for p in span.unread})
+        cut = sorted(
+            {p.topic for span in (metrics, letters) for p in span.bounds if _cut(found[p])}
+        )
     finally:
         consumer.close()
         admin.close()
-    return PipelineStatus(sizes, groups, engines, causes, unread)
+    return PipelineStatus(sizes, groups, engines, causes, unread, cut)
 
 
 def _groups(admin) -> list[str]:
@@ -211,6 +215,10 @@ def _tail(consumer, found: dict[object, Extent], topic: str, deadline: float) ->
         if p.topic == topic
     }
     return Span(consumer, bounds, deadline)
+
+
+def _cut(extent: Extent) -> bool:
+    return extent.tail(TAIL_MESSAGES) > extent.start
 
 
 def _engines(messages: Iterable[MetricsMessage]) -> list[EngineSeen]:
