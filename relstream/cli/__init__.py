@@ -13,6 +13,7 @@ from relstream.cli.drill import drill
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
 from relstream.cli.prefix import bench_prefix
+from relstream.cli.replay import replay
 from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
@@ -67,6 +68,7 @@ for command in (
     results,
     sink,
     deadletters,
+    replay,
     status,
     drill,
     demo,

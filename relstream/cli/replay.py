@@ -1,0 +1,79 @@
+"""`relstream replay`: dead letters sent back to the topic they came from."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from relstream.cli.common import (
+    bootstrap_option,
+    broker_kind_option,
+    console,
+    prefix_option,
+    security_options,
+)
+from relstream.kafka.security import KafkaSecurity
+
+
+def _time(ctx, param, value: str | None) -> float | None:
+    from relstream.kafka.replay import parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command()
+@bootstrap_option
+@prefix_option
+@click.option("--reason", help="Only letters whose reason matches this regular expression.")
+@click.option(
+    "--topic", "origin", help="Only letters from this topic (e.g. relstream.rows.reviews)."
+)
+@click.option("--since", callback=_time, help="Only letters written at or after this time.")
+@click.option("--until", callback=_time, help="Only letters written before this time.")
+@click.option("--dry-run", is_flag=True, help="Count what would be sent; send nothing.")
+@broker_kind_option
+@security_options
+def replay(
+    bootstrap: str,
+    prefix: str,
+    reason: str | None,
+    origin: str | None,
+    since: float | None,
+    until: float | None,
+    dry_run: bool,
+    broker_kind: str | None,
+    security: KafkaSecurity,
+) -> None:
+    """Send dead letters back to the topic they came from, once their cause is fixed (a
+    template corrected, a registration added). Times are ISO 8601 (local unless they
+    say otherwise) or seconds since 1970. Replaying a letter twice sends it twice."""
+    from relstream.client import RelstreamClient
+    from relstream.kafka.clients import produce
+    from relstream.kafka.replay import LetterFilter, plan_replay
+
+    try:
+        chosen = LetterFilter(reason, origin, since, until)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--reason") from None
+    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+        plan = plan_replay(client.dead_letters(follow=False, idle_seconds=0), chosen)
+    verb = "would send" if dry_run else "sent"
+    if not dry_run:
+        for topic, messages in plan.messages.items():
+            asyncio.run(produce(bootstrap, topic, messages, security=security))
+    console.print(f"{verb} {plan.count} dead letters back", markup=False)
+    for topic, count in sorted(plan.by_topic.items()):
+        console.print(f"  {topic}: {count}", markup=False)
+    if plan.cut:
+        console.print(
+            f"{plan.cut} chosen letters hold only the first bytes of their message "
+            "(too large to keep whole) and cannot be replayed",
+            markup=False,
+        )
+    console.print(f"{plan.skipped} letters not chosen", markup=False)

@@ -1,0 +1,92 @@
+"""Dead letters sent back where they came from, once their cause is fixed.
+
+A dead letter keeps the bytes and key of the message relstream could not use, and the
+topic it came from (`DeadLetterMessage`). Replaying one produces those bytes again, under
+that key, to that topic, where the worker (rows) or an engine (relQueries) takes them
+as new messages: a row replayed after its query's template was fixed lands in a new
+window with a new id, so it is answered once. Letters whose bytes were cut to fit
+(`truncated`) cannot be replayed and are counted apart. Replaying the same letters twice
+sends them twice: choose them by reason, origin topic and time (`LetterFilter`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from relstream.schemas import DeadLetterMessage
+
+
+def parse_time(text: str) -> float:
+    """Seconds since the epoch from an ISO 8601 time (UTC unless it says otherwise) or a
+    number of seconds; a clear error otherwise."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither an ISO 8601 time (2026-11-25T10:00) nor seconds since 1970"
+        ) from None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=datetime.now().astimezone().tzinfo).timestamp()
+    return moment.timestamp()
+
+
+@dataclass(frozen=True)
+class LetterFilter:
+    """Which letters to replay: all by default."""
+
+    reason: str | None = None  # a regular expression searched in the reason
+    topic: str | None = None  # the topic the message came from
+    since: float | None = None  # dead-lettered at or after (seconds since the epoch)
+    until: float | None = None  # dead-lettered before
+
+    def __post_init__(self) -> None:
+        if self.reason is not None:
+            try:
+                re.compile(self.reason)
+            except re.error as exc:
+                raise ValueError(f"{self.reason!r} is not a regular expression: {exc}") from None
+
+    def matches(self, letter: DeadLetterMessage) -> bool:
+        if self.reason is not None and not re.search(self.reason, letter.reason):
+            return False
+        if self.topic is not None and letter.topic != self.topic:
+            return False
+        if self.since is not None and letter.at < self.since:
+            return False
+        return self.until is None or letter.at < self.until
+
+
+@dataclass
+class ReplayPlan:
+    """The letters chosen, by origin topic, and those that cannot go back."""
+
+    messages: dict[str, list[tuple[bytes | None, bytes]]] = field(default_factory=dict)
+    cut: int = 0  # chosen, but their bytes were cut to fit the letter
+    skipped: int = 0  # not chosen by the filter
+    by_topic: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_topic.values())
+
+
+def plan_replay(letters: Iterable[DeadLetterMessage], chosen: LetterFilter) -> ReplayPlan:
+    """The (key, bytes) to send back to each origin topic, in the letters' order."""
+    plan = ReplayPlan()
+    for letter in letters:
+        if not chosen.matches(letter):
+            plan.skipped += 1
+        elif letter.truncated:
+            plan.cut += 1
+        else:
+            plan.messages.setdefault(letter.topic, []).append((letter.key, letter.original))
+            plan.by_topic[letter.topic] += 1
+    return plan

@@ -1,0 +1,151 @@
+"""Dead letters go back where they came from once their cause is fixed: a query's
+template typo dead-letters its rows; the registration is fixed; `relstream replay` sends
+them back and every row ends in exactly one stored result."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.replay import LetterFilter, parse_time, plan_replay
+from relstream.kafka.topics import Topics
+from relstream.schemas import DeadLetterMessage, RowMessage, encode, validate
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend
+from relstream.stream import launch
+
+REPO = Path(__file__).resolve().parents[1]
+RELSTREAM = str(REPO / ".venv" / "bin" / "relstream")
+ROWS = 6
+
+
+def letter(reason: str, topic: str, at: float, truncated: bool = False) -> DeadLetterMessage:
+    return DeadLetterMessage(
+        original=b"x", truncated=truncated, key=b"k", topic=topic, reason=reason, at=at
+    )
+
+
+def test_letters_are_chosen_by_reason_origin_and_time_and_cut_ones_stay():
+    letters = [
+        letter("row 'a': the template names {reveiw}", "r.rows.reviews", 100.0),
+        letter("row 'b': the template names {reveiw}", "r.rows.reviews", 200.0),
+        letter("not valid msgpack", "r.rows.reviews", 150.0),
+        letter("row 'c': the template names {reveiw}", "r.rows.reviews", 300.0, truncated=True),
+        letter("row 'd': the template names {reveiw}", "r.relqueries", 250.0),
+    ]
+    plan = plan_replay(letters, LetterFilter(reason=r"\{reveiw\}", since=150.0))
+    # a (too early) and the msgpack letter are not chosen; c is chosen but cut.
+    assert dict(plan.by_topic) == {"r.rows.reviews": 1, "r.relqueries": 1}
+    assert (plan.count, plan.cut, plan.skipped) == (2, 1, 2)
+    assert plan_replay(letters, LetterFilter(topic="r.relqueries", until=260.0)).count == 1
+    with pytest.raises(ValueError, match="not a regular expression"):
+        LetterFilter(reason="(")
+
+
+def test_times_are_iso_or_seconds():
+    assert parse_time("1764064800") == 1764064800.0
+    assert parse_time("2025-11-25T10:00:00+00:00") == 1764064800.0
+    with pytest.raises(ValueError, match="ISO 8601"):
+        parse_time("yesterday")
+
+
+def write_query(path: Path, template: str) -> None:
+    path.write_text(
+        f'[[query]]\nname = "sentiment"\ntable = "reviews"\ntemplate = "{template}"\n'
+        "window_seconds = 0.5\nmax_rows = 4\nmax_output_tokens = 4\n"
+    )
+
+
+def replay_cli(broker, topics, *options: str) -> str:
+    command = [RELSTREAM, "replay", "--bootstrap", broker.bootstrap, "--prefix", topics.prefix]
+    command += ["--broker-kind", broker.kind, *options]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def test_a_fixed_template_takes_its_dead_letters_back(broker, tmp_path):
+    topics = Topics(prefix=f"r{uuid.uuid4().hex[:6]}.")
+    config = tmp_path / "queries.toml"
+    write_query(config, "Positive or negative? {reveiw}")  # the typo
+    stream_bin = Path(os.environ.get("RELSTREAM_STREAM_BIN", REPO / ".venv-stream" / "bin"))
+    worker_command = [str(stream_bin / "relstream")]
+    app_id = f"worker-{uuid.uuid4().hex[:8]}"
+    rows = [
+        encode(validate(RowMessage, {"version": 1, "table": "reviews", "key": f"k{i}",
+                                     "values": {"review": f"text {i}"}}))
+        for i in range(ROWS)
+    ]  # fmt: skip
+
+    async def produce_rows():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        for i, row in enumerate(rows):
+            await producer.send_and_wait(topics.rows("reviews"), row, key=f"k{i}".encode())
+        await producer.stop()
+
+    async def setup():
+        await create_topics(broker.bootstrap, topics.layout(("reviews",)))
+        await produce_rows()
+        return await read_messages(broker.bootstrap, topics.deadletter, ROWS, broker.kind, 60)
+
+    worker = launch.start_worker(
+        worker_command, broker, config, tmp_path / "w1.log", topics, app_id
+    )
+    try:
+        letters = asyncio.run(setup())
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    assert len(letters) == ROWS
+    # The cause is fixed; a dry run counts the letters and sends nothing.
+    write_query(config, "Positive or negative? {review}")
+    dry = replay_cli(broker, topics, "--dry-run", "--reason", "reveiw")
+    assert f"would send {ROWS} dead letters back" in dry
+    sink = tmp_path / "results.jsonl"
+
+    async def serve_replayed():
+        stop = asyncio.Event()
+        service_config = ServiceConfig(
+            broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
+        )
+        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        worker = launch.start_worker(
+            worker_command, broker, config, tmp_path / "w2.log", topics, app_id
+        )
+        try:
+            sent = await asyncio.to_thread(replay_cli, broker, topics, "--reason", "reveiw")
+            assert f"sent {ROWS} dead letters back" in sent
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                await asyncio.to_thread(
+                    subprocess.run,
+                    [RELSTREAM, "sink", str(sink), "--bootstrap", broker.bootstrap, "--prefix",
+                     topics.prefix, "--broker-kind", broker.kind],
+                    capture_output=True, timeout=60, check=True,
+                )  # fmt: skip
+                keys = [row["key"] for line in sink.read_text().splitlines()
+                        for row in json.loads(line)["rows"]] if sink.exists() else []  # fmt: skip
+                if len(keys) >= ROWS:
+                    return keys
+                await asyncio.sleep(1)
+            return keys
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+            stop.set()
+            await service
+
+    keys = asyncio.run(serve_replayed())
+    assert sorted(keys) == [f"k{i}" for i in range(ROWS)]  # each row in exactly one result
+    outputs = [
+        row["output"] for line in sink.read_text().splitlines() for row in json.loads(line)["rows"]
+    ]
+    assert all(output.startswith("Positive or negative? text") for output in outputs)
