@@ -186,6 +186,13 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.service.service import EngineService, ServiceConfig
 
     door = _listening(http) if http is not None else None
+    if opts["bootstrap"]:  # before the model loads, not minutes after
+        from relstream.kafka.clients import BrokerSilent, check_broker
+
+        try:
+            await check_broker(opts["bootstrap"], opts["security"])
+        except BrokerSilent as exc:
+            raise click.ClickException(f"{exc}; the model was not loaded") from None
     backend = await _start_backend(opts)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ given by its bootstrap address; `broker_kind` only adds what an embedded broker 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -64,6 +65,32 @@ def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: An
     from aiokafka.admin import AIOKafkaAdminClient
 
     return AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options(), **options)
+
+
+BROKER_CHECK_S = 10.0  # how long an engine waits for its broker before loading a model
+
+
+class BrokerSilent(ConnectionError):
+    """No broker answered at the bootstrap address in time."""
+
+
+async def check_broker(
+    bootstrap: str, security: KafkaSecurity = PLAINTEXT, timeout_s: float = BROKER_CHECK_S
+) -> None:
+    """Raise BrokerSilent unless a broker at `bootstrap` answers within `timeout_s`: an
+    engine asks before it loads its model (minutes for a large one), not after."""
+    admin = new_admin(bootstrap, security, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+    except (TimeoutError, KafkaError, OSError) as exc:
+        raise BrokerSilent(
+            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
+            f"({type(exc).__name__})"
+        ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
 
 
 async def start_all(*clients: AIOKafkaConsumer | AIOKafkaProducer) -> None:
