@@ -48,7 +48,7 @@ def test_file_sources_read_csv_jsonl_and_parquet(tmp_path):
         assert all(msgpack.unpackb(encode(r))["version"] == 1 for r in rows)
         assert all(r.table == "reviews" for r in rows)
     jsonl = list(read_rows(tmp_path / "t.jsonl", "reviews"))
-    assert jsonl[0].values["tags"] == "['a']"  # non-scalars travel as text
+    assert jsonl[0].values["tags"] == '["a"]'  # non-scalars travel as their JSON text
 
 
 def test_file_sources_name_bad_input(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -32,6 +33,13 @@ from relstream.schemas import ResultMessage, RowMessage
     help="Read empty CSV cells as empty strings; by default they are null, and a row whose "
     'template column is null is answered with status "null", never asked of the model.',
 )
+@click.option(
+    "--delimiter",
+    type=click.Choice([",", ";", "tab", "|"]),
+    default=None,
+    help="A CSV's delimiter [read from its header].",
+)
+@click.option("--unique", is_flag=True, help="Refuse a source whose keys repeat.")
 @prefix_option
 @security_options
 def produce(
@@ -41,6 +49,8 @@ def produce(
     key_column: str | None,
     query: str | None,
     empty_strings: bool,
+    delimiter: str | None,
+    unique: bool,
     prefix: str,
     security: KafkaSecurity,
 ) -> None:
@@ -57,10 +67,29 @@ def produce(
             path = Path(source)
             if not path.is_file():
                 raise click.BadParameter(f"{source}: no such file", param_hint="SOURCE")
-            rows = list(read_rows(path, table, key_column, empty_strings))
+            delimiter = "\t" if delimiter == "tab" else delimiter
+            rows = list(read_rows(path, table, key_column, empty_strings, delimiter))
     except (ValueError, KeyError) as exc:
         raise click.ClickException(f"{source}: {exc}") from None
+    _check_keys(rows, source, unique)
     _produce_rows(bootstrap, prefix, table, rows, security)
+
+
+def _check_keys(rows: list[RowMessage], source: str, unique: bool) -> None:
+    """Keys that repeat make results that cannot be told apart: a warning naming a few,
+    or with `unique` a refusal."""
+    counts = Counter(row.key for row in rows)
+    repeated = [key for key, count in counts.items() if count > 1]
+    if not repeated:
+        return
+    examples = ", ".join(repr(key) for key in repeated[:5])
+    said = (
+        f"{source}: {len(repeated)} keys appear more than once ({examples}"
+        f"{', ...' if len(repeated) > 5 else ''}); their results cannot be told apart"
+    )
+    if unique:
+        raise click.ClickException(said)
+    console.print(f"[yellow]warning: {said} (--unique refuses such a source)[/]")
 
 
 def _produce_rows(

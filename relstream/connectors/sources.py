@@ -34,39 +34,58 @@ def _row(table: str, key: str, values: dict[str, Any]) -> RowMessage:
 
 
 def _scalar(value: Any) -> Any:
-    """Row values are scalars on the wire; anything else travels as text."""
+    """Row values are scalars on the wire; a nested value travels as its JSON text (a
+    date or a decimal as its own text)."""
     if value is None or isinstance(value, str | int | float | bool):
         return value
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, ensure_ascii=False, default=str)
     return str(value)
 
 
+def _key(values: dict[str, Any], key_column: str, where: str) -> str:
+    """The row's key from `key_column`, or an error naming the columns found."""
+    try:
+        return str(values[key_column])
+    except KeyError:
+        found = ", ".join(repr(column) for column in values) or "none"
+        raise ValueError(
+            f"{where}: no key column {key_column!r}; the columns are {found}"
+        ) from None
+
+
 def read_rows(
-    path: Path, table: str, key_column: str | None = None, empty_strings: bool = False
+    path: Path,
+    table: str,
+    key_column: str | None = None,
+    empty_strings: bool = False,
+    delimiter: str | None = None,
 ) -> Iterator[RowMessage]:
     """Row messages for each row of a CSV, JSONL (one object per line) or Parquet file.
 
     An empty CSV cell is null, as in a database export (a row whose template column is
     null is answered with status "null", never asked of the model), unless
     `empty_strings` keeps it as the empty string. A key cell is never null: an empty key
-    is refused naming the row."""
+    is refused naming the row. A CSV's delimiter is read from its header unless given."""
     fmt = detect_format(path)
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         for index, values in enumerate(pq.read_table(path).to_pylist(), start=1):
             values = {column: _scalar(v) for column, v in values.items()}
-            yield _row(table, str(values[key_column]) if key_column else str(index), values)
+            key = _key(values, key_column, f"{path} row {index}") if key_column else str(index)
+            yield _row(table, key, values)
         return
     if fmt == "csv":
-        for row in load_csv(path, table).rows:
-            key = str(row.values[key_column]) if key_column else row.key
+        for row in load_csv(path, table, delimiter).rows:
+            key = _key(row.values, key_column, str(path)) if key_column else row.key
             values = {
                 column: None if value == "" and not empty_strings else value
                 for column, value in row.values.items()
             }
             yield _row(table, key, values)
         return
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8-sig") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -76,7 +95,8 @@ def read_rows(
                 raise ValueError(f"{path}:{line_number}: not JSON ({exc.msg})") from None
             if not isinstance(values, dict):
                 raise ValueError(f"{path}:{line_number}: expected a JSON object per line")
-            key = str(values[key_column]) if key_column else str(line_number)
+            where = f"{path}:{line_number}"
+            key = _key(values, key_column, where) if key_column else str(line_number)
             yield _row(table, key, {c: _scalar(v) for c, v in values.items()})
 
 

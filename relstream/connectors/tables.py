@@ -26,15 +26,37 @@ def _strip_column_prefix(column: str, value: str) -> str:
     return "" if value == f"{column}:" else value
 
 
-def load_csv(path: str | Path, name: str | None = None) -> Table:
-    """Load a CSV with a header row.
+DELIMITERS = (",", ";", "\t", "|")
+
+
+def header_delimiter(line: str) -> str:
+    """The delimiter a header line uses: of , ; tab and |, the one it holds most of
+    outside quotes (a comma on a tie or when it holds none)."""
+    outside = []
+    quoted = False
+    for char in line:
+        if char == '"':
+            quoted = not quoted
+        elif not quoted:
+            outside.append(char)
+    counts = {delimiter: outside.count(delimiter) for delimiter in DELIMITERS}
+    best = max(DELIMITERS, key=lambda d: (counts[d], d == ","))
+    return best if counts[best] else ","
+
+
+def load_csv(path: str | Path, name: str | None = None, delimiter: str | None = None) -> Table:
+    """Load a CSV with a header row, its delimiter read from the header unless given; a
+    byte order mark (as spreadsheet exports write) is dropped.
 
     The row key is the first column when its header is empty (an exported index), else
     the 1-based line number. Cells written as "<column>: <value>" lose that prefix.
     """
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        if delimiter is None:
+            delimiter = header_delimiter(handle.readline())
+            handle.seek(0)
+        reader = csv.reader(handle, delimiter=delimiter)
         try:
             header = next(reader)
         except StopIteration:
