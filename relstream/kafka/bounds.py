@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 POLL_MS = 200
 PROBE_S = 3.0  # fetching the last batches of every partition, at most
+STALL_S = 10.0  # a span that read nothing and moved no position for this long ends
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def extents(consumer, parts: list, probe_s: float = PROBE_S) -> dict:
 class Span:
     """Reading partitions from given offsets up to given ends: iterate for the records
     (oldest first within a partition); `unread` then holds the partitions not read to
-    their end (the deadline passed first)."""
+    their end (the deadline passed first, or STALL_S without progress: a broker that
+    serves no record up to an end it listed)."""
 
     consumer: object
     bounds: dict  # partition -> (first offset, end offset)
@@ -96,8 +98,12 @@ class Span:
         consumer.resume(*self.unread)  # a partition an earlier span paused
         for partition in self.unread:
             consumer.seek(partition, self.bounds[partition][0])
+        moved = time.monotonic()
         while self.unread and (self.deadline is None or time.monotonic() < self.deadline):
+            if time.monotonic() - moved > STALL_S:
+                return
             for partition, records in consumer.poll(timeout_ms=POLL_MS).items():
+                moved = time.monotonic()
                 end = self.bounds[partition][1]
                 for record in records:
                     if record.offset < end:
@@ -107,3 +113,4 @@ class Span:
                 if consumer.position(partition) >= self.bounds[partition][1]:
                     self.unread.discard(partition)
                     consumer.pause(partition)
+                    moved = time.monotonic()
