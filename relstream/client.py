@@ -101,9 +101,11 @@ class RelstreamClient:
         output: OutputSpec | None = None,
         sampling: Sampling | None = None,
         cache_salt: str | None = None,
+        deadline_s: float | None = None,
     ) -> str:
         """Send an ad-hoc relQuery (one answer per row); returns its id for `result`.
-        `cache_salt`, a tenant's: relQueries of other salts never share its answers."""
+        `cache_salt`, a tenant's: relQueries of other salts never share its answers.
+        `deadline_s`: wanted within this many seconds (the result says if it was)."""
         relquery = RelQuery(
             relquery_id or f"adhoc-{uuid.uuid4().hex[:12]}",
             Template(template),
@@ -113,6 +115,7 @@ class RelstreamClient:
             output=output,
             sampling=sampling or Sampling(),
             cache_salt=cache_salt,
+            deadline_s=deadline_s,
         )
         value = encode(relquery_message(relquery))
         if len(value) > MAX_REQUEST_BYTES:

@@ -7,10 +7,11 @@ waiting, core running and tail running time.
 
 from __future__ import annotations
 
+import math
 import string
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -151,11 +152,18 @@ class RelQuery:
     # A tenant's salt (vLLM's cache_salt): it enters the answer cache's key and vLLM's
     # prefix cache, so relQueries of other salts never share an answer or a cached prefix.
     cache_salt: str | None = None
+    # Seconds after its arrival by which its user wants the answer (None: no deadline).
+    deadline_s: float | None = None
     field_orders: list[tuple[str, ...]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
             raise ValueError(f"relQuery {self.id}: max_output_tokens must be >= 1")
+        if self.deadline_s is not None and not (0 < self.deadline_s < math.inf):
+            raise ValueError(
+                f"relQuery {self.id}: deadline_s must be a positive number of seconds, "
+                f"not {self.deadline_s!r}"
+            )
         self.field_orders = shared_first(self.rows, self.fields) if self.fields else []
 
     def instantiate(self) -> tuple[list[RowRequest], list[RowFailure]]:
@@ -334,10 +342,20 @@ class RelQueryResult:
     latency: LatencyBreakdown | None  # None when no row ran
     policy: str  # the scheduling policy that served it
     model: str  # the model (or "sim") that answered
+    # answered within the relQuery's deadline_s (None: it set none, or no row ran)
+    deadline_met: bool | None = None
 
     @property
     def outputs(self) -> list[str | None]:
         return [row.output for row in self.rows]
+
+
+def with_deadline(result: RelQueryResult, deadline_s: float | None) -> RelQueryResult:
+    """`result`, saying whether its whole latency (from submission, queued time
+    included) was within `deadline_s`."""
+    if deadline_s is None or result.latency is None:
+        return result
+    return replace(result, deadline_met=result.latency.total <= deadline_s)
 
 
 def cancelled_result(relquery: RelQuery, policy: str, model: str) -> RelQueryResult:

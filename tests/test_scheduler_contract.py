@@ -215,3 +215,15 @@ def test_a_preempted_request_whose_blocks_are_cached_is_placed_again(policy):
     steps = drive(scheduler, 1)
     assert not scheduler.requests and len(steps) < 40
     assert any(step.preempted_req_ids for step in steps)  # the case this is about
+
+
+def test_a_deadline_rides_in_the_request_to_the_trackers_clock(monkeypatch):
+    # The runtime sends the seconds left (relative: no clock is shared between processes);
+    # the plug-in puts the deadline on its own clock, 30 s after the request arrived.
+    tags = plugin.relquery_tags
+    monkeypatch.setattr(plugin, "relquery_tags", lambda rq, size: tags(rq, size, 30.0))
+    scheduler = build(False, "relstream")
+    add(scheduler, "due#0", "due", 1, 16, 2)
+    info = scheduler.tracker.relqueries["due"]
+    assert info.deadline == pytest.approx(info.arrival_time + 30.0)
+    assert "deadline_in_s" not in tags("free", 1)[plugin.EXTRA_ARGS_KEY]

@@ -60,9 +60,13 @@ def step_clock() -> float:
     return time.perf_counter()
 
 
-def relquery_tags(relquery_id: str, size: int) -> dict[str, Any]:
-    """What a request must carry in `SamplingParams.extra_args` to be grouped."""
-    return {EXTRA_ARGS_KEY: {"relquery_id": relquery_id, "relquery_size": size}}
+def relquery_tags(relquery_id: str, size: int, deadline_in: float | None = None) -> dict[str, Any]:
+    """What a request must carry in `SamplingParams.extra_args` to be grouped, and its
+    relQuery's deadline in seconds from now (relative, so no clock is shared)."""
+    tags: dict[str, Any] = {"relquery_id": relquery_id, "relquery_size": size}
+    if deadline_in is not None:
+        tags["deadline_in_s"] = deadline_in
+    return {EXTRA_ARGS_KEY: tags}
 
 
 def relstream_scheduler(*, vllm_config, **kwargs) -> Scheduler:
@@ -152,6 +156,8 @@ class RelstreamPlugin(EngineView):
             max_tokens=request.max_tokens,
             arrival_time=time.monotonic(),
         )
+        if tags.get("deadline_in_s") is not None:
+            seq.deadline = seq.arrival_time + float(tags["deadline_in_s"])
         self.tracker.add_request(seq, int(tags.get("relquery_size", 1)))
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):

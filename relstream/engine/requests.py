@@ -3,9 +3,21 @@ row checked against the relQuery's output constraint."""
 
 from __future__ import annotations
 
+import time
+
 from relstream.answers import OutputKind
 from relstream.engine.shared import Answer
 from relstream.model import RelQuery, RowRequest, RowResult, RowStatus
+
+
+def seconds_left(relquery: RelQuery, taken_at: float) -> float | None:
+    """Seconds until `relquery`'s deadline (None: it has none; negative: passed): its
+    `deadline_s` less the time since submission, in Kafka (wall clock, from its
+    `arrival_time` when it has one) and in this engine since `taken_at` (monotonic)."""
+    if relquery.deadline_s is None:
+        return None
+    queued = max(time.time() - relquery.arrival_time, 0.0) if relquery.arrival_time > 0 else 0.0
+    return relquery.deadline_s - queued - (time.monotonic() - taken_at)
 
 
 def sampling_params(relquery: RelQuery, extra_args: dict):

@@ -22,7 +22,7 @@ from pathlib import Path
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.engine.identity import ModelIdentity, engine_identity
-from relstream.engine.requests import answered_row, sampling_params
+from relstream.engine.requests import answered_row, sampling_params, seconds_left
 from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
 from relstream.model import (
     LatencyBreakdown,
@@ -318,7 +318,8 @@ class RelQueryEngine:
         # else is the engine's own failure.
         row_errors = (ValueError, VLLMClientError)
         relquery, request = handle.relquery, row.request
-        params = sampling_params(relquery, relquery_tags(relquery.id, runnable))
+        tags = relquery_tags(relquery.id, runnable, seconds_left(relquery, handle.submitted_at))
+        params = sampling_params(relquery, tags)
         prompt: dict = {"prompt_token_ids": row.token_ids}
         if relquery.cache_salt is not None:  # a tenant's own prefix cache too
             prompt["cache_salt"] = relquery.cache_salt

@@ -58,6 +58,7 @@ def relquery_from_message(message: RelQueryMessage) -> RelQuery:
         sampling=Sampling(message.temperature, message.top_p, message.seed, tuple(message.stop)),
         fields=tuple(message.fields or ()),
         cache_salt=message.cache_salt,
+        deadline_s=message.deadline_s,
     )
 
 
@@ -73,6 +74,7 @@ def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> R
         output=None if output is None else output_message(output),
         fields=list(relquery.fields) or None,
         cache_salt=relquery.cache_salt,
+        deadline_s=relquery.deadline_s,
         **sampling_fields(relquery.sampling),
     )
 
@@ -125,6 +127,7 @@ def result_message(result: RelQueryResult) -> ResultMessage:
         policy=result.policy,
         model=result.model,
         completed_at=time.time(),
+        deadline_met=result.deadline_met,
     )
 
 
@@ -178,4 +181,5 @@ def metrics_message(result: RelQueryResult, engine: str) -> MetricsMessage:
         model=result.model,
         engine=engine,
         at=time.time(),
+        deadline_met=result.deadline_met,
     )

@@ -34,6 +34,7 @@ MAX_CHOICES = 1024
 MAX_REGEX_CHARS = 4096
 MAX_STOP_STRINGS = 16
 MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
+MAX_DEADLINE_S = 366 * 24 * 3600.0  # a deadline further off than a year is no deadline
 
 Scalar = str | int | float | bool | None
 # "null": a column the template names was null, so the row was never asked (NULL in,
@@ -58,7 +59,24 @@ Regex = Annotated[str, Meta(min_length=1, max_length=MAX_REGEX_CHARS)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(gt=0, le=1)]
 Seed = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+DeadlineSeconds = Annotated[
+    float,
+    Meta(
+        gt=0,
+        le=MAX_DEADLINE_S,
+        description="seconds after `submitted_at` by which the answer is wanted: the "
+        "scheduler lets a relQuery that can no longer make it wait behind those that can, "
+        "and the result says whether it was met",
+    ),
+]
 StopStrings = Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_STRINGS)]
+DeadlineMet = Annotated[
+    bool | None,
+    Meta(
+        description="whether the relQuery was answered within its `deadline_s` (null: it "
+        "set none, or no row ran)"
+    ),
+]
 FreeFields = Annotated[
     list[NonEmpty],
     Meta(
@@ -141,6 +159,7 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
         ]
         | None
     ) = None
+    deadline_s: DeadlineSeconds | None = None
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
@@ -187,6 +206,7 @@ class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     completed_at: Annotated[float, Meta(description="seconds since the epoch")]
     part: Annotated[int, Meta(ge=0, description="this message's place among the parts")] = 0
     parts: Annotated[int, Meta(ge=1, description="messages the result came in")] = 1
+    deadline_met: DeadlineMet = None
 
 
 class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -217,6 +237,7 @@ class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
     model: str
     engine: str  # the engine instance that served it (host and process id)
     at: Annotated[float, Meta(description="seconds since the epoch")]
+    deadline_met: DeadlineMet = None
 
 
 class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
-from relstream.model import RelQuery
+from relstream.model import RelQuery, with_deadline
 from relstream.schemas import MessageError, RelQueryMessage, decode_json
 from relstream.schemas.codec import MAX_MESSAGE_BYTES
 from relstream.schemas.convert import partial_result_message, relquery_from_message, result_message
@@ -77,7 +77,7 @@ def build_http_app(
                 _events(handle, relquery, serving), media_type="text/event-stream"
             )
         try:
-            result = await handle.result()
+            result = with_deadline(await handle.result(), relquery.deadline_s)
         except EngineFailure as exc:
             raise HttpError(503, f"the engine failed: {exc}") from None
         finally:
@@ -122,7 +122,8 @@ async def _events(
         async for row in handle.rows():
             partial = partial_result_message(relquery.id, row)
             yield _event("row", msgspec.json.encode(partial))
-        yield _event("result", msgspec.json.encode(result_message(await handle.result())))
+        result = with_deadline(await handle.result(), relquery.deadline_s)
+        yield _event("result", msgspec.json.encode(result_message(result)))
     except EngineFailure as exc:
         yield _event("error", json.dumps({"error": f"the engine failed: {exc}"}).encode())
     finally:

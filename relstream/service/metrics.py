@@ -26,6 +26,12 @@ class EngineMetrics:
         self.rows = Counter(
             "relstream_rows_total", "Rows answered, by status", ["status"], registry=self.registry
         )
+        self.deadlines = Counter(
+            "relstream_deadlines_total",
+            "relQueries answered that set a deadline_s, by whether it was met",
+            ["met"],
+            registry=self.registry,
+        )
         self.output_tokens = Counter(
             "relstream_output_tokens_total", "Tokens generated", registry=self.registry
         )
@@ -102,6 +108,8 @@ class EngineMetrics:
             self.rows_cached.inc(row.cached)
             tokens += row.output_tokens
         self.output_tokens.inc(tokens)
+        if result.deadline_met is not None:
+            self.deadlines.labels("true" if result.deadline_met else "false").inc()
         if service_seconds > 0:
             self.tokens_per_second.set(tokens / service_seconds)
 

@@ -55,7 +55,7 @@ from relstream.kafka.delivery import (
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery, RelQueryResult, cancelled_result
+from relstream.model import RelQuery, RelQueryResult, cancelled_result, with_deadline
 from relstream.schemas import (
     Message,
     MessageError,
@@ -333,7 +333,7 @@ class EngineService:
             answered = cancelled_result(relquery, self.backend.policy, self.backend.model_name)
         else:
             answered = await self._run(relquery)
-        return with_queued(answered, max(taken_at - work.submitted_at, 0.0))
+        return with_queued(answered, max(taken_at - work.submitted_at, 0.0), relquery)
 
     async def _run(self, relquery: RelQuery) -> RelQueryResult:
         handle = await self.backend.submit(relquery)
@@ -390,8 +390,8 @@ class EngineService:
         self._pauses.revoked()
 
 
-def with_queued(result: RelQueryResult, queued: float) -> RelQueryResult:
-    """`result` with the time its relQuery spent in Kafka before the engine took it."""
-    if result.latency is None:
-        return result
-    return replace(result, latency=replace(result.latency, queued=queued))
+def with_queued(result: RelQueryResult, queued: float, relquery: RelQuery) -> RelQueryResult:
+    """`result` with the time its relQuery spent in Kafka before the engine took it, and
+    whether it met its deadline."""
+    latency = result.latency and replace(result.latency, queued=queued)
+    return with_deadline(replace(result, latency=latency), relquery.deadline_s)

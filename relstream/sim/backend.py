@@ -138,7 +138,10 @@ class SimRelQueryBackend:
         engine = SimulatedEngine(
             self.profile, make_policy(self.settings.policy, self.profile.prior())
         )
-        run = engine.run([SimRelQuery(relquery.id, 0.0, relquery.max_output_tokens, requests)])
+        simulated = SimRelQuery(
+            relquery.id, 0.0, relquery.max_output_tokens, requests, deadline=relquery.deadline_s
+        )
+        run = engine.run([simulated])
         return run.outcomes[0].latency
 
 

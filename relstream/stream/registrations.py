@@ -15,6 +15,8 @@ A TOML file holds one [[query]] table per registration:
     # regex = "[0-9]+"                     # ...or a match of this
     temperature = 0.0                      # optional sampling: temperature, top_p,
     seed = 7                               # seed, stop (greedy by default)
+    deadline_s = 30.0                      # optional: wanted within this many seconds
+                                           # of the window's close
 
 Instead of a `template`, a query may give an `instruction` and its `fields`, a list of
 the row's columns whose order is free: each prompt is then the instruction followed by
@@ -38,6 +40,7 @@ from relstream.schemas.codec import MessageError, convert
 from relstream.schemas.messages import (
     MAX_RELQUERY_ROWS,
     Choices,
+    DeadlineSeconds,
     FreeFields,
     OutputTokens,
     Regex,
@@ -76,6 +79,7 @@ class _Written(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_p: TopP = 1.0
     seed: Seed | None = None
     stop: StopStrings = msgspec.field(default_factory=list)
+    deadline_s: DeadlineSeconds | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class QueryRegistration:
     output: OutputSpec | None = None  # from choices, json_schema or regex
     sampling: Sampling = field(default_factory=Sampling)
     fields: tuple[str, ...] = ()  # free fields: `template` is then the instruction
+    deadline_s: float | None = None  # each window's relQuery wanted within this
 
 
 def _registration(entry: dict, where: str) -> QueryRegistration:
@@ -123,6 +128,7 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
         output,
         Sampling(written.temperature, written.top_p, written.seed, tuple(written.stop)),
         tuple(written.fields or ()),
+        written.deadline_s,
     )
 
 

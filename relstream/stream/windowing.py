@@ -79,6 +79,7 @@ def relquery_for_window(
         submitted_at=time.time(),
         output=None if registration.output is None else output_message(registration.output),
         fields=list(registration.fields) or None,
+        deadline_s=registration.deadline_s,
         **sampling_fields(registration.sampling),
     )
 
