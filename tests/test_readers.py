@@ -200,3 +200,25 @@ def test_status_shows_topics_groups_engines_and_dead_letters(broker, tmp_path):
     assert "engine host:42: 1 relQueries answered" in said
     assert "1 dead letters 1 × not valid msgpack" in said
     assert "1 × not valid msgpack (x) (e.g. a)" in said
+
+
+def test_results_count_rows_by_status_show_the_unanswered_first_and_filter(broker):
+    prefix = f"f{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    rows = [ResultRow(key=f"r{i}", status="ok", output=f"answer {i}") for i in range(4)]
+    rows.append(ResultRow(key="r4", status="error", error="row 'r4': no column 'review'"))
+    window = ResultMessage(
+        id="sentiment-0-0@1764000000000", rows=rows, latency=None, policy="relstream",
+        model="test", completed_at=time.time(),
+    )  # fmt: skip
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    messages = [(window.id.encode(), encode(window)), result(7)]
+    asyncio.run(produce(broker.bootstrap, topics.results, messages))
+    reader = ("results", "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    shown = relstream(*reader, "--query", "sentiment").stdout
+    assert "5 rows: error 1, ok 4" in shown and "q7" not in shown, shown
+    lines = [line.strip() for line in shown.splitlines() if line.startswith("  ")]
+    assert lines[0] == "r4: error: row 'r4': no column 'review'"  # never hidden
+    assert lines[-1] == "... and 2 more rows (--all shows them)"
+    every = relstream(*reader, "--id", "q7", "--id", window.id, "--all").stdout
+    assert "q7 1 rows: ok 1" in every and "r3: answer 3" in every and "more rows" not in every

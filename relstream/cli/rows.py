@@ -123,18 +123,41 @@ def _produce_rows(
 @bootstrap_option
 @prefix_option
 @click.option("--follow", is_flag=True, help="Keep waiting for new results.")
+@click.option("--query", "queries", multiple=True, help="Only this query's windows (repeatable).")
+@click.option("--id", "ids", multiple=True, help="Only the relQuery with this id (repeatable).")
+@click.option("--all", "every_row", is_flag=True, help="Every row of each result, not 3.")
 @broker_kind_option
 @security_options
 def results(
-    bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
+    bootstrap: str,
+    prefix: str,
+    follow: bool,
+    queries: tuple[str, ...],
+    ids: tuple[str, ...],
+    every_row: bool,
+    broker_kind: str | None,
+    security: KafkaSecurity,
 ) -> None:
     """Print results from the results topic (from the beginning, to its end now unless
-    following; joins no consumer group)."""
+    following; joins no consumer group): each relQuery's rows by status, then its first
+    rows, those that did not answer first."""
     from relstream.client import RelstreamClient
 
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
         for result in client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped):
-            _print_result(result)
+            if _chosen(result.id, queries, ids):
+                _print_result(result, None if every_row else SHOWN_ROWS)
+
+
+SHOWN_ROWS = 3  # rows `results` prints of each relQuery unless --all
+
+
+def _chosen(relquery_id: str, queries: tuple[str, ...], ids: tuple[str, ...]) -> bool:
+    """Whether `results --query/--id` asked for this relQuery (all when neither is given):
+    a window's id starts with its query's name and a dash."""
+    if not queries and not ids:
+        return True
+    return relquery_id in ids or any(relquery_id.startswith(f"{q}-") for q in queries)
 
 
 @click.command()
@@ -217,7 +240,9 @@ def _print_skipped(offset: int, reason: str) -> None:
     console.print(f"[red]skipped unreadable result at offset {offset}: {reason}[/]")
 
 
-def _print_result(result: ResultMessage) -> None:
+def _print_result(result: ResultMessage, shown: int | None) -> None:
+    """The relQuery, its rows by status, and `shown` rows (all when None), rows that did
+    not answer first: a 50-row result's one error is never hidden behind its answers."""
     latency = result.latency
     parts = ""
     if latency is not None:
@@ -225,7 +250,17 @@ def _print_result(result: ResultMessage) -> None:
             f"{name} {getattr(latency, name):.2f}s"
             for name in ("queued", "waiting", "core", "tail", "total")
         )
-    console.print(f"[bold]{result.id}[/] {len(result.rows)} rows ({result.policy}) {parts}")
-    for row in result.rows[:3]:
-        text = row.output if row.status == "ok" else f"[red]{row.error}[/]"
-        console.print(f"  {row.key}: {text}")
+    statuses = Counter(row.status for row in result.rows)
+    counts = ", ".join(f"{status} {count}" for status, count in sorted(statuses.items()))
+    console.print(
+        f"[bold]{result.id}[/] {len(result.rows)} rows: {counts} ({result.policy}) {parts}",
+        markup=True,
+        highlight=False,
+    )
+    rows = sorted(result.rows, key=lambda row: row.status == "ok")  # stable: others first
+    picked = rows if shown is None else rows[:shown]
+    for row in picked:
+        text = row.output if row.status == "ok" else f"{row.status}: {row.error}"
+        console.print(f"  {row.key}: {text}", markup=False)
+    if len(rows) > len(picked):
+        console.print(f"  ... and {len(rows) - len(picked)} more rows (--all shows them)")

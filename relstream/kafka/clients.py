@@ -85,8 +85,7 @@ async def check_broker(
             await admin.start()
     except (TimeoutError, KafkaError, OSError) as exc:
         raise BrokerSilent(
-            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
-            f"({type(exc).__name__})"
+            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s ({type(exc).__name__})"
         ) from None
     finally:
         with contextlib.suppress(Exception):
