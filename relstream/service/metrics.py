@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from relstream.model import RelQueryResult
 from relstream.service.backlog import RowBudget
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class EngineMetrics:
@@ -93,6 +96,18 @@ class EngineMetrics:
             registry=self.registry,
         )
 
+        self.loop_lag = Histogram(
+            "relstream_event_loop_lag_seconds",
+            "How late the engine's event loop woke a task sleeping 10 ms (service/looplag.py)",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.partitions_revoked = Counter(
+            "relstream_partitions_revoked_total",
+            "relqueries partitions taken from this engine by a rebalance",
+            registry=self.registry,
+        )
+
     def observe_answer_cache(self, cache) -> None:
         """The engine's AnswerCache (relstream.engine.shared), where it has one."""
         for measure in ("hits", "misses", "bytes"):
@@ -102,11 +117,11 @@ class EngineMetrics:
         if result.latency is not None:
             for component, value in result.latency.as_dict().items():
                 self.latency.labels(component).observe(value)
-        tokens = 0
-        for row in result.rows:
-            self.rows.labels(row.status).inc()
-            self.rows_cached.inc(row.cached)
-            tokens += row.output_tokens
+        by_status = collections.Counter(row.status for row in result.rows)
+        for status, rows in by_status.items():
+            self.rows.labels(status).inc(rows)
+        self.rows_cached.inc(sum(row.cached for row in result.rows))
+        tokens = sum(row.output_tokens for row in result.rows)
         self.output_tokens.inc(tokens)
         if result.deadline_met is not None:
             self.deadlines.labels("true" if result.deadline_met else "false").inc()

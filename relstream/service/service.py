@@ -39,7 +39,6 @@ from dataclasses import dataclass, field, replace
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
-    RESULT_PART_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
@@ -55,24 +54,20 @@ from relstream.kafka.delivery import (
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery, RelQueryResult, cancelled_result, with_deadline
+from relstream.model import RelQuery, RelQueryResult, with_deadline
 from relstream.schemas import (
     Message,
     MessageError,
     decode_relquery_stepwise,
     encode,
 )
-from relstream.schemas.convert import (
-    metrics_message,
-    partial_result_message,
-    relquery_from_message,
-    result_message,
-)
-from relstream.schemas.parts import split_result
+from relstream.schemas.convert import partial_result_message
 from relstream.service.answers import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.control import follow_control
+from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
+from relstream.service.offloop import cancelled, metrics_of, relquery_of, result_parts
 from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.pauses import Pauses
 
@@ -129,6 +124,7 @@ class EngineService:
         self._serving: dict[str, RelQueryHandle] = {}  # relQuery id -> its handle
         self._cancels: OrderedDict[str, None] = OrderedDict()  # ids asked to cancel, newest last
         self.engine_name = f"{socket.gethostname()}:{os.getpid()}"
+        self.loop_lag = LoopLagProbe(observe=self.metrics.loop_lag.observe)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; raises EngineFailure if the engine failed."""
@@ -163,7 +159,7 @@ class EngineService:
             config.bootstrap, config.topics.control, self.cancel, self._dead_letter,
             config.broker, config.security,
         )  # fmt: skip
-        followers = [asyncio.create_task(control)]
+        followers = [asyncio.create_task(control), asyncio.create_task(self.loop_lag.run())]
         if answers is not None:
             followers.append(asyncio.create_task(answers.follow()))
         try:
@@ -235,7 +231,7 @@ class EngineService:
         """The message as work, or None once it is dead-lettered."""
         try:
             decoded = await decode_relquery_stepwise(message.value)
-            relquery = relquery_from_message(decoded)
+            relquery = await relquery_of(decoded)
         except MessageError as exc:
             letter = self._spawn(self._reject(partition, message, exc.reason))
             self._letters.add(letter)
@@ -291,7 +287,7 @@ class EngineService:
         relquery = work.relquery
         key = relquery.id.encode()
         # A result of any size reaches the user: in parts under the request limit.
-        parts = [encode(part) for part in split_result(result_message(result), RESULT_PART_BYTES)]
+        parts = await result_parts(result)
         try:
             for index, part in enumerate(parts):
                 what = f"the result of {relquery.id} (part {index + 1} of {len(parts)})"
@@ -302,9 +298,9 @@ class EngineService:
         except Refused as exc:
             await self._dead_letter(work.message, f"its result was refused: {exc}", stalled)
             return
-        metrics = metrics_message(result, self.engine_name)
+        metrics = await metrics_of(result, self.engine_name)
         await self._publish_best_effort(self.config.topics.metrics, relquery.id, metrics)
-        self.metrics.observe_result(result, time.time() - taken_at)
+        await asyncio.to_thread(self.metrics.observe_result, result, time.time() - taken_at)
         total = f"{result.latency.total:.2f} s" if result.latency else "no row ran"
         rows = ", ".join(f"{n} {status}" for status, n in metrics.rows.items())
         log.info("answered %s: %d rows (%s), %s", relquery.id, len(result.rows), rows, total)
@@ -330,7 +326,7 @@ class EngineService:
         relquery = work.relquery
         taken_at = time.time()
         if relquery.id in self._cancels:  # cancelled while it waited in Kafka
-            answered = cancelled_result(relquery, self.backend.policy, self.backend.model_name)
+            answered = await cancelled(relquery, self.backend.policy, self.backend.model_name)
         else:
             answered = await self._run(relquery)
         return with_queued(answered, max(taken_at - work.submitted_at, 0.0), relquery)
@@ -386,6 +382,7 @@ class EngineService:
         self._book.forget(revoked)
         dropped = self.budget.drop_waiting(lambda work: work.partition not in revoked)
         if revoked:
+            self.metrics.partitions_revoked.inc(len(revoked))
             log.info("partitions revoked: %s (%d waiting relQueries left)", revoked, dropped)
         self._pauses.revoked()
 
