@@ -106,3 +106,21 @@ def test_a_body_that_trickles_in_is_a_408_and_holds_nothing():
     response, took = call(0.0, scenario, body_seconds=0.5)
     assert response.status_code == 408 and took < 3
     assert response.json() == {"error": "the body did not arrive within 0.5 s"}
+
+
+def test_health_metrics_and_models_answer_as_operators_expect():
+    async def scenario(client):
+        health = await client.get("/health")
+        await client.post("/v1/relqueries", json=body())
+        metrics = await client.get("/metrics")
+        models = await client.get("/v1/models")
+        return health, metrics, models
+
+    health, metrics, models = call(0.0, scenario)
+    assert health.status_code == 200 and health.json() == {"status": "ok", "serving": 0}
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert 'relstream_http_relqueries_total{outcome="answered"} 1.0' in metrics.text
+    assert models.json() == {
+        "object": "list",
+        "data": [{"id": "sim", "object": "model", "owned_by": "relstream"}],
+    }

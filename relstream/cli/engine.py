@@ -245,7 +245,11 @@ async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event)
 
     from relstream.service.http import build_http_app
 
-    app = build_http_app(backend, service.cancel if service is not None else None)
+    app = build_http_app(
+        backend,
+        service.cancel if service is not None else None,
+        registry=service.metrics.registry if service is not None else None,
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.install_signal_handlers = lambda: None  # the process's handlers set `stop`
     task = asyncio.create_task(server.serve(sockets=[door]))

@@ -6,6 +6,10 @@ by the same engine, and so the same scheduler, as the Kafka consumer beside it.
                                        then the `result`
     DELETE /v1/relqueries/{id}         cancel: the result comes back with the unfinished
                                        rows "cancelled"
+    GET    /health                     200 while the engine serves, 503 once it failed
+    GET    /metrics                    Prometheus: the door's requests by outcome, and the
+                                       engine service's metrics when it serves Kafka too
+    GET    /v1/models                  the model it serves, as OpenAI's API lists models
     GET    /docs                       OpenAPI documentation
 
 A bad request is a 4xx naming the field (400), the size (413), the id (404, 409) or
@@ -23,6 +27,7 @@ from importlib import resources
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.model import RelQuery, with_deadline
@@ -45,12 +50,38 @@ def build_http_app(
     backend: RelQueryBackend,
     cancel_elsewhere: Callable[[str], Awaitable[None]] | None = None,
     body_seconds: float = BODY_SECONDS,
+    registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     """The door over `backend`. `cancel_elsewhere(id)` also reaches relQueries that came by
     Kafka (the engine service's cancel). A body not received within `body_seconds` is a
-    408: a client that trickles its bytes holds no connection for long."""
+    408: a client that trickles its bytes holds no connection for long. `registry` (the
+    engine service's, when it serves Kafka too) gets the door's counter and is what
+    /metrics shows."""
     app = FastAPI(title="relstream", summary="LLM answers over table rows", version="1")
     serving: dict[str, RelQueryHandle] = {}
+    registry = registry or CollectorRegistry()
+    answered = Counter(
+        "relstream_http_relqueries",
+        "relQueries the HTTP door answered, by outcome",
+        ["outcome"],
+        registry=registry,
+    )
+    failed: list[str] = []  # the engine's failure, once it failed
+
+    @app.get("/health", summary="200 while the engine serves, 503 once it failed")
+    async def health() -> JSONResponse:
+        if failed:
+            return JSONResponse({"status": "failed", "error": failed[0]}, status_code=503)
+        return JSONResponse({"status": "ok", "serving": len(serving)})
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", summary="The model this engine serves")
+    async def models() -> JSONResponse:
+        model = {"id": backend.model_name, "object": "model", "owned_by": "relstream"}
+        return JSONResponse({"object": "list", "data": [model]})
 
     @app.exception_handler(HttpError)
     async def refuse(_request: Request, error: HttpError) -> JSONResponse:
@@ -79,9 +110,12 @@ def build_http_app(
         try:
             result = with_deadline(await handle.result(), relquery.deadline_s)
         except EngineFailure as exc:
+            failed.append(str(exc))
+            answered.labels("engine failed").inc()
             raise HttpError(503, f"the engine failed: {exc}") from None
         finally:
             serving.pop(relquery.id, None)
+        answered.labels("answered").inc()
         return Response(msgspec.json.encode(result_message(result)), media_type="application/json")
 
     @app.delete("/v1/relqueries/{relquery_id}", summary="Cancel a relQuery")
