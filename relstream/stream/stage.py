@@ -125,7 +125,9 @@ class WindowStage:
         for window in closed:
             if published.get(window.partition, {}).get(window.first_offset) != window.last_offset:
                 sends.append(self._publish(window))
-            # else: a replay of a window already on the broker, cut the same: not sent again
+            else:  # a replay of a window already on the broker, cut the same
+                name = f"{self.registration.name}-{window.window_id}"
+                log.info("window %s: replayed as published, not sent again", name)
         if sends:
             with self._holding(len(sends)) as stalled:
                 # every relQuery and dead letter is on the broker before the commit
