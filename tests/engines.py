@@ -11,7 +11,9 @@ from relstream.schemas import MetricsMessage, decode
 from relstream.stream.launch import spawn_logged
 
 
-def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_port=None):
+def engine_process(
+    broker, topics, group, log, budget_rows: int = 12, metrics_port=None, extra=(), scale="1.0"
+):
     command = [
         sys.executable,
         "-m",
@@ -20,7 +22,7 @@ def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_po
         "--backend",
         "sim",
         "--sim-time-scale",
-        "1.0",
+        scale,
         "--bootstrap",
         broker.bootstrap,
         "--prefix",
@@ -34,7 +36,7 @@ def engine_process(broker, topics, group, log, budget_rows: int = 12, metrics_po
     ]
     if metrics_port:
         command += ["--metrics-port", str(metrics_port)]
-    return spawn_logged(command, log)
+    return spawn_logged([*command, *extra], log)
 
 
 def answers_by(broker, topics) -> collections.Counter:
