@@ -13,62 +13,23 @@ import pytest
 torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
 
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from relstream.engine import plugin  # noqa: E402
-from relstream.engine.weights import model_dir  # noqa: E402
+from relstream.engine.harness import BLOCK, build_scheduler, fake_output  # noqa: E402
 from relstream.scheduler.relstream import RelstreamConfig  # noqa: E402
 
-BLOCK = 16
 BUDGET = 64  # prompt tokens a step may compute: one relQuery's prompt at a time
-TOKEN = 7  # every fake sampled token
 
 
 def build(async_scheduling: bool, policy: str, step_log=None, num_blocks: int = 256):
-    model = ModelConfig(
-        model=str(model_dir("smollm2")), dtype="float32", seed=0, max_model_len=512,
-        skip_tokenizer_init=True,
+    return build_scheduler(
+        policy, async_scheduling=async_scheduling, step_log=step_log, max_num_seqs=8,
+        budget=BUDGET, num_blocks=num_blocks,
     )  # fmt: skip
-    scheduler = SchedulerConfig(
-        max_num_seqs=8, max_num_batched_tokens=BUDGET, max_model_len=512,
-        enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
-    )  # fmt: skip
-    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
-    settings = {"policy": policy, "step_log": str(step_log) if step_log else None}
-    config = VllmConfig(
-        scheduler_config=scheduler,
-        model_config=model,
-        cache_config=cache,
-        additional_config={"relstream": settings},
-    )
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)]
-    )
-    cache.num_gpu_blocks = num_blocks
-    register_all_kvcache_specs(config)
-    # The CPU platform turns async scheduling off in the config: the class is chosen
-    # here as `relstream_scheduler` chooses it where vLLM schedules ahead.
-    cls = plugin.scheduler_class(async_scheduling)
-    return cls(
-        vllm_config=config,
-        kv_cache_config=kv,
-        block_size=BLOCK,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(config),
-    )
 
 
 def add(scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int):
@@ -88,24 +49,6 @@ def add(scheduler, request_id: str, relquery: str, size: int, prompt: int, outpu
     )
 
 
-def model_output(scheduler, step) -> ModelRunnerOutput:
-    """A token for every request whose prompt is done after this step, none for a chunk."""
-    ids = list(step.num_scheduled_tokens)
-    sampled = []
-    for request_id in ids:
-        request = scheduler.requests.get(request_id)
-        done = request is not None and request.num_computed_tokens >= request.num_prompt_tokens
-        sampled.append([TOKEN] if done else [])
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={request_id: i for i, request_id in enumerate(ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=[],
-    )
-
-
 def drive(scheduler, in_flight: int, on_event=lambda event: None) -> list:
     """Run to the end, `in_flight` steps planned before the oldest one's output returns;
     returns each step's SchedulerOutput in order."""
@@ -119,7 +62,7 @@ def drive(scheduler, in_flight: int, on_event=lambda event: None) -> list:
                 continue
         step = pending.pop(0)
         on_event("output")
-        scheduler.update_from_output(step, model_output(scheduler, step))
+        scheduler.update_from_output(step, fake_output(scheduler, step))
         assert len(steps) < 300
     return steps
 

@@ -23,52 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-BLOCK = 16
 PROMPT = 64  # tokens of each row's prompt
 OUTPUTS = 16  # tokens each row generates
-TOKEN = 7  # every fake sampled token
 
 
 def build(policy: str | None, max_num_seqs: int, budget: int, num_blocks: int):
     """A vLLM scheduler on the CPU platform: stock (policy None) or relstream's plug-in."""
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
+    from relstream.engine.harness import build_scheduler
 
-    from relstream.engine import plugin
-    from relstream.engine.weights import model_dir
-
-    model = ModelConfig(
-        model=str(model_dir("smollm2")), dtype="float32", seed=0, max_model_len=512,
-        skip_tokenizer_init=True,
-    )  # fmt: skip
-    scheduler = SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=512,
-        enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
-    )  # fmt: skip
-    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
-    extra = {"relstream": {"policy": policy}} if policy else {}
-    config = VllmConfig(
-        scheduler_config=scheduler, model_config=model, cache_config=cache,
-        additional_config=extra,
-    )  # fmt: skip
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)]
-    )
-    cache.num_gpu_blocks = num_blocks
-    register_all_kvcache_specs(config)
-    cls = plugin.scheduler_class(False) if policy else Scheduler
-    return cls(
-        vllm_config=config,
-        kv_cache_config=kv,
-        block_size=BLOCK,
-        log_stats=False,
-        structured_output_manager=StructuredOutputManager(config),
-    )
+    return build_scheduler(policy, max_num_seqs=max_num_seqs, budget=budget, num_blocks=num_blocks)
 
 
 def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
@@ -79,6 +42,7 @@ def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
     from vllm.v1.request import Request
 
     from relstream.engine import plugin
+    from relstream.engine.harness import BLOCK
 
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
@@ -101,28 +65,11 @@ def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
         )
 
 
-def _output(scheduler, step):
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    ids = list(step.num_scheduled_tokens)
-    sampled = []
-    for request_id in ids:
-        request = scheduler.requests.get(request_id)
-        done = request is not None and request.num_computed_tokens >= request.num_prompt_tokens
-        sampled.append([TOKEN] if done else [])
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={request_id: i for i, request_id in enumerate(ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=[],
-    )
-
-
 def time_steps(scheduler, steps: int) -> tuple[list[float], list[float]]:
     """Seconds of `schedule()` + `update_from_output()` per step, the model's time aside,
     and of the policy's own decision (`plan`) within it (none for stock vLLM)."""
+    from relstream.engine.harness import fake_output
+
     timings: list[float] = []
     decisions: list[float] = []
     policy = getattr(scheduler, "relstream_policy", None)
@@ -143,7 +90,7 @@ def time_steps(scheduler, steps: int) -> tuple[list[float], list[float]]:
         start = time.perf_counter()
         step = scheduler.schedule()
         planned = time.perf_counter() - start
-        output = _output(scheduler, step)
+        output = fake_output(scheduler, step)
         start = time.perf_counter()
         scheduler.update_from_output(step, output)
         timings.append(planned + time.perf_counter() - start)
