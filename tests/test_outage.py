@@ -123,10 +123,10 @@ def test_a_broker_outage_mid_stream_loses_no_row_and_the_engine_pauses_and_resum
     # arriving, then started again on its data dir. Before the fix the engine neither paused
     # nor held its output, and both processes logged every failed retry of every client.
     report = run_outage(
-        tmp_path, seed=0, outage_s=12, rate=20, before_s=5, after_s=5, burst=1000, timeout=180
+        tmp_path, seed=0, outage_s=12, rate=20, before_s=5, after_s=5, burst=2000, timeout=180
     )
     text = report_text(report)
-    assert report.rows_produced > 1000 and report.rows_during_outage > 100, text
+    assert report.rows_produced > 2000 and report.rows_during_outage > 100, text
     assert report.down_s >= 12, text
     assert not report.missing and not report.repeated, text  # each row in one stored result
     assert set(report.stored) <= report.rows_keys, text
