@@ -8,6 +8,7 @@ external cluster given by its bootstrap address; the code is the same either way
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import subprocess
 import tempfile
@@ -20,6 +21,8 @@ import platformdirs
 
 from relstream.kafka.clients import create_topics, metadata_ok
 from relstream.kafka.topics import Topics
+
+log = logging.getLogger("relstream.kafka")
 
 BROKERS = ("noida-db", "tansu")
 # The default of the runs that start their own broker and throw it away (demo, benchmarks,
@@ -144,15 +147,28 @@ class EmbeddedBroker:
         return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the broker. noida-db is first asked to stop its Kafka broker, which saves
+        what it acknowledged: killed by SIGTERM, noida-db 0.2.3 lost 50-200 of ~20,000
+        acknowledged messages in 3 of 4 tries (docs/drills/outage.md)."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
+        if self.data_path is not None:
+            self._noida_kafka("stop", timeout)
         process.terminate()
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+    def _noida_kafka(self, action: str, timeout: float) -> None:
+        """`noida-db stop|start kafka` on this broker's data dir (failures logged)."""
+        command = [str(_binary("noida-db")), action, "kafka", "--data-dir", str(self.data_path)]
+        try:
+            subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+        except (subprocess.SubprocessError, OSError) as exc:
+            log.warning("noida-db %s kafka failed (%s); stopping it with SIGTERM", action, exc)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
