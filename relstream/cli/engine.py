@@ -4,6 +4,7 @@ too; both doors share one engine, so one scheduler orders all their relQueries."
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import socket
 
@@ -194,6 +195,9 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         except BrokerSilent as exc:
             raise click.ClickException(f"{exc}; the model was not loaded") from None
     backend = await _start_backend(opts)
+    # What exists now (the backend; vLLM and torch on a real engine) lives as long as the
+    # process: no full garbage collection, which holds the event loop, scans it again.
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
