@@ -34,7 +34,7 @@ from relstream.kafka.clients import (
 from relstream.kafka.delivery import publish_acked, send_dead_letter
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.schemas import encode
+from relstream.schemas import RelQueryMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import (
     PartitionWindows,
@@ -124,7 +124,7 @@ class WindowStage:
         published = self._published
         for window in closed:
             if published.get(window.partition, {}).get(window.first_offset) != window.last_offset:
-                sends.append(self._publish(window))
+                sends.append(await self._publish(window))
             else:  # a replay of a window already on the broker, cut the same
                 name = f"{self.registration.name}-{window.window_id}"
                 log.info("window %s: replayed as published, not sent again", name)
@@ -152,12 +152,13 @@ class WindowStage:
             )
         return cutter
 
-    def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
-        """The window's relQuery, to send until the broker has it (`publish_acked`)."""
-        message = relquery_for_window(self.registration, window.rows, window.window_id)
+    async def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
+        """The window's relQuery, to send until the broker has it (`publish_acked`); built
+        and encoded off the event loop (a window may hold 100,000 rows)."""
+        message, value = await asyncio.to_thread(_encoded, self.registration, window)
         log.info("window %s: %d rows", message.id, len(message.rows))
         topic, what = self.settings.topics.relqueries, f"relQuery {message.id}"
-        value, key = encode(message), message.id.encode()
+        key = message.id.encode()
         return lambda stalled: publish_acked(self._producer, topic, value, key, what, stalled)
 
     def _dead_letter(self, record, reason: str) -> Callable[[Callable[[], None]], Awaitable]:
@@ -216,3 +217,8 @@ class WindowStage:
         for partition in revoked:
             self._cutters.pop(partition, None)
             self._committed.pop(partition, None)
+
+
+def _encoded(registration: QueryRegistration, window: Window) -> tuple[RelQueryMessage, bytes]:
+    message = relquery_for_window(registration, window.rows, window.window_id)
+    return message, encode(message)
