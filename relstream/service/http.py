@@ -30,10 +30,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
-from relstream.model import RelQuery, with_deadline
+from relstream.model import RelQuery, RelQueryResult, with_deadline
 from relstream.schemas import MessageError, RelQueryMessage, decode_json
 from relstream.schemas.codec import MAX_MESSAGE_BYTES
-from relstream.schemas.convert import partial_result_message, relquery_from_message, result_message
+from relstream.schemas.convert import partial_result_message, result_message
+from relstream.service.offloop import relquery_of
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same bound as a message on the relqueries topic
 BODY_SECONDS = 30.0  # the longest a client may take to send its body
@@ -98,7 +99,7 @@ def build_http_app(
                 message = await _read_message(request)
         except TimeoutError:
             raise HttpError(408, f"the body did not arrive within {body_seconds:g} s") from None
-        relquery = relquery_from_message(message)
+        relquery = await relquery_of(message)  # rows and free field layout, off the loop
         if relquery.id in serving:
             raise HttpError(409, f"relQuery {relquery.id!r} is already being served")
         handle = await backend.submit(relquery)
@@ -116,7 +117,7 @@ def build_http_app(
         finally:
             serving.pop(relquery.id, None)
         answered.labels("answered").inc()
-        return Response(msgspec.json.encode(result_message(result)), media_type="application/json")
+        return Response(await _result_json(result), media_type="application/json")
 
     @app.delete("/v1/relqueries/{relquery_id}", summary="Cancel a relQuery")
     async def cancel(relquery_id: str) -> JSONResponse:
@@ -145,7 +146,12 @@ async def _read_message(request: Request) -> RelQueryMessage:
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise HttpError(413, f"body is over the limit of {MAX_BODY_BYTES} bytes")
-    return decode_json(RelQueryMessage, bytes(body))
+    return await asyncio.to_thread(decode_json, RelQueryMessage, bytes(body))
+
+
+async def _result_json(result: RelQueryResult) -> bytes:
+    """The result message as JSON, built off the event loop (it may hold 100,000 rows)."""
+    return await asyncio.to_thread(lambda: msgspec.json.encode(result_message(result)))
 
 
 async def _events(
@@ -157,7 +163,7 @@ async def _events(
             partial = partial_result_message(relquery.id, row)
             yield _event("row", msgspec.json.encode(partial))
         result = with_deadline(await handle.result(), relquery.deadline_s)
-        yield _event("result", msgspec.json.encode(result_message(result)))
+        yield _event("result", await _result_json(result))
     except EngineFailure as exc:
         yield _event("error", json.dumps({"error": f"the engine failed: {exc}"}).encode())
     finally:
