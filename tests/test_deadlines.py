@@ -2,6 +2,7 @@
 deadline goes behind the others, so a relQuery that still can overtakes it in size
 order; the clock alone moves it there; without deadlines nothing changes."""
 
+import pytest
 from helpers import ScriptedView
 
 from relstream.bench.runner import make_cost_model
@@ -36,7 +37,7 @@ BIG_FIRST = [f"big#{row}" for row in range(11)]
 
 
 def test_a_relquery_is_lost_once_less_than_half_what_it_needs_is_left():
-    assert lost_at(10.0, 4.0) == 8.0
+    assert lost_at(10.0, 4.0) == pytest.approx(7.2)  # 10 − 0.7 × 4
 
 
 def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_its_own():
@@ -44,28 +45,28 @@ def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_i
     # small needs τ = 1 ms × 100 prompt tokens + 20 steps × 27.5 ms = 0.65 s and is
     # smaller (W = 1.2 s against big's 12 s, test_relstream): size order puts it first
     # (its 2 rows, then 8 whole prompts of big and 12 tokens of the ninth). It is lost
-    # once less than τ / 2 = 0.325 s is left: with a deadline 0.3 s away big, whose own
+    # once less than 0.7 τ = 0.455 s is left: with a deadline 0.4 s away big, whose own
     # deadline (τ = 1 s + 0.55 s, 10 s away) is within reach, goes first and takes the
     # whole budget: 10 prompts of 50 and 12 tokens of the eleventh.
-    for deadline, first in ((None, SIZE_ORDER), (0.4, SIZE_ORDER), (0.3, BIG_FIRST)):
+    for deadline, first in ((None, SIZE_ORDER), (0.5, SIZE_ORDER), (0.4, BIG_FIRST)):
         plan = Relstream(SMALL_COST, FULL_BATCHES).plan(two_relqueries(deadline, 10.0))
         assert first_rows(plan) == first
     assert [chunk.num_tokens for chunk in plan.prefill][-1] == 12
 
 
 def test_the_clock_alone_moves_a_waiting_relquery_behind_once_it_is_lost():
-    # small due at 1 s: lost from 1 − 0.325 = 0.675 s. Nothing changes in the engine
+    # small due at 1 s: lost from 1 − 0.455 = 0.545 s. Nothing changes in the engine
     # between the plans; a watch set when small was ranked re-ranks it.
     policy = Relstream(SMALL_COST, FULL_BATCHES)
     view = two_relqueries(1.0)
-    for clock, first in ((0.0, SIZE_ORDER), (0.6, SIZE_ORDER), (0.7, BIG_FIRST)):
+    for clock, first in ((0.0, SIZE_ORDER), (0.5, SIZE_ORDER), (0.6, BIG_FIRST)):
         view.clock = clock
         assert first_rows(policy.plan(view)) == first
 
 
 def test_the_reference_without_deadlines_ignores_them():
     config = RelstreamConfig(gate="never", deadlines=False)
-    assert first_rows(Relstream(SMALL_COST, config).plan(two_relqueries(0.3))) == SIZE_ORDER
+    assert first_rows(Relstream(SMALL_COST, config).plan(two_relqueries(0.4))) == SIZE_ORDER
 
 
 def test_the_watch_keeps_the_earliest_look_and_skips_finished_relqueries():

@@ -5,7 +5,7 @@ others.
 per-token price plus its decode steps left at the engine's recent step duration: R's
 rows join the batch that runs now, so each of its steps lasts as long as that batch's
 do, and its last row ends after L(R) of them. R is **lost** once deadline − now <
-`LOST_SHARE`·τ: even served first, it would need at least twice the time left.
+`LOST_SHARE`·τ: even served first, it would need about 1.4 times the time left.
 
 A lost relQuery goes behind every relQuery that is not (size order within each group;
 the starvation guard still bounds its wait). Serving it first cannot save it, and every
@@ -13,7 +13,9 @@ relQuery it passed would lose time it may need for its own deadline: the domino 
 which earliest-deadline-first collapses under overload; Moore and Hodgson's rule for the
 most jobs on time likewise serves short jobs first and sets aside those that cannot
 finish. τ overestimates a waiting relQuery (it counts every row's whole output budget
-until a row finishes, and a step of today's full batch), hence the half.
+until a row finishes, and a step of today's full batch), hence a share below 1; of 0.5,
+0.7 and 0.85 on the sustained benchmark, 0.7 never met fewer deadlines than the best of
+the others (docs/benchmarks/deadlines/notes.md).
 
 Nothing is raised *ahead* of size order: on the sustained benchmark (deadlines of 3x each
 relQuery's latency alone) ranking relQueries at risk first, least slack or least work
@@ -32,7 +34,7 @@ import math
 from collections.abc import Container
 from enum import IntEnum
 
-LOST_SHARE = 0.5  # lost once less than this share of τ is left before the deadline
+LOST_SHARE = 0.7  # lost once less than this share of τ is left before the deadline
 STEP_MEMORY = 32  # steps the recent step duration is averaged over (exponentially)
 
 
