@@ -126,7 +126,7 @@ def test_deadline_attainment_is_judged_against_the_best_of_the_others_on_every_r
     (verdict,) = judge_deadlines([met("relstream", 0.65), *others])
     assert (round(verdict.value, 4), verdict.holds) == (0.03, True)
     table = markdown_deadlines([met("relstream", 0.65), *others])
-    assert table[-1] == "| p | poisson | 0.95 | 65.0 | 40.0 | 62.0 | 58.0 | +3.0 |"
+    assert table[-1] == "| p | poisson | 0.95 | 65.0 | 40.0 | 62.0 | 58.0 | +3.0 | 1.00, 1.00 |"
 
 
 def test_a_grid_with_deadlines_reports_each_policys_attainment(tmp_path):

@@ -34,8 +34,9 @@ def judge_deadlines(records: Sequence[dict]) -> list[Verdict]:
 
 
 def markdown_deadlines(records: Sequence[dict]) -> list[str]:
-    """Attainment per policy per (profile, arrival, load), mean over seeds [min-max], and
-    relstream's gain over the best compared policy, per seed."""
+    """Attainment per policy per (profile, arrival, load), mean over seeds [min-max],
+    relstream's gain over the best compared policy, per seed, and what honouring the
+    deadlines costs its mean and p99 latency."""
     grouped = group(records)
     keys = sorted(k for k, by in grouped.items() if "attainment" in by.get(OURS, [{}])[0])
     if not keys:
@@ -44,8 +45,9 @@ def markdown_deadlines(records: Sequence[dict]) -> list[str]:
     lines = [
         "| profile | arrival | load | "
         + " | ".join(f"{name} (%)" for name in names)
-        + " | gain over the best of the others (points) |",
-        "|---|---|---|" + "---|" * (len(names) + 1),
+        + " | gain over the best of the others (points) | relstream's mean, p99 over "
+        "relstream-no-deadlines' |",
+        "|---|---|---|" + "---|" * (len(names) + 2),
     ]
     for key in keys:
         by_policy = grouped[key]
@@ -55,6 +57,10 @@ def markdown_deadlines(records: Sequence[dict]) -> list[str]:
             for i, ours in enumerate(by_policy[OURS])
         ]
         cells.append(_spread(gains, "{:+.1f}"))
+        blind = zip(by_policy[OURS], by_policy[BLIND], strict=True)
+        cost = [(o["mean"] / b["mean"], o["p99"] / b["p99"]) for o, b in blind]
+        mean, p99 = (_spread([c[i] for c in cost], "{:.2f}") for i in (0, 1))
+        cells.append(f"{mean}, {p99}")
         profile, arrival, load = key
         lines.append(f"| {profile} | {arrival} | {load:g} | " + " | ".join(cells) + " |")
     return lines
