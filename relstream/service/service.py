@@ -62,12 +62,12 @@ from relstream.schemas import (
     encode,
 )
 from relstream.schemas.convert import partial_result_message
+from relstream.service import offloop
 from relstream.service.answers import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
 from relstream.service.control import follow_control
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
-from relstream.service.offloop import cancelled, metrics_of, relquery_of, result_parts
 from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.pauses import Pauses
 
@@ -142,6 +142,7 @@ class EngineService:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         await start_all(self._producer, self._consumer)
+        await offloop.start_threads()
         answers = None
         if config.answer_topic:
             answers = await start_answer_topic(
@@ -231,7 +232,7 @@ class EngineService:
         """The message as work, or None once it is dead-lettered."""
         try:
             decoded = await decode_relquery_stepwise(message.value)
-            relquery = await relquery_of(decoded)
+            relquery = await offloop.relquery_of(decoded)
         except MessageError as exc:
             letter = self._spawn(self._reject(partition, message, exc.reason))
             self._letters.add(letter)
@@ -287,7 +288,7 @@ class EngineService:
         relquery = work.relquery
         key = relquery.id.encode()
         # A result of any size reaches the user: in parts under the request limit.
-        parts = await result_parts(result)
+        parts = await offloop.result_parts(result)
         try:
             for index, part in enumerate(parts):
                 what = f"the result of {relquery.id} (part {index + 1} of {len(parts)})"
@@ -298,7 +299,7 @@ class EngineService:
         except Refused as exc:
             await self._dead_letter(work.message, f"its result was refused: {exc}", stalled)
             return
-        metrics = await metrics_of(result, self.engine_name)
+        metrics = await offloop.metrics_of(result, self.engine_name)
         await self._publish_best_effort(self.config.topics.metrics, relquery.id, metrics)
         await asyncio.to_thread(self.metrics.observe_result, result, time.time() - taken_at)
         total = f"{result.latency.total:.2f} s" if result.latency else "no row ran"
@@ -326,7 +327,9 @@ class EngineService:
         relquery = work.relquery
         taken_at = time.time()
         if relquery.id in self._cancels:  # cancelled while it waited in Kafka
-            answered = await cancelled(relquery, self.backend.policy, self.backend.model_name)
+            answered = await offloop.cancelled(
+                relquery, self.backend.policy, self.backend.model_name
+            )
         else:
             answered = await self._run(relquery)
         return with_queued(answered, max(taken_at - work.submitted_at, 0.0), relquery)
