@@ -164,8 +164,11 @@ def _answer_secret(opts: dict) -> bytes | None:
 
 async def _start_backend(opts: dict):
     if opts["backend"] == "sim":
+        from relstream.engine.tokenizer import load_tokenizer
         from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
+        # Loaded now: its first relQueries would each load it in a thread, on the loop's GIL.
+        await asyncio.to_thread(load_tokenizer)
         return SimRelQueryBackend(
             SimSettings(policy=opts["policy"], time_scale=opts["sim_time_scale"])
         )
