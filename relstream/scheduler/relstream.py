@@ -255,19 +255,21 @@ class Relstream(Policy):
         """Re-estimate what changed; the rest keeps its rank (a fully waiting relQuery's
         remaining work does not change), re-ranked on fresh coefficients now and then."""
         tracker = view.tracker
+        # Sets are walked in sorted order: their own order follows string hashing, which
+        # differs from run to run, and the arrival window and the cycle keep order.
         changed = tracker.drain_changed()
-        for relquery_id in self._left.keys() - tracker.relqueries.keys():  # finished
+        for relquery_id in sorted(self._left.keys() - tracker.relqueries.keys()):  # finished
             self.headroom.finished(view.now(), self._size.pop(relquery_id))
             self._unrank(relquery_id)
             self.starvation.forget(relquery_id)
             self.deadlines.forget(relquery_id)
             del self._left[relquery_id]
             del self._uncached[relquery_id]
-        newcomers = [tracker.relqueries[rid] for rid in changed if rid not in self._left]
+        newcomers = [tracker.relqueries[rid] for rid in sorted(changed) if rid not in self._left]
         for info in newcomers:
             self._size[info.relquery_id] = info.total_requests
             self.headroom.arrived(info.arrival_time, info.total_requests)
-        for relquery_id in changed:
+        for relquery_id in sorted(changed):
             self._uncached[relquery_id] = remaining(tracker.relqueries[relquery_id], self.oracle)
             self._left[relquery_id] = self._priced(view, tracker.relqueries[relquery_id])
         self._set_deadlines(newcomers, coefficients)
@@ -280,7 +282,7 @@ class Relstream(Policy):
         for rid in self._stale(REPRICE_PER_STEP, changed):
             self._left[rid] = self._priced(view, tracker.relqueries[rid])
             changed.add(rid)
-        for relquery_id in changed:
+        for relquery_id in sorted(changed):
             self._unrank(relquery_id)
             info = tracker.relqueries[relquery_id]
             if not info.running:
