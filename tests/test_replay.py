@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +24,7 @@ from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
-RELSTREAM = str(REPO / ".venv" / "bin" / "relstream")
+RELSTREAM = (sys.executable, "-m", "relstream")
 ROWS = 6
 
 
@@ -65,7 +66,7 @@ def write_query(path: Path, template: str) -> None:
 
 
 def replay_cli(broker, topics, *options: str) -> str:
-    command = [RELSTREAM, "replay", "--bootstrap", broker.bootstrap, "--prefix", topics.prefix]
+    command = [*RELSTREAM, "replay", "--bootstrap", broker.bootstrap, "--prefix", topics.prefix]
     command += ["--broker-kind", broker.kind, *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
     return done.stdout
@@ -127,7 +128,7 @@ def test_a_fixed_template_takes_its_dead_letters_back(broker, tmp_path):
             while time.monotonic() < deadline:
                 await asyncio.to_thread(
                     subprocess.run,
-                    [RELSTREAM, "sink", str(sink), "--bootstrap", broker.bootstrap, "--prefix",
+                    [*RELSTREAM, "sink", str(sink), "--bootstrap", broker.bootstrap, "--prefix",
                      topics.prefix, "--broker-kind", broker.kind],
                     capture_output=True, timeout=60, check=True,
                 )  # fmt: skip

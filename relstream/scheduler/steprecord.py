@@ -26,8 +26,8 @@ class StepDecision(msgspec.Struct, frozen=True, omit_defaults=True):
     stop: str | None = None  # why V1's admission stopped (admission.Stop), where it ran
 
 
-class StepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One executed step."""
+class StepRecord(msgspec.Struct, kw_only=True):
+    """One executed step; every field is written, so a reader of plain JSON finds each."""
 
     kind: str  # view.StepKind's value
     uncached_tokens: int
