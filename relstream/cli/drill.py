@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -59,25 +60,16 @@ def flood(
         "",
         f"Machine: {machine_description()}. Broker: Tansu (embedded); engine: sim backend.",
     ]
-    failed = []
-    for seed in seeds:
-        workdir = Path(tempfile.mkdtemp(prefix=f"relstream-flood-{seed}-"))
+
+    def one(seed: int, workdir: Path) -> tuple[bool, str]:
         console.print(f"seed {seed}: {count} bad messages; logs in {workdir}")
         with EmbeddedBroker("tansu", data_dir=workdir / "broker") as broker:
             report = run_flood(
                 broker, workdir, count, seed, big_each, valid_relqueries, valid_rows, timeout
             )
-        table = report_table(report)
-        console.print(table, markup=False)
-        sections += ["", f"## Seed {seed}: {'holds' if report.holds else 'FAILS'}", "", table]
-        if not report.holds:
-            failed.append(seed)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(sections) + "\n")
-        console.print(f"wrote {out}")
-    if failed:
-        raise click.ClickException(f"the drill failed for seed(s) {failed}")
+        return report.holds, report_table(report)
+
+    _each_seed("flood", seeds, one, sections, out)
 
 
 @drill.command()
@@ -112,15 +104,30 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
         f"Machine: {machine_description()}. Broker: noida-db (embedded, on disk); "
         "engine: sim backend in real time.",
     ]
-    failed = []
-    for seed in seeds:
-        workdir = Path(tempfile.mkdtemp(prefix=f"relstream-outage-{seed}-"))
+
+    def one(seed: int, workdir: Path) -> tuple[bool, str]:
         console.print(f"seed {seed}: broker down {outage:g} s mid-stream; logs in {workdir}")
         report = run_outage(workdir, seed, outage_s=outage, rate=rate, timeout=timeout)
-        text = report_text(report)
+        return report.holds, report_text(report)
+
+    _each_seed("outage", seeds, one, sections, out)
+
+
+def _each_seed(
+    kind: str,
+    seeds: tuple[int, ...],
+    run: Callable[[int, Path], tuple[bool, str]],
+    sections: list[str],
+    out: Path | None,
+) -> None:
+    """`run(seed, workdir)` for each seed in a fresh folder: its outcome printed and added
+    to `sections`, written to `out` if given; fails naming the seeds whose drill failed."""
+    failed = []
+    for seed in seeds:
+        holds, text = run(seed, Path(tempfile.mkdtemp(prefix=f"relstream-{kind}-{seed}-")))
         console.print(text, markup=False)
-        sections += ["", f"## Seed {seed}: {'holds' if report.holds else 'FAILS'}", "", text]
-        if not report.holds:
+        sections += ["", f"## Seed {seed}: {'holds' if holds else 'FAILS'}", "", text]
+        if not holds:
             failed.append(seed)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
