@@ -114,13 +114,11 @@ class Relstream(Policy):
         self._order: list[Rank] = []  # the same, sorted
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
         self._left: dict[str, Remaining] = {}  # the same, prompts at the cache's miss ratio
-        self._steps = 0
         self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
         self._cycling: set[str] = set()
         self.headroom = Headroom()
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
-        self.gated_steps = 0  # steps planned with the gate (reports)
         self.deadlines = DeadlineWatch()
         self.step_time = StepTime()
 
@@ -161,7 +159,6 @@ class Relstream(Policy):
             key=lambda info: self._ranked(info, coefficients, now),
         )
         if self.config.gate != "never":
-            self.gated_steps += 1
             plan, held = self._gated_step(view, active, coefficients)
             self._planned = (now, full_batch(view), held, True)
             return plan
@@ -276,7 +273,6 @@ class Relstream(Policy):
         now = view.now()
         changed |= self.starvation.newly_starving(now, tracker.relqueries)
         changed |= self.deadlines.due(now, tracker.relqueries)
-        self._steps += 1
         # The prefix cache and the coefficients move on: a few waiting relQueries are
         # re-priced and re-ranked each step, round robin, so no step re-ranks them all.
         for rid in self._stale(REPRICE_PER_STEP, changed):
