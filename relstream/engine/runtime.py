@@ -152,8 +152,10 @@ class RelQueryEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from relstream.engine.lifetime import children_die_with_this_process
         from relstream.engine.weights import KNOWN_MODELS, resolve_model
 
+        children_die_with_this_process()  # vLLM's processes too: no orphan outlives a kill
         on_cpu = apply_cpu_defaults(settings.cpu_kv_cache_gib)
         model = resolve_model(settings.model)
         args = AsyncEngineArgs(

@@ -1,0 +1,149 @@
+"""A process killed with SIGKILL takes the processes it started with multiprocessing
+with it (relstream.engine.lifetime): a `relstream engine` on the real backend (vLLM's
+CPU build, SmolLM2-135M) leaves no vLLM engine core or worker behind after 10 s, and an
+engine started again loads and serves."""
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from relstream.kafka.topics import Topics
+from relstream.stream.launch import spawn_logged
+
+READY_SECONDS = 300  # a model load on a busy 2-core machine
+GONE_SECONDS = 10
+# What the engine logs once it serves (a line of vLLM's says "serving" long before).
+SERVING = re.compile(r"engine \(.+\) serving .+ as group")
+
+
+def start_engine(broker, topics: Topics, log) -> subprocess.Popen:
+    command = [sys.executable, "-m", "relstream", "engine", "--backend", "vllm"]
+    command += ["--bootstrap", broker.bootstrap, "--broker-kind", broker.kind]
+    command += ["--prefix", topics.prefix, "--group", f"kill-{uuid.uuid4().hex[:6]}"]
+    process = spawn_logged(command, log)
+    deadline = time.monotonic() + READY_SECONDS
+    while not SERVING.search(log.read_text(errors="replace")):
+        assert process.poll() is None, f"the engine exited:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not ready:\n{log.read_text()[-3000:]}"
+        time.sleep(1)
+    return process
+
+
+def running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (a zombie waiting for its new parent to reap it holds nothing);
+    `is_running` also tells a reused pid from the process itself."""
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def describe(processes: list[psutil.Process]) -> list[str]:
+    described = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rss = process.memory_info().rss >> 20
+            described.append(f"{process.pid} {process.name()} {rss} MB")
+    return described
+
+
+PARENT = """
+import multiprocessing, sys, threading, time
+from relstream.engine.lifetime import children_die_with_this_process
+
+def spawn_one(pid_file):
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+    child.start()
+    with open(pid_file, "w") as out:
+        out.write(str(child.pid))
+    time.sleep(600)
+
+if __name__ == "__main__":
+    children_die_with_this_process()
+    spawn = multiprocessing.get_context("spawn")
+    spawned = spawn.Process(target=spawn_one, args=(sys.argv[1],))
+    forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    from_thread = spawn.Process(target=time.sleep, args=(600,))
+    spawned.start()
+    forked.start()
+    thread = threading.Thread(target=from_thread.start)
+    thread.start()
+    thread.join()
+    print(spawned.pid, forked.pid, from_thread.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_spawned_and_forked_children_and_theirs_die_with_a_killed_parent(tmp_path):
+    # A child started from a thread other than the main one is not tied to that thread's
+    # life: it lives on after the thread has ended.
+    (tmp_path / "parent.py").write_text(PARENT)
+    pid_file = tmp_path / "grandchild.pid"
+    command = [sys.executable, str(tmp_path / "parent.py"), str(pid_file)]
+    parent = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    children: list[psutil.Process] = []
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        children = [psutil.Process(pid) for pid in pids]
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "no grandchild"
+            time.sleep(0.1)
+        children.append(psutil.Process(int(pid_file.read_text())))
+        time.sleep(1)
+        assert running(children) == children, describe(children)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + GONE_SECONDS
+        while len(running(children)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running(children) == [children[2]], describe(running(children))
+    finally:
+        parent.kill()
+        for process in running(children):
+            process.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", ["tansu"], indirect=True)  # the broker plays no part
+def test_vllm_dies_with_a_killed_engine_and_a_restart_loads(broker, tmp_path):
+    pytest.importorskip("vllm")
+    topics = Topics(prefix=f"k{uuid.uuid4().hex[:6]}.")
+    log = tmp_path / "engine.log"
+    engine = start_engine(broker, topics, log)
+    descendants = psutil.Process(engine.pid).children(recursive=True)
+    try:
+        assert any("EngineCor" in name for name in describe(descendants)), describe(descendants)
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        deadline = time.monotonic() + GONE_SECONDS
+        while running(descendants) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = describe(running(descendants))
+        assert not left, f"alive {GONE_SECONDS} s after the engine was killed: {left}"
+    finally:
+        for process in running(descendants):  # only on failure: nothing is left behind
+            process.kill()
+        engine.kill()
+        engine.wait(10)
+
+    restarted = start_engine(broker, topics, tmp_path / "restarted.log")
+    children = psutil.Process(restarted.pid).children(recursive=True)
+    restarted.send_signal(signal.SIGTERM)
+    try:
+        assert restarted.wait(120) == 0, (tmp_path / "restarted.log").read_text()[-3000:]
+    finally:
+        restarted.kill()
+        for process in running(children):
+            process.kill()
