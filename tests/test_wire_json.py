@@ -139,3 +139,18 @@ def test_a_json_relquery_decodes_stepwise_naming_its_bad_row():
 def test_json_bytes_are_base64():
     letter = MESSAGES[-1]
     assert json.loads(encode_json(letter))["original"] == "AP8="
+
+
+def test_a_json_result_is_split_by_its_json_size():
+    """JSON is larger than msgpack (escapes, names): its parts are sized in JSON."""
+    from relstream.schemas.parts import ResultJoiner, split_result
+
+    rows = [ResultRow(key=f"k{i}", status="ok", output="\x01" * 200) for i in range(40)]
+    result = ResultMessage(id="q", rows=rows, latency=None, policy="p", model="m", completed_at=1.0)
+    limit = 4000
+    assert len(split_result(result, limit)) < len(split_result(result, limit, "json"))
+    parts = split_result(result, limit, "json")
+    assert all(len(encode_json(part)) <= limit for part in parts)
+    joiner = ResultJoiner()
+    whole = [joiner.add(decode_record(ResultMessage, encode_json(p))) for p in parts][-1]
+    assert whole == result
