@@ -6,6 +6,7 @@ application/json` and each client reads them back (docs/wire-format.md)."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -192,3 +193,49 @@ def test_kcat_json_rows_are_answered_in_json(pipeline):
         time.sleep(0.5)
     assert keys <= set(seen)
     assert seen["kc1"]["output"].startswith("Positive or negative? Text kc1")
+
+
+PAGE = REPO / "docs" / "wire-format.md"
+MARKED = re.compile(r"<!-- wire-test: (\S+) -->\n```(\w+)\n(.*?)\n```", re.S)
+
+
+def page_block(name: str, broker, topics) -> str:
+    """The page's block `name`, for this broker and topic prefix."""
+    found = {block: text for block, _, text in MARKED.findall(PAGE.read_text())}
+    return (
+        found[name].replace("localhost:9092", broker.bootstrap).replace("relstream.", topics.prefix)
+    )
+
+
+@pytest.mark.parametrize(
+    "name, expected", [("kafka-python", "'key': 'r2', 'status': 'ok'"), ("confluent-kafka", "A1")]
+)
+def test_the_wire_format_pages_python_runs_as_pasted(pipeline, name, expected):
+    if name == "confluent-kafka":
+        pytest.importorskip("confluent_kafka")
+    broker, topics = pipeline
+    done = subprocess.run(
+        [sys.executable, "-c", page_block(name, broker, topics)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+
+
+def test_the_wire_format_pages_kcat_runs_as_pasted(pipeline):
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed (Debian: apt-get install kcat)")
+    broker, topics = pipeline
+    block = page_block("kcat", broker, topics)
+    run = lambda text: subprocess.run(  # noqa: E731
+        ["bash", "-euo", "pipefail", "-c", text], capture_output=True, text=True, timeout=60
+    )
+    done = run(block)
+    assert done.returncode == 0, done.stderr
+    reader = block.splitlines()[-1]  # read again until the row's result is there
+    deadline = time.monotonic() + WAIT_S
+    while '"key":"r1","status":"ok"' not in done.stdout and time.monotonic() < deadline:
+        time.sleep(1)
+        done = run(reader)
+    assert '"key":"r1","status":"ok"' in done.stdout
+    assert "content-type=application/json" in done.stdout
