@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import msgspec
+
 from relstream.answers import OutputSpec, Sampling
 from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
@@ -30,10 +32,10 @@ from relstream.schemas import (
     MessageError,
     ResultMessage,
     RowMessage,
-    decode,
     encode,
 )
 from relstream.schemas.convert import relquery_message
+from relstream.schemas.formats import Format, decode_record
 from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.schemas.parts import ResultJoiner
 
@@ -102,10 +104,12 @@ class RelstreamClient:
         sampling: Sampling | None = None,
         cache_salt: str | None = None,
         deadline_s: float | None = None,
+        result_format: Format | None = None,
     ) -> str:
         """Send an ad-hoc relQuery (one answer per row); returns its id for `result`.
         `cache_salt`, a tenant's: relQueries of other salts never share its answers.
-        `deadline_s`: wanted within this many seconds (the result says if it was)."""
+        `deadline_s`: wanted within this many seconds (the result says if it was).
+        `result_format`: "json" for a JSON result (unset: the engine's choice)."""
         relquery = RelQuery(
             relquery_id or f"adhoc-{uuid.uuid4().hex[:12]}",
             Template(template),
@@ -117,7 +121,10 @@ class RelstreamClient:
             cache_salt=cache_salt,
             deadline_s=deadline_s,
         )
-        value = encode(relquery_message(relquery))
+        message = relquery_message(relquery)
+        if result_format is not None:
+            message = msgspec.structs.replace(message, result_format=result_format)
+        value = encode(message)
         if len(value) > MAX_REQUEST_BYTES:
             raise ValueError(
                 f"relQuery {relquery.id!r} is {len(value):,} bytes encoded; a Kafka message is "
@@ -153,7 +160,8 @@ class RelstreamClient:
                     for record in records:
                         if record.key != relquery_id.encode():
                             continue
-                        whole = joiner.add(decode(ResultMessage, record.value))
+                        message = decode_record(ResultMessage, record.value, record.headers)
+                        whole = joiner.add(message)
                         if whole is not None:
                             self._submitted.pop(relquery_id, None)
                             return whole
@@ -295,7 +303,7 @@ class RelstreamClient:
         for records in batches.values():
             for record in records:
                 try:
-                    yield decode(message_type, record.value)
+                    yield decode_record(message_type, record.value, record.headers)
                 except MessageError as exc:
                     if on_unreadable:
                         on_unreadable(record.offset, exc.reason)

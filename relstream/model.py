@@ -369,3 +369,10 @@ def cancelled_result(relquery: RelQuery, policy: str, model: str) -> RelQueryRes
         else:
             rows.append(RowResult.cancelled(prepared))
     return RelQueryResult(relquery.id, rows, None, policy, model)
+
+
+def with_queued(result: RelQueryResult, queued: float, relquery: RelQuery) -> RelQueryResult:
+    """`result` with the time its relQuery spent in Kafka before the engine took it, and
+    whether it met its deadline."""
+    latency = result.latency and replace(result.latency, queued=queued)
+    return with_deadline(replace(result, latency=latency), relquery.deadline_s)

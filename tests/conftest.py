@@ -26,3 +26,14 @@ def broker(request, tmp_path_factory):
     embedded.start()
     yield embedded
     embedded.stop()
+
+
+@pytest.fixture(scope="module")
+def default_broker(tmp_path_factory):
+    """The broker `relstream broker` starts unless told otherwise (noida-db, on disk)."""
+    from relstream.kafka.brokers import STORED_BROKER
+
+    embedded = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path_factory.mktemp("broker"))
+    embedded.start()
+    yield embedded
+    embedded.stop()

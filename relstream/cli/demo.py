@@ -26,7 +26,8 @@ from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, produce
 from relstream.kafka.topics import Topics
 from relstream.scheduler import DEFAULT_POLICY
-from relstream.schemas import ResultMessage, RowMessage, decode, encode
+from relstream.schemas import ResultMessage, RowMessage, encode
+from relstream.schemas.formats import decode_record
 from relstream.stream.launch import (
     check_alive,
     relstream_command,
@@ -146,7 +147,7 @@ async def _produce_and_follow(
         task = bar.add_task(f"rows answered ({len(rows)} rows × 2 queries)", total=expected)
         async with subscription as answers:
             async for message in answers:
-                result = decode(ResultMessage, message.value)
+                result = decode_record(ResultMessage, message.value, message.headers)
                 results.append(result)
                 bar.advance(task, len(result.rows))
                 total = result.latency.total if result.latency else 0.0

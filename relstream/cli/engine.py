@@ -70,6 +70,15 @@ _ENGINE_OPTIONS = (
         help="Tries of a relQuery whose serving fails before it is dead-lettered.",
     ),
     click.option("--partial-results", is_flag=True, help="Also publish each row as it finishes."),
+    click.option(
+        "--result-format",
+        type=click.Choice(["msgpack", "json"]),
+        default="msgpack",
+        show_default=True,
+        help="Encoding of results and partial results whose relQuery (or registration) sets "
+        "no `result_format`; JSON ones carry `content-type: application/json` "
+        "(docs/wire-format.md).",
+    ),
     click.option("--metrics-port", default=None, type=click.IntRange(1, 65535)),
     click.option("--metrics-host", default="127.0.0.1", show_default=True),
     click.option(
@@ -216,6 +225,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             max_backlog_rows=opts["max_backlog_rows"],
             max_attempts=opts["max_attempts"],
             partial_results=opts["partial_results"],
+            result_format=opts["result_format"],
             metrics_port=opts["metrics_port"],
             metrics_host=opts["metrics_host"],
             security=opts["security"],

@@ -73,6 +73,7 @@ async def publish_acked(
     stalled: Callable[[], None] = lambda: None,
     stall_s: float = STALL_S,
     backoff: Backoff = Backoff(),
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> int:
     """Send `value` to `topic` until the broker acknowledges it; returns the tries it took.
     Raises `Refused` if the broker refuses it for good. `what` names it in the log lines,
@@ -83,7 +84,7 @@ async def publish_acked(
         while True:
             tries += 1
             try:
-                await (await producer.send(topic, value, key=key))
+                await (await producer.send(topic, value, key=key, headers=headers))
                 return tries
             except KafkaError as exc:
                 if not unavailable(exc):
@@ -103,7 +104,11 @@ async def publish_acked(
 
 
 async def publish_best_effort(
-    producer: AIOKafkaProducer, topic: str, value: bytes, key: bytes | None
+    producer: AIOKafkaProducer,
+    topic: str,
+    value: bytes,
+    key: bytes | None,
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> None:
     """Hand `value` to the producer and go on: for messages nothing waits on (metrics,
     partial results). One the broker does not take is logged (rate-limited), not retried."""
@@ -113,7 +118,7 @@ async def publish_best_effort(
             log.warning("could not publish to %s (%s); dropped", topic, sent.exception())
 
     try:
-        sent = await producer.send(topic, value, key=key)
+        sent = await producer.send(topic, value, key=key, headers=headers)
     except KafkaError as exc:
         log.warning("could not publish to %s (%s); dropped", topic, exc)
         return

@@ -21,7 +21,8 @@ from relstream.kafka.bounds import Extent, Span, extents, partitions
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_admin, sync_consumer
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, MessageError, MetricsMessage, decode
+from relstream.schemas import DeadLetterMessage, MessageError, MetricsMessage
+from relstream.schemas.formats import decode_record
 
 M = TypeVar("M", DeadLetterMessage, MetricsMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
@@ -234,6 +235,6 @@ def _decoded(kind: type[M], records: Iterable) -> Iterator[M]:
     """The values that decode as `kind`; another program's messages are not ours to count."""
     for record in records:
         try:
-            yield decode(kind, record.value)
+            yield decode_record(kind, record.value, record.headers)
         except MessageError:
             continue

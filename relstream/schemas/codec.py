@@ -22,6 +22,7 @@ from relstream.schemas.messages import (
     RelQueryHeader,
     RelQueryMessage,
     RelQueryRow,
+    RowMessage,
 )
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # larger messages are refused before unpacking
@@ -43,10 +44,19 @@ class MessageError(ValueError):
 
 
 _ENCODER = msgspec.msgpack.Encoder()
+_JSON_ENCODER = msgspec.json.Encoder()
+# The integers msgpack holds: a JSON row's larger one would fail when its window's
+# relQuery is encoded, so JSON messages are held to them on decode.
+_INT_RANGE = (-(2**63), 2**64 - 1)
 
 
 def encode(message: Message) -> bytes:
     return _ENCODER.encode(message)
+
+
+def encode_json(message: Message) -> bytes:
+    """The message's JSON form (bytes as base64), as `docs/wire-format.md` shows it."""
+    return _JSON_ENCODER.encode(message)
 
 
 class _NoVersion(msgspec.Struct, tag_field="version", tag=-1):
@@ -64,6 +74,11 @@ def _versioned(message_type: type) -> Any:
 @cache
 def _decoder(message_type: type) -> msgspec.msgpack.Decoder:
     return msgspec.msgpack.Decoder(_versioned(message_type))
+
+
+@cache
+def _json_decoder(message_type: type) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(_versioned(message_type))
 
 
 def _checked_version(kind: str, message: Any) -> Any:
@@ -85,15 +100,19 @@ def decode(message_type: type[M], data: bytes | None) -> M:
 
 
 def decode_json(message_type: type[M], data: bytes) -> M:
-    """The message from its JSON form (an HTTP body), by the rules of `decode`."""
+    """The message from its JSON form (a record, an HTTP body), by the rules of `decode`."""
     _check_size(message_type.kind, data)
     try:
-        message = msgspec.json.decode(data, type=_versioned(message_type))
-    except msgspec.ValidationError as exc:
-        raise MessageError(message_type.kind, _field_reason(str(exc))) from None
-    except msgspec.DecodeError as exc:
-        raise MessageError(message_type.kind, f"not valid JSON ({exc})") from None
-    return _checked_version(message_type.kind, message)
+        message = _json_decoder(message_type).decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise MessageError(message_type.kind, _explain_json(exc)) from None
+    message = _checked_version(message_type.kind, message)
+    if isinstance(message, RowMessage):
+        _check_ints(message.kind, message.values, "values")
+    elif type(message) is RelQueryMessage:  # not a RelQueryHeader, its rows undecoded
+        for index, row in enumerate(message.rows):
+            _check_ints(message.kind, row.values, f"rows[{index}].values")
+    return message
 
 
 def checked(message: M) -> M:
@@ -117,18 +136,32 @@ def convert(struct_type: type[T], value: Mapping[str, Any], kind: str) -> T:
         raise MessageError(kind, _field_reason(str(exc))) from None
 
 
-async def decode_relquery_stepwise(data: bytes | None) -> RelQueryMessage:
-    """`decode(RelQueryMessage, data)` that yields to the event loop between slices of
-    rows, so the largest message the limits allow never stalls a serving loop for more
-    than a few milliseconds."""
-    header = decode(RelQueryHeader, data)
-    _check_row_count(header.rows)
+async def decode_relquery_stepwise(data: bytes | None, json: bool = False) -> RelQueryMessage:
+    """`decode(RelQueryMessage, data)` (`decode_json` if `json`) that yields to the event
+    loop between slices of rows, so the largest message the limits allow never stalls a
+    serving loop for more than a few milliseconds."""
+    if json:
+        if data is None:
+            raise MessageError("relquery", "empty message (no value)")
+        header = decode_json(RelQueryHeader, data)
+        decoder, explain = _json_decoder, lambda raw, exc: _explain_json(exc)
+    else:
+        header = decode(RelQueryHeader, data)
+        _check_row_count(header.rows)  # from the msgpack array's header, before any row
+        decoder, explain = _decoder, _explain
     try:
-        raw_rows = _decoder(list[msgspec.Raw]).decode(header.rows)
+        raw_rows = decoder(list[msgspec.Raw]).decode(header.rows)
     except msgspec.ValidationError as exc:
         raise MessageError("relquery", _nest(_field_reason(str(exc)), "rows")) from None
+    if json:  # the count, as `_check_row_count` words it
+        if not raw_rows:
+            raise MessageError("relquery", "field rows: expected `array` of length >= 1")
+        if len(raw_rows) > MAX_RELQUERY_ROWS:
+            raise MessageError(
+                "relquery", f"field rows: expected `array` of length <= {MAX_RELQUERY_ROWS}"
+            )
     rows: list[RelQueryRow] = []
-    row_decoder = _decoder(RelQueryRow)
+    row_decoder = decoder(RelQueryRow)
     sliced_rows = sliced_bytes = 0
     for index, raw in enumerate(raw_rows):
         if sliced_rows >= ROWS_PER_SLICE or sliced_bytes >= BYTES_PER_SLICE:
@@ -137,10 +170,13 @@ async def decode_relquery_stepwise(data: bytes | None) -> RelQueryMessage:
         sliced_rows += 1
         sliced_bytes += len(raw)
         try:
-            rows.append(row_decoder.decode(raw))
+            row = row_decoder.decode(raw)
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
-            reason = _explain(bytes(raw), exc)
+            reason = explain(bytes(raw), exc)
             raise MessageError("relquery", _nest(reason, f"rows[{index}]")) from None
+        if json:
+            _check_ints("relquery", row.values, f"rows[{index}].values")
+        rows.append(row)
     fields = {f: getattr(header, f) for f in header.__struct_fields__ if f != "rows"}
     return RelQueryMessage(**fields, rows=rows)
 
@@ -182,6 +218,21 @@ def _explain(data: bytes, exc: Exception) -> str:
     except msgspec.DecodeError as malformed:
         return f"not valid msgpack ({malformed})"
     return _field_reason(str(exc))
+
+
+def _explain_json(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a string is not valid UTF-8 ({exc.reason})"
+    if isinstance(exc, msgspec.ValidationError):
+        return _field_reason(str(exc))
+    return f"not valid JSON ({exc})"
+
+
+def _check_ints(kind: str, values: Mapping[str, Any], path: str) -> None:
+    low, high = _INT_RANGE
+    for name, value in values.items():
+        if type(value) is int and not low <= value <= high:
+            raise MessageError(kind, f"field {path}.{name}: integer out of range (at most 64 bits)")
 
 
 _AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)

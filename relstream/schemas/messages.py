@@ -87,6 +87,14 @@ FreeFields = Annotated[
     ),
 ]
 
+ResultFormat = Annotated[
+    Literal["msgpack", "json"],
+    Meta(
+        description="the encoding of this relQuery's result and partial results "
+        "(docs/wire-format.md); unset: the engine's `--result-format`, msgpack by default"
+    ),
+]
+
 
 # Every wire struct: unknown fields are ignored (forward compatibility) and fields at their
 # default are not written (old readers never meet a field they could not know).
@@ -162,6 +170,7 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
         | None
     ) = None
     deadline_s: DeadlineSeconds | None = None
+    result_format: ResultFormat | None = None
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):

@@ -11,16 +11,23 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from relstream.schemas.codec import encode
+from relstream.schemas.formats import Format, encode_as
 from relstream.schemas.messages import ResultMessage, ResultRow
 
-_ROW_ENCODER = msgspec.msgpack.Encoder()
+_ROW_ENCODERS = {"msgpack": msgspec.msgpack.Encoder(), "json": msgspec.json.Encoder()}
 
 
-def split_result(message: ResultMessage, max_bytes: int) -> list[ResultMessage]:
-    """`message` as parts whose encoded size stays under `max_bytes` (one part when it
-    fits). A single row larger than the bound travels alone in its part."""
-    envelope = len(encode(msgspec.structs.replace(message, rows=[])))
+def split_result(
+    message: ResultMessage, max_bytes: int, fmt: Format = "msgpack"
+) -> list[ResultMessage]:
+    """`message` as parts whose size encoded in `fmt` stays under `max_bytes` (one part
+    when it fits). A single row larger than the bound travels alone in its part."""
+    envelope = len(encode_as(msgspec.structs.replace(message, rows=[]), fmt))
+    encoder = _ROW_ENCODERS[fmt]
+
+    def _row_bytes(row: ResultRow) -> int:
+        return len(encoder.encode(row)) + 1  # and a byte of the array's length or a comma
+
     if envelope + sum(_row_bytes(row) for row in message.rows) <= max_bytes:
         return [message]
     groups: list[list[ResultRow]] = [[]]
@@ -36,10 +43,6 @@ def split_result(message: ResultMessage, max_bytes: int) -> list[ResultMessage]:
         msgspec.structs.replace(message, rows=rows, part=index, parts=len(groups))
         for index, rows in enumerate(groups)
     ]
-
-
-def _row_bytes(row: ResultRow) -> int:
-    return len(_ROW_ENCODER.encode(row)) + 1  # and a byte of the array's length, at most
 
 
 @dataclass

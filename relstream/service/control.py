@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 
 from relstream.kafka.clients import new_consumer, start_all
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.schemas import ControlMessage, MessageError, decode
+from relstream.schemas import ControlMessage, MessageError
+from relstream.schemas.formats import decode_record
 
 
 async def follow_control(
@@ -27,7 +28,7 @@ async def follow_control(
     try:
         async for message in consumer:
             try:
-                request = decode(ControlMessage, message.value)
+                request = decode_record(ControlMessage, message.value, message.headers)
             except MessageError as exc:
                 await dead_letter(message, exc.reason)
                 continue

@@ -18,8 +18,9 @@ import time
 
 from relstream.kafka.clients import RESULT_PART_BYTES
 from relstream.model import RelQuery, RelQueryResult, cancelled_result
-from relstream.schemas import MetricsMessage, RelQueryMessage, encode
+from relstream.schemas import MetricsMessage, RelQueryMessage
 from relstream.schemas.convert import metrics_message, relquery_from_message, result_message
+from relstream.schemas.formats import Format, encode_as
 from relstream.schemas.parts import split_result
 
 WORKER_NICE = 10  # the worker threads' nice value: the event loop's thread runs first
@@ -53,13 +54,15 @@ async def cancelled(relquery: RelQuery, policy: str, model: str) -> RelQueryResu
     return await asyncio.to_thread(cancelled_result, relquery, policy, model)
 
 
-def _parts(result: RelQueryResult) -> list[bytes]:
-    return [encode(part) for part in split_result(result_message(result), RESULT_PART_BYTES)]
+def _parts(result: RelQueryResult, fmt: Format) -> list[bytes]:
+    parts = split_result(result_message(result), RESULT_PART_BYTES, fmt)
+    return [encode_as(part, fmt) for part in parts]
 
 
-async def result_parts(result: RelQueryResult) -> list[bytes]:
-    """The result message encoded, in parts each under the producer's request limit."""
-    return await asyncio.to_thread(_parts, result)
+async def result_parts(result: RelQueryResult, fmt: Format = "msgpack") -> list[bytes]:
+    """The result message encoded in `fmt`, in parts each under the producer's request
+    limit."""
+    return await asyncio.to_thread(_parts, result, fmt)
 
 
 async def metrics_of(result: RelQueryResult, engine: str) -> MetricsMessage:

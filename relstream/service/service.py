@@ -35,7 +35,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
@@ -54,14 +54,14 @@ from relstream.kafka.delivery import (
 )
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery, RelQueryResult, with_deadline
+from relstream.model import RelQuery, RelQueryResult, with_queued
 from relstream.schemas import (
     Message,
     MessageError,
     decode_relquery_stepwise,
-    encode,
 )
 from relstream.schemas.convert import partial_result_message
+from relstream.schemas.formats import Format, encode_as, headers_for, wire_format
 from relstream.service import offloop
 from relstream.service.answers import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
@@ -88,6 +88,7 @@ class ServiceConfig:
     max_attempts: int = 3  # tries of one relQuery before it is dead-lettered
     retry_backoff_s: float = 1.0  # wait before the second try, doubled after each
     partial_results: bool = False
+    result_format: Format = "msgpack"  # for relQueries that set no `result_format`
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
@@ -104,6 +105,7 @@ class _Work:
     message: object  # the aiokafka ConsumerRecord
     relquery: RelQuery
     submitted_at: float  # seconds since the epoch, from the message
+    result_format: Format  # its result's and partial results' encoding
 
 
 class EngineService:
@@ -231,14 +233,16 @@ class EngineService:
     async def _decode(self, partition, message) -> _Work | None:
         """The message as work, or None once it is dead-lettered."""
         try:
-            decoded = await decode_relquery_stepwise(message.value)
+            fmt = wire_format("relquery", message.value, message.headers)
+            decoded = await decode_relquery_stepwise(message.value, json=fmt == "json")
             relquery = await offloop.relquery_of(decoded)
         except MessageError as exc:
             letter = self._spawn(self._reject(partition, message, exc.reason))
             self._letters.add(letter)
             letter.add_done_callback(self._letters.discard)
             return None
-        return _Work(partition, message, relquery, decoded.submitted_at)
+        result_format = decoded.result_format or self.config.result_format
+        return _Work(partition, message, relquery, decoded.submitted_at, result_format)
 
     async def _reject(self, partition, message, reason: str) -> None:
         """Dead-letter an undecodable relQuery; its offset is done once the letter is on
@@ -288,13 +292,14 @@ class EngineService:
         relquery = work.relquery
         key = relquery.id.encode()
         # A result of any size reaches the user: in parts under the request limit.
-        parts = await offloop.result_parts(result)
+        parts = await offloop.result_parts(result, work.result_format)
+        headers = headers_for(work.result_format)
         try:
             for index, part in enumerate(parts):
                 what = f"the result of {relquery.id} (part {index + 1} of {len(parts)})"
                 await publish_acked(
                     self._producer, self.config.topics.results, part, key, what, stalled,
-                    self.config.stall_s,
+                    self.config.stall_s, headers=headers,
                 )  # fmt: skip
         except Refused as exc:
             await self._dead_letter(work.message, f"its result was refused: {exc}", stalled)
@@ -331,10 +336,10 @@ class EngineService:
                 relquery, self.backend.policy, self.backend.model_name
             )
         else:
-            answered = await self._run(relquery)
+            answered = await self._run(relquery, work.result_format)
         return with_queued(answered, max(taken_at - work.submitted_at, 0.0), relquery)
 
-    async def _run(self, relquery: RelQuery) -> RelQueryResult:
+    async def _run(self, relquery: RelQuery, fmt: Format) -> RelQueryResult:
         handle = await self.backend.submit(relquery)
         self._serving[relquery.id] = handle
         try:
@@ -342,7 +347,7 @@ class EngineService:
                 async for row in handle.rows():
                     partial = partial_result_message(relquery.id, row)
                     topic = self.config.topics.partial_results
-                    await self._publish_best_effort(topic, relquery.id, partial)
+                    await self._publish_best_effort(topic, relquery.id, partial, fmt)
             return await handle.result()
         finally:
             self._serving.pop(relquery.id, None)
@@ -369,10 +374,13 @@ class EngineService:
         else:
             self.metrics.dead_letter_failures.inc()
 
-    async def _publish_best_effort(self, topic: str, key: str, payload: Message) -> None:
+    async def _publish_best_effort(
+        self, topic: str, key: str, payload: Message, fmt: Format = "msgpack"
+    ) -> None:
         """Partial results and metrics: nothing waits on them (the result carries every
         row), so one the broker does not take is logged, not retried."""
-        await publish_best_effort(self._producer, topic, encode(payload), key.encode())
+        value, headers = encode_as(payload, fmt), headers_for(fmt)
+        await publish_best_effort(self._producer, topic, value, key.encode(), headers)
 
     # offsets
     async def _commit(self) -> None:
@@ -388,10 +396,3 @@ class EngineService:
             self.metrics.partitions_revoked.inc(len(revoked))
             log.info("partitions revoked: %s (%d waiting relQueries left)", revoked, dropped)
         self._pauses.revoked()
-
-
-def with_queued(result: RelQueryResult, queued: float, relquery: RelQuery) -> RelQueryResult:
-    """`result` with the time its relQuery spent in Kafka before the engine took it, and
-    whether it met its deadline."""
-    latency = result.latency and replace(result.latency, queued=queued)
-    return with_deadline(replace(result, latency=latency), relquery.deadline_s)

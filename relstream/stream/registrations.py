@@ -17,6 +17,8 @@ A TOML file holds one [[query]] table per registration:
     seed = 7                               # seed, stop (greedy by default)
     deadline_s = 30.0                      # optional: wanted within this many seconds
                                            # of the window's close
+    result_format = "json"                 # optional: its results in JSON, with the
+                                           # header content-type: application/json
 
 Instead of a `template`, a query may give an `instruction` and its `fields`, a list of
 the row's columns whose order is free: each prompt is then the instruction followed by
@@ -44,6 +46,7 @@ from relstream.schemas.messages import (
     FreeFields,
     OutputTokens,
     Regex,
+    ResultFormat,
     Seed,
     StopStrings,
     SystemPrompt,
@@ -80,6 +83,7 @@ class _Written(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seed: Seed | None = None
     stop: StopStrings = msgspec.field(default_factory=list)
     deadline_s: DeadlineSeconds | None = None
+    result_format: ResultFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class QueryRegistration:
     sampling: Sampling = field(default_factory=Sampling)
     fields: tuple[str, ...] = ()  # free fields: `template` is then the instruction
     deadline_s: float | None = None  # each window's relQuery wanted within this
+    result_format: str | None = None  # "json": its results in JSON (None: the engine's)
 
 
 def _registration(entry: dict, where: str) -> QueryRegistration:
@@ -129,6 +134,7 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
         Sampling(written.temperature, written.top_p, written.seed, tuple(written.stop)),
         tuple(written.fields or ()),
         written.deadline_s,
+        written.result_format,
     )
 
 

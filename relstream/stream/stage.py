@@ -106,7 +106,7 @@ class WindowStage:
         for partition, records in batches.items():
             cutter = self._cutter(partition)
             for record in records:
-                checked = check_row(self.registration, record.value)
+                checked = check_row(self.registration, record.value, record.headers)
                 row = None
                 if isinstance(checked, RowRejection):
                     sends.append(self._dead_letter(record, checked.reason))

@@ -32,8 +32,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage, decode
+from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage
 from relstream.schemas.convert import output_message, sampling_fields
+from relstream.schemas.formats import Headers, decode_record
 from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.stream.registrations import QueryRegistration
 
@@ -43,12 +44,15 @@ class RowRejection:
     reason: str
 
 
-def check_row(registration: QueryRegistration, raw: bytes | None) -> RowMessage | RowRejection:
-    """A row message usable by this registration, or why it is not."""
+def check_row(
+    registration: QueryRegistration, raw: bytes | None, headers: Headers = None
+) -> RowMessage | RowRejection:
+    """A row message usable by this registration, or why it is not; msgpack or JSON, as
+    its headers or its first byte say (`schemas.formats`)."""
     if raw is not None and len(raw) > MAX_ROW_BYTES:
         return RowRejection(f"row is {len(raw)} bytes; the limit is {MAX_ROW_BYTES}")
     try:
-        row = decode(RowMessage, raw)
+        row = decode_record(RowMessage, raw, headers)
     except MessageError as exc:
         return RowRejection(str(exc))
     if row.table != registration.table:
@@ -80,6 +84,7 @@ def relquery_for_window(
         output=None if registration.output is None else output_message(registration.output),
         fields=list(registration.fields) or None,
         deadline_s=registration.deadline_s,
+        result_format=registration.result_format,
         **sampling_fields(registration.sampling),
     )
 
