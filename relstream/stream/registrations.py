@@ -97,6 +97,12 @@ class QueryRegistration:
     deadline_s: float | None = None  # each window's relQuery wanted within this
 
 
+def worker_group(app_id: str, query: str) -> str:
+    """The consumer group with which a worker (`--app-id`) reads the rows of `query`:
+    each registration has its own offsets, and `relstream reset` moves them."""
+    return f"{app_id}-{query}"
+
+
 def _registration(entry: dict, where: str) -> QueryRegistration:
     try:
         written = convert(_Written, entry, "registration")
