@@ -186,8 +186,8 @@ def sink(
     """Store results in TARGET: a .jsonl or .csv file, or a postgresql:// URL (idempotent
     on relQuery id), each row with its query's name; --with-input adds its input values."""
     from relstream.client import RelstreamClient
-    from relstream.connectors.inputs import RelQueryInputs
     from relstream.connectors.sinks import open_sink
+    from relstream.kafka.inputs import RelQueryInputs
 
     inputs = None
     if with_input:
