@@ -1,5 +1,6 @@
 """Sources and sinks, including a real PostgreSQL server started for the tests."""
 
+import csv
 import glob
 import json
 import os
@@ -16,10 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from relstream.connectors.inputs import query_of
 from relstream.connectors.sinks import CsvSink, JsonlSink, open_sink
 from relstream.connectors.sources import read_query, read_rows
 from relstream.kafka.brokers import free_port
 from relstream.schemas import ResultMessage, encode, validate
+from relstream.schemas.messages import RelQueryRow
 
 RESULT_FIELDS = {
     "version": 1,
@@ -74,7 +77,45 @@ def test_file_sinks_store_each_relquery_once(tmp_path, sink_class, name):
     if name.endswith(".jsonl"):
         assert [json.loads(line)["id"] for line in lines] == ["q1", "q2"]
     else:
-        assert lines[0].startswith("relquery_id,row_key") and len(lines) == 1 + 2 * 2
+        assert lines[0].startswith("relquery_id,query,row_key") and len(lines) == 1 + 2 * 2
+
+
+def test_the_query_is_read_from_a_window_id():
+    assert query_of("review-sentiment-3-120@1764000000123") == "review-sentiment"
+    assert query_of("review-sentiment-3-120") == "review-sentiment"  # earlier releases
+    assert query_of("q1") is None  # a relQuery a client submitted itself
+
+
+def test_a_csv_sink_widens_for_input_columns_and_old_files(tmp_path):
+    # A file from before the query column; a result of one table, then of another.
+    path = tmp_path / "out.csv"
+    path.write_text("relquery_id,row_key,status,output,error,queued,waiting,core,tail,total\n"
+                    "old-0-0,z,ok,No,,,,,,\n")  # fmt: skip
+    inputs = {
+        "sentiment-0-0@1": [RelQueryRow(key="a", values={"review": "dry"}),
+                            RelQueryRow(key="b", values={"review": "wet"})],
+        "stars-1-0@1": [RelQueryRow(key="a", values={"stars": 4})],
+        "stars-1-5@1": [RelQueryRow(key="c", values={"stars": 5})],
+    }  # fmt: skip
+    sink = CsvSink(path, inputs.get)
+    sink.write(msgspec.structs.replace(RESULT, id="sentiment-0-0@1"))
+    for relquery_id in ("stars-1-0@1", "stars-1-5@1"):
+        sink.write(msgspec.structs.replace(RESULT, id=relquery_id, rows=RESULT.rows[:1]))
+    sink.close()
+    with path.open(newline="") as handle:
+        stored = [
+            (row["relquery_id"], row["query"], row["row_key"], row["input.review"],
+             row["input.stars"])
+            for row in csv.DictReader(handle)
+        ]  # fmt: skip
+    assert stored == [
+        ("old-0-0", "", "z", "", ""),
+        ("sentiment-0-0@1", "sentiment", "a", "dry", ""),
+        ("sentiment-0-0@1", "sentiment", "b", "wet", ""),
+        # the relQuery's row 0 is keyed c, the result's a: not its input
+        ("stars-1-0@1", "stars", "a", "", "4"),
+        ("stars-1-5@1", "stars", "a", "", ""),
+    ]
 
 
 def _postgres_binary(name: str) -> str:
@@ -168,3 +209,19 @@ def test_postgres_sink_is_idempotent_on_relquery_id(postgres):
             "SELECT row_key, status, output, total FROM relstream_results ORDER BY row_index"
         ).fetchall()
     assert stored == [("a", "ok", "Yes", 0.6), ("b", "error", None, 0.6)]
+
+
+def test_postgres_sink_carries_the_query_and_with_inputs_the_input_values(postgres):
+    import psycopg
+
+    inputs = {"sentiment-2-7@1": [RelQueryRow(key="a", values={"review": "dry", "stars": 4})]}
+    sink = open_sink(postgres, inputs.get)
+    result = msgspec.structs.replace(RESULT, id="sentiment-2-7@1")
+    assert sink.write(result) is True
+    sink.close()
+    with psycopg.connect(postgres) as conn:
+        stored = conn.execute(
+            "SELECT query, row_key, input FROM relstream_results"
+            " WHERE relquery_id = 'sentiment-2-7@1' ORDER BY row_index"
+        ).fetchall()
+    assert stored == [("sentiment", "a", {"review": "dry", "stars": 4}), ("sentiment", "b", None)]

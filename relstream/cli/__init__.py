@@ -14,6 +14,7 @@ from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
 from relstream.cli.prefix import bench_prefix
 from relstream.cli.replay import replay
+from relstream.cli.reset import reset
 from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
@@ -69,6 +70,7 @@ for command in (
     sink,
     deadletters,
     replay,
+    reset,
     status,
     drill,
     demo,

@@ -166,6 +166,11 @@ def _chosen(relquery_id: str, queries: tuple[str, ...], ids: tuple[str, ...]) ->
 @prefix_option
 @click.option("--group", default="relstream-sink", show_default=True, help="Consumer group.")
 @click.option("--follow", is_flag=True, help="Keep consuming new results.")
+@click.option(
+    "--with-input",
+    is_flag=True,
+    help="Add each row's input values, read from the relqueries topic.",
+)
 @broker_kind_option
 @security_options
 def sink(
@@ -174,16 +179,21 @@ def sink(
     prefix: str,
     group: str,
     follow: bool,
+    with_input: bool,
     broker_kind: str | None,
     security: KafkaSecurity,
 ) -> None:
     """Store results in TARGET: a .jsonl or .csv file, or a postgresql:// URL (idempotent
-    on relQuery id)."""
+    on relQuery id), each row with its query's name; --with-input adds its input values."""
     from relstream.client import RelstreamClient
     from relstream.connectors.sinks import open_sink
+    from relstream.kafka.inputs import RelQueryInputs
 
+    inputs = None
+    if with_input:
+        inputs = RelQueryInputs(bootstrap, Topics(prefix).relqueries, security)
     try:
-        store = open_sink(target)
+        store = open_sink(target, inputs.rows if inputs is not None else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
     from relstream.client import ResultsUnavailable
@@ -205,6 +215,8 @@ def sink(
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
     finally:
         store.close()
+        if inputs is not None:
+            inputs.close()
     console.print(f"stored {written} new results in {target}")
 
 

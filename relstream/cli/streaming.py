@@ -116,6 +116,13 @@ def _broker_kind(kind: str, memory: bool, data_dir: Path | None) -> str:
     default=None,
     help="Written once every query reads its rows (removed at start): for healthchecks.",
 )
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where Faust keeps the worker's data, under a folder named by --app-id. Default: "
+    "the user data dir, e.g. ~/.local/share/relstream/worker.",
+)
 @security_options
 def worker(
     config_path: Path,
@@ -124,6 +131,7 @@ def worker(
     broker_kind: str | None,
     app_id: str,
     ready_file: Path | None,
+    data_dir: Path | None,
     security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
@@ -149,7 +157,9 @@ def worker(
     asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
     if ready_file is not None:  # a restarted container keeps the last run's file
         ready_file.unlink(missing_ok=True)
-    app = build_app(bootstrap, registrations, topics, app_id, broker_kind, security, ready_file)
+    app = build_app(
+        bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir
+    )
     show_logs("relstream.worker")
     from relstream.kafka.delivery import quiet_outages
 

@@ -1,22 +1,34 @@
 """Sinks: result messages → a JSONL file, a CSV file, or a PostgreSQL table.
 
 Results arrive at least once; every sink writes a relQuery id once, so replays are
-harmless. File sinks append one line (JSONL) or one line per row (CSV).
+harmless. File sinks append one line (JSONL) or one line per row (CSV). Each carries the
+query a result answers (`query`, from a window's id; empty for other relQueries) and,
+given `inputs` (`relstream sink --with-input`), each row's input values: an `input`
+object per row (JSONL), `input.<column>` columns (CSV; the header widens when a result
+brings a column it lacks), an `input` jsonb column (PostgreSQL).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import msgspec
 
+from relstream.connectors.inputs import input_values, query_of
 from relstream.schemas import ResultMessage
+from relstream.schemas.messages import RelQueryRow
 
 LATENCY_PARTS = ("queued", "waiting", "core", "tail", "total")
-CSV_COLUMNS = ("relquery_id", "row_key", "status", "output", "error", *LATENCY_PARTS)
+CSV_COLUMNS = ("relquery_id", "query", "row_key", "status", "output", "error", *LATENCY_PARTS)
+INPUT_PREFIX = "input."  # a CSV column holding an input value: input.<column>
+
+# A relQuery id -> its input rows (None where unknown): `inputs.RelQueryInputs.rows`.
+Inputs = Callable[[str], list[RelQueryRow] | None]
 
 
 def _latency_parts(result: ResultMessage) -> list[float | None]:
@@ -32,8 +44,12 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    def __init__(self, path: Path) -> None:
+    """One line per result: the result message as JSON, with `query` and, given `inputs`,
+    an `input` object in each row."""
+
+    def __init__(self, path: Path, inputs: Inputs | None = None) -> None:
         self.path = Path(path)
+        self._inputs = inputs
         self._seen: set[str] = set()
         if self.path.exists():
             with self.path.open(encoding="utf-8") as handle:
@@ -43,7 +59,12 @@ class JsonlSink:
     def write(self, result: ResultMessage) -> bool:
         if result.id in self._seen:
             return False
-        self._handle.write(msgspec.json.encode(result).decode() + "\n")
+        line = {"query": query_of(result.id), **msgspec.to_builtins(result)}
+        if self._inputs is not None:
+            rows = self._inputs(result.id)
+            for index, row in enumerate(line["rows"]):
+                row["input"] = input_values(rows, index, row["key"])
+        self._handle.write(msgspec.json.encode(line).decode() + "\n")
         self._handle.flush()
         self._seen.add(result.id)
         return True
@@ -55,33 +76,66 @@ class JsonlSink:
 class CsvSink:
     """One line per row of each result, with the relQuery's latency breakdown."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, inputs: Inputs | None = None) -> None:
         self.path = Path(path)
+        self._inputs = inputs
         self._seen: set[str] = set()
-        new = not self.path.exists()
-        if not new:
+        self.columns = list(CSV_COLUMNS)
+        if self.path.exists() and self.path.stat().st_size:
             with self.path.open(newline="", encoding="utf-8") as handle:
-                self._seen = {row["relquery_id"] for row in csv.DictReader(handle)}
+                reader = csv.DictReader(handle)
+                self._seen = {row["relquery_id"] for row in reader}
+                written = list(reader.fieldnames or ())
+            missing = [c for c in CSV_COLUMNS if c not in written]
+            self._append(written)
+            if missing:  # a file from a release before the `query` column
+                self._widen(written + missing)
+        else:
+            with self.path.open("w", newline="", encoding="utf-8") as handle:
+                csv.DictWriter(handle, self.columns).writeheader()
+            self._append(self.columns)
+
+    def _append(self, columns: list[str]) -> None:
+        self.columns = columns
         self._handle = self.path.open("a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._handle, CSV_COLUMNS)
-        if new:
-            self._writer.writeheader()
+        self._writer = csv.DictWriter(self._handle, columns)
+
+    def _widen(self, columns: list[str]) -> None:
+        """Rewrite the file under a header with more columns (empty in earlier lines)."""
+        self._handle.close()
+        with self.path.open(newline="", encoding="utf-8") as handle:
+            kept = list(csv.DictReader(handle))
+        wider = self.path.with_name(self.path.name + ".widening")
+        with wider.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, columns)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(wider, self.path)
+        self._append(columns)
 
     def write(self, result: ResultMessage) -> bool:
         if result.id in self._seen:
             return False
         latency = _latency_parts(result)
-        for row in result.rows:
-            self._writer.writerow(
-                {
-                    "relquery_id": result.id,
-                    "row_key": row.key,
-                    "status": row.status,
-                    "output": row.output,
-                    "error": row.error,
-                    **dict(zip(LATENCY_PARTS, latency, strict=True)),
-                }
-            )
+        inputs = self._inputs(result.id) if self._inputs is not None else None
+        lines = []
+        for index, row in enumerate(result.rows):
+            line = {
+                "relquery_id": result.id,
+                "query": query_of(result.id),
+                "row_key": row.key,
+                "status": row.status,
+                "output": row.output,
+                "error": row.error,
+                **dict(zip(LATENCY_PARTS, latency, strict=True)),
+            }
+            values = input_values(inputs, index, row.key) or {}
+            line.update({INPUT_PREFIX + name: value for name, value in values.items()})
+            lines.append(line)
+        new = list(dict.fromkeys(c for line in lines for c in line if c not in self.columns))
+        if new:
+            self._widen(self.columns + new)
+        self._writer.writerows(lines)
         self._handle.flush()
         self._seen.add(result.id)
         return True
@@ -94,7 +148,9 @@ class PostgresSink:
     """Rows of results in a table keyed by (relquery_id, row_key); re-deliveries are
     ignored by the primary key (INSERT ... ON CONFLICT DO NOTHING)."""
 
-    def __init__(self, dsn: str, table: str = "relstream_results") -> None:
+    def __init__(
+        self, dsn: str, table: str = "relstream_results", inputs: Inputs | None = None
+    ) -> None:
         import psycopg
         from psycopg import sql
 
@@ -112,25 +168,31 @@ class PostgresSink:
                     " PRIMARY KEY (relquery_id, row_key, row_index))"
                 ).format(self.table)
             )
-            # Tables made before latency had a queued component gain the column.
-            cursor.execute(
-                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS queued double precision").format(
-                    self.table
+            # Tables made before latency had a queued component, or before results carried
+            # their query and inputs, gain the columns.
+            for column in ("queued double precision", "query text", "input jsonb"):
+                cursor.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS " + column).format(self.table)
                 )
-            )
         self._conn.commit()
+        self._inputs = inputs
 
     def write(self, result: ResultMessage) -> bool:
         parts = _latency_parts(result)
         statement = self._sql.SQL(
             "INSERT INTO {} (relquery_id, row_key, row_index, status, output, error,"
-            " queued, waiting, core, tail, total, policy, model)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " queued, waiting, core, tail, total, policy, model, query, input)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT DO NOTHING"
         ).format(self.table)
+        from psycopg.types.json import Jsonb
+
+        query = query_of(result.id)
+        inputs = self._inputs(result.id) if self._inputs is not None else None
         inserted = 0
         with self._conn.cursor() as cursor:
             for index, row in enumerate(result.rows):
+                values = input_values(inputs, index, row.key)
                 cursor.execute(
                     statement,
                     (
@@ -143,6 +205,8 @@ class PostgresSink:
                         *parts,
                         result.policy,
                         result.model,
+                        query,
+                        None if values is None else Jsonb(values),
                     ),
                 )
                 inserted += cursor.rowcount
@@ -153,13 +217,14 @@ class PostgresSink:
         self._conn.close()
 
 
-def open_sink(target: str) -> Sink:
-    """A sink for a target: postgresql://... or a .jsonl / .csv path."""
+def open_sink(target: str, inputs: Inputs | None = None) -> Sink:
+    """A sink for a target: postgresql://... or a .jsonl / .csv path; `inputs` adds each
+    row's input values."""
     if target.startswith(("postgresql://", "postgres://")):
-        return PostgresSink(target)
+        return PostgresSink(target, inputs=inputs)
     path = Path(target)
     if path.suffix.lower() in (".jsonl", ".ndjson"):
-        return JsonlSink(path)
+        return JsonlSink(path, inputs)
     if path.suffix.lower() == ".csv":
-        return CsvSink(path)
+        return CsvSink(path, inputs)
     raise ValueError(f"{target}: a sink is a .jsonl or .csv path, or a postgresql:// URL")

@@ -172,14 +172,23 @@ def _lag(admin, group: str, topics: Topics, found: dict[object, Extent]) -> Grou
 
 
 def _members(admin, groups: list[str]) -> dict[str, int]:
-    """Members of each group the broker describes; {} where it does not. Tansu marks its
-    answer with authorized operations kafka-python's parser refuses (even when not asked
-    for them), so there the request is sent again and its answer read as it came."""
+    """Members of each group the broker describes; {} where it does not."""
+    return {group: len(found) for group, found in group_members(admin, groups).items()}
+
+
+def group_members(admin, groups: list[str]) -> dict[str, list[str]]:
+    """The members of each group the broker describes, as `client_id@host`; {} where it
+    does not. Tansu marks its answer with authorized operations kafka-python's parser
+    refuses (even when not asked for them), so there the request is sent again and its
+    answer read as it came."""
     if not groups:
         return {}
     try:
         described = admin.describe_groups(groups)
-        return {group: len(about["members"]) for group, about in described.items()}
+        return {
+            group: [_member(m["client_id"], m["client_host"]) for m in about["members"]]
+            for group, about in described.items()
+        }
     except ValueError:  # "15 is not a valid ACLOperation": Tansu's answer
         pass
     except Exception:  # a broker that does not describe groups: members not told
@@ -190,10 +199,14 @@ def _members(admin, groups: list[str]) -> dict[str, int]:
         return {}
 
 
-def _members_as_answered(admin, groups: list[str]) -> dict[str, int]:
+def _member(client_id: str, host: str) -> str:
+    return f"{client_id}@{host.lstrip('/')}"
+
+
+def _members_as_answered(admin, groups: list[str]) -> dict[str, list[str]]:
     from kafka.protocol.admin import DescribeGroupsRequest
 
-    async def describe() -> dict[str, int]:
+    async def describe() -> dict[str, list[str]]:
         members = {}
         coordinators = await admin._find_coordinator_ids(groups)
         for coordinator in set(coordinators.values()):
@@ -202,7 +215,9 @@ def _members_as_answered(admin, groups: list[str]) -> dict[str, int]:
             response = await admin._manager.send(request, node_id=coordinator)
             for group in response.groups:
                 if not group.error_code:
-                    members[group.group_id] = len(group.members)
+                    members[group.group_id] = [
+                        _member(m.client_id, m.client_host) for m in group.members
+                    ]
         return members
 
     return admin._manager.run(describe)

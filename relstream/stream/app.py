@@ -15,12 +15,18 @@ import asyncio
 from pathlib import Path
 
 import faust
+import platformdirs
 
 from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.stream.registrations import QueryRegistration
+from relstream.stream.registrations import QueryRegistration, worker_group
 from relstream.stream.stage import StageSettings, WindowStage
+
+
+def default_data_dir() -> Path:
+    """Where workers keep Faust's data by default, e.g. ~/.local/share/relstream/worker."""
+    return Path(platformdirs.user_data_dir("relstream")) / "worker"
 
 
 def build_app(
@@ -31,10 +37,15 @@ def build_app(
     broker_kind: str | None = None,
     security: KafkaSecurity = PLAINTEXT,
     ready_file: Path | None = None,
+    data_dir: Path | None = None,
 ) -> faust.App:
     """The worker's Faust app: one window stage per registration. Once every stage reads
-    its rows topic, `ready_file` (if given) is written, for a container's healthcheck."""
+    its rows topic, `ready_file` (if given) is written, for a container's healthcheck.
+    Faust keeps its (here empty) state under `data_dir` / `app_id`: by default the user
+    data dir, never the current directory (Faust's own default)."""
     topics = topics or Topics()
+    data_dir = data_dir if data_dir is not None else default_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last folder
     # Faust spells the consumer's session settings in seconds.
     sessions = {**client_settings(broker_kind), **portable_session(broker_kind)}
     settings = {
@@ -50,6 +61,7 @@ def build_app(
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         store="memory://",
+        datadir=str(data_dir / app_id),
         broker_credentials=security.faust_credentials(),
         **settings,
     )
@@ -57,7 +69,7 @@ def build_app(
         WindowStage(
             registration,
             StageSettings(
-                bootstrap, topics, f"{app_id}-{registration.name}", broker_kind, security
+                bootstrap, topics, worker_group(app_id, registration.name), broker_kind, security
             ),
         )
         for registration in registrations

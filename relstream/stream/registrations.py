@@ -102,6 +102,12 @@ class QueryRegistration:
     result_format: str | None = None  # "json": its results in JSON (None: the engine's)
 
 
+def worker_group(app_id: str, query: str) -> str:
+    """The consumer group with which a worker (`--app-id`) reads the rows of `query`:
+    each registration has its own offsets, and `relstream reset` moves them."""
+    return f"{app_id}-{query}"
+
+
 def _registration(entry: dict, where: str) -> QueryRegistration:
     try:
         written = convert(_Written, entry, "registration")
