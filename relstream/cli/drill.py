@@ -12,11 +12,13 @@ from pathlib import Path
 import click
 
 from relstream.cli.common import console, csv_of
+from relstream.extras import require
 
 
 @click.group()
 def drill() -> None:
     """Drills: what a pipeline does under hostile input and broker outages."""
+    require("lab", "broker")
 
 
 @drill.command()

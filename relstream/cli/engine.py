@@ -19,6 +19,7 @@ from relstream.cli.common import (
     show_logs,
 )
 from relstream.engine.cpu import reexec_with_tcmalloc
+from relstream.extras import require
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
 _ENGINE_OPTIONS = (
@@ -147,6 +148,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
 
     opts["answer_secret"] = _answer_secret(opts)  # refused before the engine loads
     if opts["backend"] == "vllm":
+        require("engine")
         reexec_with_tcmalloc()
     show_logs("relstream.engine")
     quiet_outages()  # a broker outage: one line per kind and period, with a count

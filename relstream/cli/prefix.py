@@ -10,6 +10,7 @@ import click
 
 from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of
+from relstream.extras import require
 
 
 @click.command("bench-prefix")
@@ -43,6 +44,7 @@ def bench_prefix(
     """Per table and query type of the paper's trace: prompt tokens the prefix cache leaves
     to compute with the templates in arrival order (stock V1), in prompt order, and with
     the fields free and laid out shared first (relstream)."""
+    require("lab")
     from relstream.bench.prefix import measure_cell, write_report
     from relstream.bench.templates import QUERY_TYPES
     from relstream.bench.workload import load_datasets

