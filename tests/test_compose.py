@@ -88,3 +88,18 @@ def test_prometheus_scrapes_every_engine_replica():
     (discovery,) = job["dns_sd_configs"]  # one address per replica, not one fixed target
     assert discovery["names"] == ["engine"] and discovery["type"] == "A"
     assert str(discovery["port"]) == engine[engine.index("--metrics-port") + 1]
+
+
+def test_the_engine_image_says_which_vllm_it_runs_and_the_gpu_extra_admits_it():
+    import re
+    import tomllib
+
+    dockerfile = (REPO / "deploy" / "Dockerfile.engine").read_text()
+    (version,) = re.findall(r"^FROM vllm/vllm-openai:v(\d+\.\d+\.\d+)$", dockerfile, re.M)
+    comment = " ".join(line for line in dockerfile.splitlines() if line.startswith("#"))
+    assert f"vLLM {version}" in comment
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (vllm,) = [r for r in project["optional-dependencies"]["gpu"] if r.startswith("vllm")]
+    low, high = re.fullmatch(r"vllm>=([\d.]+),<([\d.]+)", vllm).groups()
+    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
+    assert as_tuple(low) <= as_tuple(version) < as_tuple(high)
