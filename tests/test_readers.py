@@ -96,13 +96,14 @@ def test_producing_to_a_table_with_no_rows_topic_warns_naming_those_that_exist(b
 @pytest.mark.parametrize(
     "command",
     [
-        ("sink", "out.jsonl"),
+        ("sink", "{tmp}/out.jsonl"),
         ("results",),
         ("produce", "relstream/data/sample_reviews.csv", "--table", "reviews"),
         ("engine", "--backend", "sim"),
     ],
 )
-def test_no_broker_is_one_line_within_ten_seconds(command):
+def test_no_broker_is_one_line_within_ten_seconds(command, tmp_path):
+    command = [part.format(tmp=tmp_path) for part in command]
     started = time.monotonic()
     run = relstream(*command, *NO_BROKER, timeout=60)
     elapsed = time.monotonic() - started
