@@ -6,9 +6,19 @@ bound stated here, and every message is answered or dead-lettered.
 
 Tansu: noida-db refuses messages over 1 MiB."""
 
+import asyncio
+import uuid
+
 from relstream.bench.flood import report_table, run_flood
 from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import create_topics, new_producer, read_messages, running
+from relstream.kafka.topics import Topics
+from relstream.model import RelQuery, Row, Template
+from relstream.schemas import ResultMessage, decode, encode
+from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 # Four valid 5 MB relQueries are held together (each charged 5,000 rows of the 20,000-row
 # budget): 183 MB of engine growth measured; 430 MB when the sim backend held every
@@ -47,3 +57,44 @@ def test_the_rows_held_stay_under_the_limit_whatever_the_charges():
     alone.offer(50_000, "large")  # larger than the limit: admitted when nothing is held
     assert alone.admit() == ["large"] and alone.held == 50_000
     assert RowBudget(20_000).held_limit == 120_000  # the budget plus the largest relQuery
+
+
+def test_the_engine_decodes_no_more_than_one_relquery_beyond_its_budget(default_broker):
+    # Budget 100 rows: each 50-row relQuery is charged 25, so four run and a fifth waits.
+    # The 40 relQueries sit in one partition; a fetch takes up to 64 of them. Without the
+    # seek back, every one fetched would be decoded and wait in memory.
+    broker = default_broker
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:6]}.", partitions=1)
+    sent = [
+        RelQuery(f"held-{i}", Template("Describe {city}."), [Row(f"r{k}", {"city": f"c{i}-{k}"})
+                 for k in range(50)], 5)
+        for i in range(40)
+    ]  # fmt: skip
+    waiting_seen: list[int] = []
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout())
+        async with running(producer := new_producer(broker.bootstrap)):
+            for rq in sent:
+                await producer.send(topics.relqueries, encode(relquery_message(rq)))
+            await producer.flush()
+        config = ServiceConfig(
+            broker.bootstrap, topics, group_id=f"engine-{uuid.uuid4().hex}",
+            broker=broker.kind, max_backlog_rows=100,
+        )  # fmt: skip
+        service = EngineService(config, SimRelQueryBackend(SimSettings(time_scale=0.2)))
+        stop = asyncio.Event()
+        serving = asyncio.create_task(service.run(stop))
+        results = asyncio.create_task(
+            read_messages(broker.bootstrap, topics.results, len(sent), broker.kind)
+        )
+        while not results.done():
+            waiting_seen.append(len(service.budget.waiting))
+            await asyncio.sleep(0.01)
+        stop.set()
+        await serving
+        return results.result()
+
+    results = asyncio.run(scenario())
+    assert {decode(ResultMessage, m.value).id for m in results} == {rq.id for rq in sent}
+    assert max(waiting_seen) == 1, waiting_seen  # one waited, never more
