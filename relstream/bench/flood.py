@@ -5,7 +5,10 @@ broken, messages of several MB, one over any producer's 1 MiB request limit) go 
 rows and relqueries topics of a running worker and engine (real processes, sim backend),
 interleaved with valid rows and relQueries. The drill then checks what the README
 promises: every valid relQuery answered, every bad message dead-lettered with a reason
-(matched back to its kind by its key), both processes alive, the engine's memory bounded.
+(matched back to its kind by its key), both processes alive, and both processes' memory
+bounded: each one's RSS is sampled every 0.1 s from after start-up (the baseline) to the
+end, and its growth (peak minus baseline) must stay under `RSS_BOUND_MB`. Valid relQueries
+of about 5 MB (`large`, `large_rows` rows each) go beside the bad ones.
 `tests/test_flood.py` runs a short one in `make test`.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,6 +42,8 @@ QUERY = '[[query]]\nname = "flood"\ntable = "reviews"\ntemplate = "Rate: {review
 QUERY += "window_seconds = 0.5\nmax_rows = 20\nmax_output_tokens = 4\n"
 BIG = 5_000_000  # bytes of the largest messages: five times any producer's default limit
 HOSTILE_REQUEST_BYTES = 16 * 1024 * 1024  # the flood's own producer sends what it likes
+RSS_BOUND_MB = {"engine": 300.0, "worker": 100.0}  # growth allowed over the baseline
+RSS_EVERY_S = 0.1
 pack = msgspec.msgpack.encode
 
 
@@ -137,7 +143,12 @@ class FloodReport:
     rows_sent: int = 0
     rows_answered: int = 0
     alive: dict[str, bool] = field(default_factory=dict)  # process -> alive at the end
-    engine_rss_mb: tuple[float, float] = (0.0, 0.0)  # before the flood, after it
+    rss_mb: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    # process -> RSS in MB: baseline after start-up, peak during the flood, at the end
+
+    def rss_growth_mb(self, process: str) -> float:
+        baseline, peak, _ = self.rss_mb.get(process, (0.0, 0.0, 0.0))
+        return peak - baseline
 
     @property
     def holds(self) -> bool:
@@ -146,8 +157,41 @@ class FloodReport:
             and self.valid_answered == self.valid_sent
             and self.rows_answered == self.rows_sent
             and all(self.alive.values())
-            and self.engine_rss_mb[1] - self.engine_rss_mb[0] <= 200
+            and all(self.rss_growth_mb(name) < bound for name, bound in RSS_BOUND_MB.items())
         )
+
+
+class RssSampler:
+    """Each process's RSS every `RSS_EVERY_S`, in a thread: baseline (at start), peak, last."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        import psutil
+
+        self._processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.mb = {name: (rss, rss, rss) for name, rss in self._sample().items()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> dict[str, float]:
+        import psutil
+
+        sizes = {}
+        for name, process in self._processes.items():
+            with contextlib.suppress(psutil.Error):  # a process that exited keeps its peak
+                sizes[name] = process.memory_info().rss / 2**20
+        return sizes
+
+    def _run(self) -> None:
+        while not self._stop.wait(RSS_EVERY_S):
+            for name, rss in self._sample().items():
+                baseline, peak, _ = self.mb[name]
+                self.mb[name] = (baseline, max(peak, rss), rss)
+
+    def stop(self) -> dict[str, tuple[float, float, float]]:
+        self._stop.set()
+        self._thread.join()
+        return dict(self.mb)
 
 
 def flood_messages(count: int, big_each: int, seed: int) -> list[tuple[Kind, str, bytes]]:
@@ -180,10 +224,18 @@ async def _produce(broker: EmbeddedBroker, topics: Topics, bad, valid_rows, vali
         await producer.flush()
 
 
-def valid_work(relqueries: int, rows: int) -> tuple[list, list]:
-    """Valid rows (for the worker's windows) and valid ad-hoc relQueries, as (key, bytes)."""
+def valid_work(
+    relqueries: int, rows: int, large: int = 0, large_rows: int = 20_000
+) -> tuple[list, list]:
+    """Valid rows (for the worker's windows) and valid ad-hoc relQueries, as (key, bytes):
+    `relqueries` of one row and `large` of `large_rows` rows and about 5 MB each."""
     good_rows = [(f"good-{i}", pack(_row(f"good-{i}", {"review": f"r{i}"}))) for i in range(rows)]
     adhoc = [(f"valid-{i}", pack(_relquery(f"valid-{i}"))) for i in range(relqueries)]
+    pad = "x" * max(1, BIG // max(1, large_rows) - 40)
+    for n in range(large):
+        key = f"valid-large-{n}"
+        table = [{"key": str(i), "values": {"review": f"{n}.{i} {pad}"}} for i in range(large_rows)]
+        adhoc.append((key, pack(_relquery(key, rows=table))))
     return good_rows, adhoc
 
 
@@ -196,10 +248,10 @@ def run_flood(
     valid_relqueries: int = 50,
     valid_rows: int = 200,
     timeout: float = 600.0,
+    large: int = 0,
+    large_rows: int = 20_000,
 ) -> FloodReport:
     """The drill on a started broker, with its own worker and engine (logs in `workdir`)."""
-    import psutil
-
     topics = Topics(prefix=f"flood{seed}.")
     asyncio.run(create_topics(broker.bootstrap, topics.layout((TABLE,))))
     config = workdir / "queries.toml"
@@ -222,20 +274,20 @@ def run_flood(
         ready_file=workdir / "worker.ready",
     )  # fmt: skip
     report = FloodReport()
+    sampler = None
     try:
         wait_ready(workdir / "worker.ready", workdir / "engine.log", (engine, worker), timeout)
-        report.engine_rss_mb = (psutil.Process(engine.pid).memory_info().rss / 2**20, 0.0)
         bad = flood_messages(count, big_each, seed)
-        good_rows, adhoc = valid_work(valid_relqueries, valid_rows)
+        good_rows, adhoc = valid_work(valid_relqueries, valid_rows, large, large_rows)
         report.sent = Counter(kind.name for kind, _, _ in bad)
         report.valid_sent, report.rows_sent = len(adhoc), len(good_rows)
+        time.sleep(2.0)  # both settle after start-up before the baseline
+        sampler = RssSampler({"engine": engine.pid, "worker": worker.pid})
         asyncio.run(_produce(broker, topics, bad, good_rows, adhoc))
         asyncio.run(_collect(broker, topics, report, timeout))
-        report.engine_rss_mb = (
-            report.engine_rss_mb[0],
-            psutil.Process(engine.pid).memory_info().rss / 2**20,
-        )
     finally:
+        if sampler is not None:
+            report.rss_mb = sampler.stop()
         report.alive = {"engine": engine.poll() is None, "worker": worker.poll() is None}
         for process in (engine, worker):
             process.terminate()
@@ -287,12 +339,18 @@ def report_table(report: FloodReport) -> str:
     for name in sorted(set(report.sent) | set(report.lettered)):
         reason = report.reasons.get(name, "—").replace("|", "/")[:90]
         lines.append(f"| {name} | {report.sent[name]} | {report.lettered[name]} | {reason} |")
-    before, after = report.engine_rss_mb
     lines += [
         "",
         f"valid relQueries answered: {report.valid_answered}/{report.valid_sent}; valid rows "
         f"answered: {report.rows_answered}/{report.rows_sent}; alive at the end: "
-        + ", ".join(f"{name} {'yes' if up else 'NO'}" for name, up in report.alive.items())
-        + f"; engine RSS {before:.0f} MB before the flood, {after:.0f} MB after",
+        + ", ".join(f"{name} {'yes' if up else 'NO'}" for name, up in report.alive.items()),
+        "",
+        "| process | RSS baseline MB | peak MB | at the end MB | growth MB | bound MB |",
+        "|---|---|---|---|---|---|",
     ]
+    for name, (baseline, peak, last) in report.rss_mb.items():
+        lines.append(
+            f"| {name} | {baseline:.0f} | {peak:.0f} | {last:.0f} | "
+            f"{report.rss_growth_mb(name):.0f} | < {RSS_BOUND_MB[name]:.0f} |"
+        )
     return "\n".join(lines)

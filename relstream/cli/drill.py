@@ -33,6 +33,8 @@ def drill() -> None:
 @click.option("--big-each", default=5, show_default=True, help="Messages of each 5 MB kind.")
 @click.option("--valid-relqueries", default=50, show_default=True)
 @click.option("--valid-rows", default=200, show_default=True)
+@click.option("--large", default=0, show_default=True, help="Valid relQueries of about 5 MB.")
+@click.option("--large-rows", default=20_000, show_default=True, help="Rows of each of them.")
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds per run.")
 @click.option(
     "--out",
@@ -46,11 +48,14 @@ def flood(
     big_each: int,
     valid_relqueries: int,
     valid_rows: int,
+    large: int,
+    large_rows: int,
     timeout: float,
     out: Path | None,
 ) -> None:
     """Flood a broker, worker and engine (sim backend) with bad messages of every kind
-    while valid relQueries stream through; per kind: sent, dead-lettered, first reason."""
+    while valid relQueries stream through; per kind: sent, dead-lettered, first reason;
+    per process: RSS baseline, peak and growth."""
     from relstream.bench.flood import report_table, run_flood
     from relstream.bench.report import machine_description
     from relstream.kafka.brokers import EmbeddedBroker
@@ -67,8 +72,9 @@ def flood(
         console.print(f"seed {seed}: {count} bad messages; logs in {workdir}")
         with EmbeddedBroker("tansu", data_dir=workdir / "broker") as broker:
             report = run_flood(
-                broker, workdir, count, seed, big_each, valid_relqueries, valid_rows, timeout
-            )
+                broker, workdir, count, seed, big_each, valid_relqueries, valid_rows, timeout,
+                large, large_rows,
+            )  # fmt: skip
         return report.holds, report_table(report)
 
     _each_seed("flood", seeds, one, sections, out)

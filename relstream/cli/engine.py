@@ -64,6 +64,14 @@ _ENGINE_OPTIONS = (
         help="Cap on rows handed to the engine at once (the budget is also sized from its KV).",
     ),
     click.option(
+        "--max-held-rows",
+        default=0,
+        show_default=True,
+        type=click.IntRange(0),
+        help="Cap on rows of relQueries the engine holds at once, counting large ones whole "
+        "(memory); 0: the backlog budget plus 100,000, the largest relQuery.",
+    ),
+    click.option(
         "--max-attempts",
         default=3,
         show_default=True,
@@ -225,6 +233,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             group_id=opts["group"],
             broker=opts["broker_kind"],
             max_backlog_rows=opts["max_backlog_rows"],
+            max_held_rows=opts["max_held_rows"],
             max_attempts=opts["max_attempts"],
             partial_results=opts["partial_results"],
             result_format=opts["result_format"],

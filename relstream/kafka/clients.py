@@ -23,6 +23,13 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 log = logging.getLogger("relstream.kafka")
 
 
+# What one fetch may hold: aiokafka's per-partition default, and 4 MiB across partitions
+# instead of its 50 MiB. A single batch larger than these still comes, one at a time
+# (KIP-74), so a message of any size the broker took is read, then refused.
+FETCH_PARTITION_BYTES = 2**20
+FETCH_BYTES = 4 * 2**20
+
+
 def new_consumer(
     bootstrap: str,
     *topics: str,
@@ -31,9 +38,15 @@ def new_consumer(
     **options: Any,
 ) -> AIOKafkaConsumer:
     """Every consumer relstream makes: the broker's settings and the security ones. It
-    commits only when told (after the work is done) and a new group starts from the
-    earliest offset."""
-    options = {"enable_auto_commit": False, "auto_offset_reset": "earliest", **options}
+    commits only when told (after the work is done), a new group starts from the
+    earliest offset, and a fetch holds at most `FETCH_BYTES`."""
+    options = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": FETCH_PARTITION_BYTES,
+        "fetch_max_bytes": FETCH_BYTES,
+        **options,
+    }
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,

@@ -5,9 +5,10 @@ the message is dead-lettered), and only once every earlier offset of its partiti
 done, so a crash replays unfinished work. Results are keyed by relQuery id; consumers
 de-duplicate on it.
 
-- **Backlog.** The engine is handed relQueries up to a budget of rows in flight
-  (`backlog.RowBudget`), so its scheduler orders the real backlog; latency counts from
-  each relQuery's `submitted_at`, the time it spent in Kafka reported as `queued`.
+- **Backlog and memory.** The engine is handed relQueries up to a budget of rows in
+  flight (`backlog.RowBudget`), so its scheduler orders the real backlog; while one
+  waits for room nothing more is decoded (its partition is sought back and paused), and
+  fetches, decoding and dead letters are bounded (`backlog`, README "Bounded memory").
 - **Bad input** (a message that does not decode) is dead-lettered with the reason.
 - **A relQuery whose serving raises** is retried `max_attempts` times, then
   dead-lettered with the error, so it never blocks its partition.
@@ -55,16 +56,12 @@ from relstream.kafka.delivery import (
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult, with_queued
-from relstream.schemas import (
-    Message,
-    MessageError,
-    decode_relquery_stepwise,
-)
+from relstream.schemas import Message, MessageError, decode_relquery_stepwise
 from relstream.schemas.convert import partial_result_message
 from relstream.schemas.formats import Format, encode_as, headers_for, wire_format
-from relstream.service import offloop
+from relstream.service import backlog, offloop
 from relstream.service.answers import start_answer_topic
-from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, RowBudget
+from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
 from relstream.service.control import follow_control
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
@@ -75,7 +72,6 @@ log = logging.getLogger("relstream.engine")
 
 LAG_EVERY_S = 1.0  # how often the consumer lag is measured for the metrics
 REMEMBERED_CANCELS = 100_000  # cancelled ids kept for relQueries not yet taken
-LETTERS_IN_FLIGHT = 16  # dead letters of undecodable relQueries on their way, at most
 
 
 @dataclass
@@ -85,6 +81,7 @@ class ServiceConfig:
     group_id: str = "relstream-engine"
     broker: str | None = None  # embedded broker kind, for its client settings
     max_backlog_rows: int = DEFAULT_MAX_BACKLOG_ROWS  # cap on rows handed to the engine
+    max_held_rows: int = 0  # cap on rows held, large relQueries whole; 0: budget + 100,000
     max_attempts: int = 3  # tries of one relQuery before it is dead-lettered
     retry_backoff_s: float = 1.0  # wait before the second try, doubled after each
     partial_results: bool = False
@@ -113,14 +110,13 @@ class EngineService:
         self.config = config
         self.backend = backend
         self.metrics = EngineMetrics()
-        self.budget: RowBudget[_Work] = RowBudget(
-            min(config.max_backlog_rows, backend.backlog_rows())
-        )
+        budget = min(config.max_backlog_rows, backend.backlog_rows())
+        self.budget: RowBudget[_Work] = RowBudget(budget, held_limit=config.max_held_rows)
         self._book = OffsetBook()
         self._published = PublishedOffsets()  # answered, maybe not committed
         self._tasks: set[asyncio.Task] = set()
         self._pauses = Pauses(self._apply_pauses)
-        self._letters: set[asyncio.Task] = set()  # dead letters of undecodable relQueries
+        self._letters = LettersInFlight()  # dead letters of undecodable relQueries
         self._failure: EngineFailure | None = None
         self._lag_measured = 0.0  # monotonic time of the last lag measurement
         self._serving: dict[str, RelQueryHandle] = {}  # relQuery id -> its handle
@@ -195,12 +191,17 @@ class EngineService:
     async def _poll_once(self) -> None:
         self._start(self.budget.admit())
         self._apply_pauses()
-        if len(self._letters) >= LETTERS_IN_FLIGHT:  # the broker is slow to take them
-            await asyncio.wait(self._letters, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+        if self._letters.full:  # the broker is slow to take them
+            await self._letters.wait(0.2)
             return
-        batches = await self._consumer.getmany(timeout_ms=200, max_records=64)
+        batches = await self._consumer.getmany(timeout_ms=200, max_records=backlog.FETCH_RECORDS)
         for partition, messages in batches.items():
             for message in messages:
+                if self.budget.full:
+                    # Back-pressure: a decoded relQuery already waits for room, so the
+                    # rest stays in Kafka, read again from here once the partition resumes.
+                    self._consumer.seek(partition, message.offset)
+                    break
                 self._book.start(partition, message.offset)
                 if (partition, message.offset) in self._published:  # handed back: answered
                     self._book.finish(partition, message.offset)
@@ -210,6 +211,7 @@ class EngineService:
                 if work is not None:
                     self.budget.offer(len(work.relquery.rows), work)
         self._start(self.budget.admit())
+        self._apply_pauses()
         self.metrics.observe_backlog(self.budget)
         if time.monotonic() - self._lag_measured > LAG_EVERY_S:
             self._lag_measured = time.monotonic()
@@ -237,9 +239,7 @@ class EngineService:
             decoded = await decode_relquery_stepwise(message.value, json=fmt == "json")
             relquery = await offloop.relquery_of(decoded)
         except MessageError as exc:
-            letter = self._spawn(self._reject(partition, message, exc.reason))
-            self._letters.add(letter)
-            letter.add_done_callback(self._letters.discard)
+            self._letters.add(self._spawn(self._reject(partition, message, exc.reason)), message)
             return None
         result_format = decoded.result_format or self.config.result_format
         return _Work(partition, message, relquery, decoded.submitted_at, result_format)
