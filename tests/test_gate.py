@@ -43,28 +43,35 @@ def headroom(scale: float, window: int = 4, finished: int = 40) -> Headroom:
     return room
 
 
-@pytest.mark.parametrize(("scale", "pressure"), [(10.0, 2.0), (16.0, 20.0), (19.0, 380.0)])
-def test_the_pressure_is_what_a_lost_second_delays_at_the_load(scale, pressure):
-    # busy r = scale / 20: 0.5 → 0.5 / 0.25 = 2; 0.8 → 0.8 / 0.04 = 20; 0.95 → 380.
+@pytest.mark.parametrize(("scale", "pressure"), [(15.0, 2 * 2**0.5), (18.75, 8.0)])
+def test_the_pressure_is_what_arrives_before_the_backlog_clears(scale, pressure):
+    # λ = 4 arrivals / 100 s, a backlog of 25 engine seconds: λ·B = 1 relQuery at
+    # today's pace. Busy r = scale / 20: 0.75 stretches it by 1 / 0.25^0.75 = 2√2;
+    # 0.9375 by 1 / (1/16)^0.75 = 8.
     room = headroom(scale)
     assert room.busy_when_gated(100.0) == pytest.approx(scale / 20)
-    assert room.pressure(100.0) == pytest.approx(pressure)
+    assert room.pressure(100.0, backlog=25.0) == pytest.approx(pressure)
+
+
+def test_with_no_backlog_a_busy_stream_puts_no_pressure():
+    # Busy 0.9375, but nothing is left to do: a lost second delays nobody who arrives.
+    assert headroom(18.75).pressure(100.0, backlog=0.0) == 0.0
 
 
 def test_a_growing_backlog_counts_as_load():
     # The same engine, but only 20 of the 40 rows that arrived in the window finished:
     # the stream brought twice what the engine did, busy = 2 × 15 / 20 = 1.5: capped at
-    # 0.999, the pressure is 0.999 / 0.001² ≈ 10⁶ relQueries (V1's batches).
+    # 0.999, one backlog second weighs 0.04 / 0.001^0.75 ≈ 7.1 relQueries (V1's batches).
     room = headroom(15.0, finished=20)
     assert room.busy_when_gated(100.0) == pytest.approx(1.5)
-    assert room.pressure(100.0) == pytest.approx(0.999 / 0.001**2)
+    assert room.pressure(100.0, backlog=25.0) == pytest.approx(0.04 * 25 / 0.001**0.75)
 
 
 def test_before_a_window_of_arrivals_there_is_no_pressure():
     room = Headroom(window=4)
     room.arrived(0.0, rows=10)
     room.executed(StepWork(5.0, 100.0, 5.0, held=True, gated=True))
-    assert room.busy_when_gated(10.0) is None and room.pressure(10.0) == 0.0
+    assert room.busy_when_gated(10.0) is None and room.pressure(10.0, backlog=100.0) == 0.0
 
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms; 64 seats, a budget of 512 tokens.
@@ -90,9 +97,11 @@ def test_at_light_load_the_gate_holds_the_big_relquery_back():
 
 
 def test_under_pressure_the_gate_admits_as_v1_would():
-    # busy 0.98 or more once the two relQueries' arrivals join the window of six: at 0.98
-    # a lost second delays 0.98 / 0.02² = 2,450 relQueries, big's Δ- gains 2,450 × 25 ms
-    # × min(20, 20) steps and it is admitted: small's 2 rows and 9 of big's fill the step.
+    # busy 0.98 or more once the two relQueries' arrivals join the window of six (λ =
+    # 6 / 100 s); the backlog is both relQueries, 1 ms × 1,100 prompt tokens + (2.5 + 25)
+    # ms × 440 outputs = 13.2 s: a lost second delays 0.06 × 13.2 / 0.02^0.75 ≈ 15
+    # relQueries or more, big's Δ- gains 15 × 25 ms × min(20, 20) steps = 7.4 s > 1.4 s
+    # and it is admitted: small's 2 rows and 9 of big's fill the step.
     policy = Relstream(SMALL_COST)
     policy.headroom = headroom(19.6, window=6)
     view = two_relqueries()

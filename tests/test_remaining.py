@@ -3,7 +3,13 @@ row, whatever the tracker went through."""
 
 import random
 
-from relstream.scheduler.remaining import expected_output, remaining, row_remaining_output
+from relstream.scheduler.remaining import (
+    Remaining,
+    RemainingBook,
+    expected_output,
+    remaining,
+    row_remaining_output,
+)
 from relstream.scheduler.view import RequestTracker, SeqInfo
 
 
@@ -49,3 +55,13 @@ def test_a_waiting_row_that_never_ran_is_only_counted():
     assert (info.fresh_prompt_tokens, dict(info.fresh_rows), info.resumed) == (30, {4: 3}, {})
     left = remaining(info)
     assert (left.rows, left.prompt_tokens, left.output_tokens, left.steps) == (3, 30, 12, 4)
+
+
+def test_the_book_keeps_the_backlog_as_relqueries_come_change_and_go():
+    book = RemainingBook()
+    book["a"] = Remaining(rows=2, prompt_tokens=100, output_tokens=40, steps=20)
+    book["b"] = Remaining(rows=1, prompt_tokens=50, output_tokens=10, steps=10)
+    book["a"] = Remaining(rows=1, prompt_tokens=0, output_tokens=15, steps=15)  # a ran
+    del book["b"]
+    assert (book.prompt_tokens, book.output_tokens) == (0, 15)
+    assert book.total() == Remaining(0, 0, 15, 0)

@@ -16,13 +16,22 @@ with U uncached prompt tokens, D decodes, n_full the full batch. Then
     yields e_g, e_f = full-batch work per second of step, in gated steps that held work
              back and in the others; φ = the share of a gated engine's work held
 
-A gated engine is then busy a share r = ρ · (φ / e_g + (1 − φ) / e_f) of the time, and
-`pressure` turns r into the relQueries a lost second delays, r / (1 − r)², which the Δ
-gate counts beside those queued: near 0 at light load (the paper's Δ), past any bound as
-r nears 1 (V1's full batches). The window follows the stream's own time scale (seconds
-on a GPU, minutes on this CPU); the yields and φ are measured, never assumed, so a gate
-that costs little (this CPU: each request pays its own way) holds work back at a load
-where a costly one (a step base shared by the batch) no longer does.
+A gated engine is then busy a share r = ρ · (φ / e_g + (1 − φ) / e_f) of the time. A
+second of capacity lost now delays everything queued (the Δ gate counts those) and every
+relQuery that arrives before the backlog B (engine seconds of work left, all relQueries)
+is cleared; at arrival rate λ that is λ·B of them at today's pace, and more as the load
+stretches the drain (a busy period lasts 1 / (1 − r) times its work). `pressure` counts
+
+    λ · B / (1 − r)^k,   k = STRETCH
+
+beside the queue: near 0 when the backlog is short, however busy the stream (the paper's
+Δ in a lull), and past any bound as r nears 1 or the backlog grows (V1's full batches).
+k = 1 prices the whole stretch and k = 0 none; k is one constant for every machine,
+chosen on the sustained benchmark (docs/benchmarks/sustained/notes.md: the sweep). The
+window follows the stream's own time scale (seconds on a GPU, minutes on this CPU); the
+yields and φ are measured, never assumed, so a gate that costs little (each request pays
+its own way) holds work back at a load where a costly one (a step base shared by the
+batch) no longer does.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 WINDOW = 256  # relQuery arrivals the load is measured over, at most
-MIN_ARRIVALS = 32  # and at least, before it is trusted
+MIN_ARRIVALS = 8  # and at least, before it is trusted
+STRETCH = 0.75  # k: how much of the busy period's stretch a lost second is charged
 GROWTH_CAP = 2.0  # bound on rows arrived over rows finished in the window
 MAX_BUSY = 0.999  # r is capped here: the pressure is then 10⁶ relQueries, V1's batches
 YIELD_MEMORY = 1024  # steps of each kind the yields and φ are measured over
@@ -114,16 +124,20 @@ class Headroom:
         phi = self._gated.ratio(0.0)
         return load * (phi / max(e_held, 1e-9) + (1 - phi) / max(e_free, 1e-9))
 
-    def pressure(self, now: float) -> float:
-        """Relqueries a second of lost capacity delays: r / (1 − r)². At busy share r a
-        second of engine time lost extends the busy period by 1 / (1 − r) seconds (what
-        arrives meanwhile must be served too), through which r / (1 − r) relQueries wait
-        on average. 0 before a window of arrivals is seen."""
+    def rate(self, now: float) -> float:
+        """λ: relQueries arrived per second over the window."""
+        span = now - self._start()
+        return len(self._arrivals) / span if span > 0 else 0.0
+
+    def pressure(self, now: float, backlog: float) -> float:
+        """Relqueries a second of lost capacity delays beyond those queued, with
+        `backlog` engine seconds of work left: λ · B / (1 − r)^k. 0 before a window of
+        arrivals is seen (the paper's Δ)."""
         busy = self.busy_when_gated(now)
         if busy is None:
             return 0.0
         busy = min(busy, MAX_BUSY)
-        return busy / (1 - busy) ** 2
+        return self.rate(now) * backlog / (1 - busy) ** STRETCH
 
 
 @dataclass

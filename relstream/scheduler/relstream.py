@@ -31,9 +31,10 @@ latency that holding work back buys. Each step:
    running ones only when the paper's Δ (ABA, in V1's mixed steps) says admitting it now
    beats admitting it after them, counting among those it would delay by waiting both
    the relQueries queued behind it and the stream's pressure: how many relQueries a
-   second of lost capacity delays at the measured load. At light load small batches
-   finish the best-ranked relQueries sooner; as the engine nears full, the pressure
-   grows without bound and every step is V1's full batch (`admission.StepAdmission`,
+   second of lost capacity delays: those arriving before today's backlog clears, at the
+   measured load. While the backlog is short small batches finish the best-ranked
+   relQueries sooner; as it grows or the engine nears full, the pressure grows without
+   bound and every step is V1's full batch (`admission.StepAdmission`,
    the one admission every V1-style policy uses). Either way:
 4. **Run** every running request in rank order; when KV runs out, the last row of the
    worst-ranked running relQuery is preempted by recompute (V1's priority victim).
@@ -62,7 +63,7 @@ from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, lost
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.remaining import Oracle, Remaining, remaining
+from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
 from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.steprecord import StepDecision
@@ -113,7 +114,7 @@ class Relstream(Policy):
         self._rank: dict[str, Rank] = {}  # relQueries with no running request
         self._order: list[Rank] = []  # the same, sorted
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
-        self._left: dict[str, Remaining] = {}  # the same, prompts at the cache's miss ratio
+        self._left = RemainingBook()  # the same, prompts at the cache's miss ratio
         self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
         self._cycling: set[str] = set()
         self.headroom = Headroom()
@@ -186,7 +187,9 @@ class Relstream(Policy):
         started = [(self._ranked(info, c, view.now()), info) for info in active]
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         queued = len(self._order) + sum(1 for info in active if info.waiting)
-        arriving = self.headroom.pressure(view.now()) if self.config.gate == "load" else 0.0
+        arriving = 0.0
+        if self.config.gate == "load":
+            arriving = self.headroom.pressure(view.now(), c.work(self._left.total()))
         held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c, arriving)
         self.decision = StepDecision(gated=True, held=held, pressure=arriving)
         return step.plan(), held
@@ -324,7 +327,7 @@ class Relstream(Policy):
             return
         newcomers.sort(key=lambda info: info.arrival_time)
         fresh = {info.relquery_id for info in newcomers}
-        ahead = sum(c.work(left) for rid, left in self._left.items() if rid not in fresh)
+        ahead = c.work(self._left.total()) - sum(c.work(self._left[rid]) for rid in fresh)
         for info in newcomers:
             ahead += c.work(self._left[info.relquery_id])
             self.starvation.watch(

@@ -75,3 +75,33 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
         outputs += arriving * expected
         steps = max(steps, expected)
     return Remaining(present + arriving, prompt, outputs, steps)
+
+
+class RemainingBook(dict[str, Remaining]):
+    """Each unfinished relQuery's `Remaining`, with the prompt tokens and output tokens
+    of all of them kept as running sums, so the backlog is priced in O(1) a step
+    however many relQueries wait (`backlog`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+
+    def __setitem__(self, relquery_id: str, left: Remaining) -> None:
+        old = self.get(relquery_id)
+        if old is not None:
+            self.prompt_tokens -= old.prompt_tokens
+            self.output_tokens -= old.output_tokens
+        self.prompt_tokens += left.prompt_tokens
+        self.output_tokens += left.output_tokens
+        super().__setitem__(relquery_id, left)
+
+    def __delitem__(self, relquery_id: str) -> None:
+        old = self[relquery_id]
+        self.prompt_tokens -= old.prompt_tokens
+        self.output_tokens -= old.output_tokens
+        super().__delitem__(relquery_id)
+
+    def total(self) -> Remaining:
+        """Everything left, as one relQuery (rows and steps not kept: 0)."""
+        return Remaining(0, self.prompt_tokens, self.output_tokens, 0)
