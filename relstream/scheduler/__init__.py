@@ -7,7 +7,8 @@ from relstream.scheduler.cost import (
     OnlineCostModel,
     cost_model_of,
 )
-from relstream.scheduler.policies import Policy, static_priority
+from relstream.scheduler.policies import Policy
+from relstream.scheduler.ranking import static_priority
 from relstream.scheduler.registry import (
     DEFAULT_POLICY,
     POLICIES,

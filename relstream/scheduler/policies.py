@@ -6,7 +6,6 @@ simulator and the vLLM adapter run exactly the same decisions.
 
 from __future__ import annotations
 
-import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from relstream.scheduler.batching import (
 )
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.dpu import DPUConfig, DynamicPriorityUpdater
+from relstream.scheduler.ranking import RankedQueue, StaticRanking
 from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import (
     IDLE,
@@ -77,12 +77,6 @@ class FCFS(Policy):
         return _prefill_or_decode(view, chunks)
 
 
-def static_priority(prompt_tokens: int, requests: int, max_tokens: int) -> int:
-    """Prio(R) = Σ_{r∈R} tok(r) + OL(r): the relQuery's prompt tokens plus its output
-    budget, smaller first (the paper's vLLM-SP)."""
-    return prompt_tokens + requests * max_tokens
-
-
 class StaticPriority(Policy):
     """vLLM-SP: Prio(R) = Σ_{r∈R} tok(r) + OL(r), fixed when R is first seen (paper eq.
     request_priority with identity L1, L2); prefill first as in vLLM. Like RelServe, whose
@@ -93,8 +87,8 @@ class StaticPriority(Policy):
 
     def __init__(self, cost: CostModel) -> None:
         super().__init__(cost)
-        self._order: list[tuple[float, float, str]] = []
-        self._priority: dict[str, float] = {}
+        self._ranking = StaticRanking()
+        self._queue = RankedQueue()  # fixed when R is first seen
 
     def plan_step(self, view: EngineView) -> StepPlan:
         self._admit_new(view)
@@ -107,25 +101,22 @@ class StaticPriority(Policy):
         return _prefill_or_decode(view, chunks, tuple(victims) if chunks else ())
 
     def _rank(self, seq: SeqInfo) -> tuple[float, float]:
-        return (self._priority[seq.relquery_id], seq.arrival_time)
+        rank = self._queue.rank_of(seq.relquery_id)
+        assert rank is not None
+        return (rank[0], seq.arrival_time)
 
     def _admit_new(self, view: EngineView) -> None:
-        for relquery_id in view.tracker.drain_changed():
-            if relquery_id in self._priority:
-                continue
-            info = view.tracker.relqueries[relquery_id]
-            priority = static_priority(
-                info.prompt_tokens_seen, info.total_requests, info.max_tokens
-            )
-            bisect.insort(self._order, (priority, info.arrival_time, relquery_id))
-            self._priority[relquery_id] = priority
+        relqueries = view.tracker.relqueries
+        for relquery_id in sorted(view.tracker.drain_changed()):
+            if relquery_id not in self._queue:
+                self._queue.put(relquery_id, self._ranking.rank(relqueries[relquery_id], 0.0))
+        while self._queue and (head := next(iter(self._queue)))[-1] not in relqueries:
+            self._queue.drop(head[-1])  # finished ones leave from the front, lazily
 
     def _waiting_in_priority_order(self, view: EngineView) -> Iterator[SeqInfo]:
         relqueries = view.tracker.relqueries
-        while self._order and self._order[0][2] not in relqueries:
-            del self._priority[self._order.pop(0)[2]]
-        for _, _, relquery_id in self._order:
-            info = relqueries.get(relquery_id)
+        for rank in self._queue:
+            info = relqueries.get(rank[-1])
             if info is not None:
                 yield from info.waiting.values()
 

@@ -30,7 +30,8 @@ from collections.abc import Iterator
 
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.cost import CostModel
-from relstream.scheduler.policies import Policy, static_priority
+from relstream.scheduler.policies import Policy
+from relstream.scheduler.ranking import StaticRanking
 from relstream.scheduler.view import EngineView, SeqInfo, StepPlan
 
 MODELLED_VLLM = (0, 32)  # the release installed here, whose real runs the simulator replays
@@ -88,8 +89,9 @@ class StockV1Priority(StockV1FCFS):
         for info in waiting:
             yield from info.waiting.values()
 
-    @staticmethod
-    def _rank(view: EngineView, relquery_id: str) -> tuple[int, float]:
-        info = view.tracker.relqueries[relquery_id]
-        priority = static_priority(info.prompt_tokens_seen, info.total_requests, info.max_tokens)
-        return priority, info.arrival_time
+    ranking = StaticRanking()
+
+    def _rank(self, view: EngineView, relquery_id: str) -> tuple[int, float]:
+        """(priority, arrival): the static rank, as vLLM's heap compares requests."""
+        priority, arrival, _ = self.ranking.rank(view.tracker.relqueries[relquery_id], 0.0)
+        return priority, arrival

@@ -1,0 +1,70 @@
+"""Who goes first, apart from how much goes in (SGLang's `calc_priority` beside its
+admission): each policy names its order as a `Ranking`, and admission only walks it.
+
+A rank is a tuple, smaller first, that ends with the relQuery's id, so ranks are
+distinct and totally ordered. `RankedQueue` keeps relQueries in rank order and moves
+only those re-ranked, so a step costs what changed, not what waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from sortedcontainers import SortedList
+
+from relstream.scheduler.view import RelQueryInfo
+
+Rank = tuple  # smaller first; the last item is the relQuery id
+
+
+def static_priority(prompt_tokens: int, requests: int, max_tokens: int) -> int:
+    """Prio(R) = Σ_{r∈R} tok(r) + OL(r): the relQuery's prompt tokens plus its output
+    budget, smaller first (the paper's vLLM-SP)."""
+    return prompt_tokens + requests * max_tokens
+
+
+class Ranking(Protocol):
+    """A policy's order over relQueries."""
+
+    def rank(self, info: RelQueryInfo, now: float) -> Rank: ...
+
+
+class StaticRanking:
+    """The paper's static priority, then arrival: the order of vLLM-SP and of stock V1's
+    priority queue fed relstream's submitted priorities."""
+
+    def rank(self, info: RelQueryInfo, now: float) -> Rank:
+        priority = static_priority(info.prompt_tokens_seen, info.total_requests, info.max_tokens)
+        return (priority, info.arrival_time, info.relquery_id)
+
+
+class RankedQueue:
+    """RelQuery ids in rank order. `put` (re)ranks one, `drop` forgets it; iteration
+    yields ranks, best first (a rank's last item is its id)."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[str, Rank] = {}
+        self._order = SortedList()
+
+    def put(self, relquery_id: str, rank: Rank) -> None:
+        self.drop(relquery_id)
+        self._ranks[relquery_id] = rank
+        self._order.add(rank)
+
+    def drop(self, relquery_id: str) -> None:
+        rank = self._ranks.pop(relquery_id, None)
+        if rank is not None:
+            self._order.remove(rank)
+
+    def rank_of(self, relquery_id: str) -> Rank | None:
+        return self._ranks.get(relquery_id)
+
+    def __contains__(self, relquery_id: object) -> bool:
+        return relquery_id in self._ranks
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    def __iter__(self) -> Iterator[Rank]:
+        return iter(self._order)
