@@ -1,10 +1,12 @@
 """The Δ gate and the load that weighs it, on cases computed by hand."""
 
+import random
+
 import pytest
 from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear
-from relstream.scheduler.gate import admission_pays
+from relstream.scheduler.gate import RunningSet, admission_pays
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.relstream import Coefficients, Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining
@@ -26,6 +28,48 @@ def test_admission_pays_once_enough_relqueries_wait_behind_it(behind, pays):
 
 def test_a_relquery_is_admitted_at_once_when_nothing_runs():
     assert admission_pays([], CANDIDATE, 0, C)
+    assert admission_pays(RunningSet(), CANDIDATE, 0, C)
+
+
+def delta(running: list[Remaining], candidate: Remaining, behind: float, c) -> float:
+    """Δ summed over S afresh, as the gate computed it before S kept its sums."""
+    longest = max(left.steps for left in running)
+    overlap = sum(min(candidate.steps, left.steps) for left in running)
+    increase = (
+        len(running) * c.per_token * candidate.prompt_tokens
+        + c.per_decode * candidate.rows * overlap
+    )
+    alone = (
+        c.per_token * sum(left.prompt_tokens for left in running)
+        + c.base * longest
+        + c.per_decode * sum(left.output_tokens for left in running)
+    )
+    shared = c.per_decode * sum(
+        min(left.output_tokens, left.rows * candidate.steps) for left in running
+    )
+    return increase - (alone - shared + behind * c.base * min(candidate.steps, longest))
+
+
+def test_the_running_sets_kept_sums_weigh_each_candidate_as_summing_afresh_would():
+    # Integers summed in any order are the same integers: Δ is the same float, so the
+    # gate decides as it did when it walked S for every candidate.
+    rng = random.Random(1)
+    for _ in range(300):
+        c = Coefficients(rng.random() * 0.05, rng.random() * 1e-3, rng.random() * 5e-3, 7)
+        running = RunningSet()
+        members: list[Remaining] = []
+        for _ in range(rng.randint(1, 30)):
+            steps = rng.choice([1, 4, 16, rng.randint(1, 200)])
+            rows = rng.randint(1, 60)
+            left = Remaining(rows, rng.randint(0, 5000), rows * rng.randint(1, steps), steps)
+            running.add(left)
+            members.append(left)
+            candidate = Remaining(rng.randint(1, 9), rng.randint(0, 900), rng.randint(1, 99),
+                                  rng.randint(1, 64))  # fmt: skip
+            behind = rng.choice([0, 1, 5, rng.random() * 100])
+            expected = delta(members, candidate, behind, c) < 0
+            assert admission_pays(running, candidate, behind, c) is expected
+            assert admission_pays(members, candidate, behind, c) is expected
 
 
 def headroom(scale: float, window: int = 4, finished: int = 40) -> Headroom:

@@ -28,3 +28,15 @@ def test_tracker_reports_a_relquery_done_with_its_last_request():
     done = tracker.finish("r#1")  # finishing straight from waiting (e.g. aborted) works too
     assert done is not None and done.finished == 2 and "r" not in tracker.relqueries
     assert tracker.drain_changed() == set()
+
+
+def test_a_drain_names_the_relqueries_that_finished_since_the_last():
+    tracker = RequestTracker()
+    tracker.add_request(SeqInfo("a#0", "a", 10, 5, 0.0), relquery_size=1)
+    tracker.add_request(SeqInfo("b#0", "b", 10, 5, 0.0), relquery_size=1)
+    assert tracker.drain_changes() == ({"a", "b"}, set())
+    tracker.start("a#0")
+    tracker.finish("a#0")
+    tracker.record_progress(tracker.waiting["b#0"], computed=0)
+    assert tracker.drain_changes() == ({"b"}, {"a"})
+    assert tracker.drain_changes() == (set(), set())

@@ -27,10 +27,11 @@ from typing import Any
 
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import create_request_queue
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from relstream.engine.waitqueue import IndexedWaitingQueue
 from relstream.scheduler import (
     DEFAULT_POLICY,
     CostModel,
@@ -92,6 +93,10 @@ class RelstreamPlugin(EngineView):
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
         cost_model = settings.get("cost_model", "online")
         cost = cost_model_of(cost_model, CostModel.from_coefficients(prior))
+        if not self.decided_by_vllm and self.policy == SchedulingPolicy.FCFS:
+            # Each step's admissions leave the waiting queue (`_schedule_plan`): vLLM's
+            # deque removes by rebuilding itself, this queue in what it removes.
+            self.waiting = IndexedWaitingQueue(self.waiting)
         self.relstream_policy = make_policy(self.policy_name, cost)
         self.tracker = RequestTracker()
         self.limits = EngineLimits(
@@ -116,6 +121,7 @@ class RelstreamPlugin(EngineView):
         # time on the plain Scheduler, two when async scheduling plans a step ahead.
         self._pending: dict[int, dict[str, Any]] = {}
         self._last_reported = 0.0  # step_clock() when the previous step's output came
+        self._hits: dict[str, Any] | None = None  # prefix-cache hits, while a policy plans
 
     # EngineView
     def now(self) -> float:
@@ -125,7 +131,7 @@ class RelstreamPlugin(EngineView):
         request = self.requests[seq.request_id]
         if request.num_computed_tokens:
             return 0
-        return self.kv_cache_manager.get_computed_blocks(request)[1]
+        return self._computed_blocks(request)[1]
 
     def free_kv_tokens(self) -> int:
         return self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
@@ -137,9 +143,21 @@ class RelstreamPlugin(EngineView):
         request = self.requests[seq.request_id]
         if not cached_tokens or request.num_computed_tokens:
             return need
-        blocks = self.kv_cache_manager.get_computed_blocks(request)[0].blocks
+        blocks = self._computed_blocks(request)[0].blocks
         free_hits = sum(block.ref_cnt == 0 and not block.is_null for block in blocks[0])
         return need + free_hits * self.block_size
+
+    def _computed_blocks(self, request: Request):
+        """vLLM's prefix-cache hit for `request`, looked up once a decision: the cache
+        does not change while the policy plans, which asks of a row when it prices its
+        relQuery and again when it admits it (`_hits`)."""
+        hits = self._hits
+        if hits is None:
+            return self.kv_cache_manager.get_computed_blocks(request)
+        hit = hits.get(request.request_id)
+        if hit is None:
+            hit = hits[request.request_id] = self.kv_cache_manager.get_computed_blocks(request)
+        return hit
 
     # request lifecycle
     def add_request(self, request: Request) -> None:
@@ -173,7 +191,11 @@ class RelstreamPlugin(EngineView):
             decided = step_clock()
             output = super().schedule(throttle_prefills)
         else:
-            plan = self.relstream_policy.plan(self)
+            self._hits = {}
+            try:
+                plan = self.relstream_policy.plan(self)
+            finally:
+                self._hits = None
             decided = step_clock()
             output = self._schedule_plan(plan, throttle_prefills)
         admitted = self._sync_membership(output)
@@ -241,7 +263,7 @@ class RelstreamPlugin(EngineView):
         )
         held = [r for r in self.running if r.request_id not in planned]
         waiting, kv_holding = self.waiting, self.kv_holding_waiting
-        if chosen:  # vLLM's queue removes by rebuilding itself: O(every waiting request)
+        if chosen:  # O(chosen) on the indexed queue; vLLM's rebuilds itself
             waiting.remove_requests(chosen)
         self.waiting = create_request_queue(self.policy)
         for request in chosen:

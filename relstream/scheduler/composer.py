@@ -22,6 +22,7 @@ class StepComposer:
         self.view = view
         self.oracle = oracle
         self.reserve = reserve
+        self.block = view.limits.block_size
         self.budget = view.limits.max_num_batched_tokens
         self.seats = view.limits.max_num_seqs - len(view.tracker.running)
         self.free = view.free_kv_tokens()
@@ -41,19 +42,35 @@ class StepComposer:
         expected output."""
         self.rows = [seq for info in active for seq in info.running.values()]
         self.expected = {info.relquery_id: expected_output(info) for info in active}
-        # A request whose every output token is already in flight (async scheduling) keeps
-        # its seat and runs nothing this step, as in vLLM's AsyncScheduler.
-        decoding = [seq for seq in self.rows if seq.prefill_done and seq.remaining_output]
-        self.budget -= len(decoding)
-        # Prompts still running keep their KV whether or not they continue this step;
-        # a decode's share is set when it is scheduled just below.
+        decoding = []
         for seq in self.rows:
-            if not seq.prefill_done:
+            if seq.prefill_done:
+                # A request whose every output token is already in flight (async
+                # scheduling) keeps its seat and runs nothing this step, as in vLLM's
+                # AsyncScheduler.
+                if seq.remaining_output:
+                    decoding.append(seq)
+            else:
+                # Prompts still running keep their KV whether or not they continue this
+                # step; a decode's share is set when it is scheduled just below.
                 self.reserving[seq.request_id] = self._later(seq, 0)
+        self.budget -= len(decoding)
         self.reserved = sum(self.reserving.values())
+        # `_schedule(seq, 1)` for each, its steps inlined: this runs for every running row
+        growth, later_kv = self.view.growth_kv_tokens, self._later
+        reserving, scheduled, preempted = self.reserving, self.scheduled, self.preempted
         for seq in decoding:
-            if seq.request_id not in self.preempted and not self._schedule(seq, 1):
+            request_id = seq.request_id
+            if request_id in preempted:
+                continue
+            need = growth(seq, 1)
+            if need > self.free and not self._make_room(seq, need):
                 break
+            self.free -= need
+            later = later_kv(seq, 1)
+            self.reserved += later - reserving.pop(request_id, 0)
+            reserving[request_id] = later
+            scheduled[request_id] = (1, need, True)  # decoding: its prompt is done
 
     def continue_prompts(self, info: RelQueryInfo, limit: int | None = None) -> None:
         """Continue R's unfinished running prompts, chunked to the budget left. vLLM gives
@@ -78,14 +95,14 @@ class StepComposer:
         """KV `seq` will still take after this step's `tokens`: its prompt's rest and its
         expected output, scaled by the reserve share."""
         left = row_remaining_output(seq, self.expected[seq.relquery_id], self.oracle)
-        block = self.view.limits.block_size
+        block = self.block
         after = seq.computed_tokens + tokens
-        total = seq.computed_tokens + seq.uncomputed_tokens + left
+        total = seq.prompt_tokens + seq.output_tokens + left  # computed + uncomputed + left
         return int((-(-total // block) - -(-after // block)) * block * self.reserve)
 
     def _schedule(self, seq: SeqInfo, tokens: int) -> bool:
         need = self.view.growth_kv_tokens(seq, tokens)
-        if not self._make_room(seq, need):
+        if need > self.free and not self._make_room(seq, need):
             return False
         self.free -= need
         self.reserved -= self.reserving.pop(seq.request_id, 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -70,8 +71,43 @@ def prompt_allowance(decoding_ahead: int, behind: float, c: GateCoefficients, fr
     return int(c.base * (1 + behind) / (c.per_token * decoding_ahead))
 
 
+class RunningSet:
+    """The set S that `admission_pays` weighs a candidate against, with what it reads of S
+    kept as relQueries join: sums of integers, the same as S summed afresh, so a step that
+    weighs many candidates walks S's distinct step counts, not S, for each."""
+
+    def __init__(self, members: Iterable[Remaining] = ()) -> None:
+        self.size = 0
+        self.prompt_tokens = 0  # Σ P
+        self.output_tokens = 0  # Σ O
+        self.longest = 0  # max L
+        self._steps: Counter[int] = Counter()  # L(R) -> relQueries of S
+        self._outputs: Counter[tuple[int, int]] = Counter()  # (O(R), m(R)) -> relQueries
+        for left in members:
+            self.add(left)
+
+    def add(self, left: Remaining) -> None:
+        self.size += 1
+        self.prompt_tokens += left.prompt_tokens
+        self.output_tokens += left.output_tokens
+        self.longest = max(self.longest, left.steps) if self.size > 1 else left.steps
+        self._steps[left.steps] += 1
+        self._outputs[left.output_tokens, left.rows] += 1
+
+    def overlap(self, steps: int) -> int:
+        """Σ_S min(steps, L(R))."""
+        return sum(count * min(steps, own) for own, count in self._steps.items())
+
+    def shared(self, steps: int) -> int:
+        """Σ_S min(O(R), m(R)·steps)."""
+        return sum(count * min(out, rows * steps) for (out, rows), count in self._outputs.items())
+
+
 def admission_pays(
-    running: Sequence[Remaining], candidate: Remaining, behind: float, c: GateCoefficients
+    running: RunningSet | Sequence[Remaining],
+    candidate: Remaining,
+    behind: float,
+    c: GateCoefficients,
 ) -> bool:
     """Δ = Δ+ − Δ- < 0: admitting `candidate` now beats admitting it after the set S:
 
@@ -81,22 +117,22 @@ def admission_pays(
 
     m: rows, L: decode steps left, O: output tokens left, T(S) = a_p·ΣP + b·max L + a_d·ΣO
     the time S still takes alone."""
-    if not running:
+    if not isinstance(running, RunningSet):
+        running = RunningSet(running)
+    if not running.size:
         return True
-    longest = max(left.steps for left in running)
-    overlap = sum(min(candidate.steps, left.steps) for left in running)
+    longest = running.longest
+    overlap = running.overlap(candidate.steps)
     increase = (
-        len(running) * c.per_token * candidate.prompt_tokens
+        running.size * c.per_token * candidate.prompt_tokens
         + c.per_decode * candidate.rows * overlap
     )
     alone = (
-        c.per_token * sum(left.prompt_tokens for left in running)
+        c.per_token * running.prompt_tokens
         + c.base * longest
-        + c.per_decode * sum(left.output_tokens for left in running)
+        + c.per_decode * running.output_tokens
     )
-    shared = c.per_decode * sum(
-        min(left.output_tokens, left.rows * candidate.steps) for left in running
-    )
+    shared = c.per_decode * running.shared(candidate.steps)
     reduction = alone - shared + behind * c.base * min(candidate.steps, longest)
     return increase - reduction < 0
 
@@ -115,8 +151,9 @@ def gated_fill(
     `waiting`: fully waiting ones, each best first; `queued`: relQueries with waiting
     rows). True when the gate held work back (a capped prompt or a Δ ≥ 0)."""
     free = batching_is_free(view, c)
-    running_set = [left(info.relquery_id) for _, info in started]
-    best_running = min((c.work(remaining) for remaining in running_set), default=0.0)
+    started_lefts = [left(info.relquery_id) for _, info in started]
+    best_running = min((c.work(remaining) for remaining in started_lefts), default=0.0)
+    running_set = RunningSet(started_lefts)
     started_left = len(started)
     admitting, held = True, False
     decoding_ahead = 0  # relQueries ranked ahead whose rows decode in this step
@@ -128,11 +165,11 @@ def gated_fill(
             started_left -= 1
             step.continue_prompts(info, limit)
             decoding_ahead += any(seq.prefill_done for seq in info.running.values())
-        if not admitting:
+        if not admitting or step.preempted:  # nobody else is admitted
             if started_left == 0:
                 return held
             continue
-        if not info.waiting or step.preempted:
+        if not info.waiting:
             continue
         remaining = left(info.relquery_id)
         if info.running:
@@ -144,5 +181,5 @@ def gated_fill(
             pays = admission_pays(running_set, remaining, behind, c)
             held = held or not pays
             admitting = pays and step.admit(info)
-        running_set.append(remaining)
+        running_set.add(remaining)
     return held

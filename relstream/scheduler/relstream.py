@@ -48,7 +48,6 @@ the Δ gate with no pressure (commit 1f41818), and `never`, V1's batches (5e404c
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
@@ -63,6 +62,7 @@ from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, lost
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.policies import Policy
+from relstream.scheduler.ranking import RankedQueue
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
 from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
@@ -111,8 +111,7 @@ class Relstream(Policy):
         self.step_cost = OnlineStepCost.from_prior(cost)
         self.oracle = oracle
         self.starvation = StarvationGuard()
-        self._rank: dict[str, Rank] = {}  # relQueries with no running request
-        self._order: list[Rank] = []  # the same, sorted
+        self._order = RankedQueue()  # relQueries with no running request, by rank
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
         self._left = RemainingBook()  # the same, prompts at the cache's miss ratio
         self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
@@ -155,27 +154,31 @@ class Relstream(Policy):
         self._refresh(view, coefficients)
         now = view.now()
         # Active relQueries changed this step, so _refresh has just estimated them afresh.
-        active = sorted(
-            view.tracker.active_relqueries.values(),
-            key=lambda info: self._ranked(info, coefficients, now),
-        )
+        ranked = sorted(
+            ((self._ranked(info, coefficients, now), info)
+             for info in view.tracker.active_relqueries.values()),
+            key=_first,
+        )  # fmt: skip
+        active = [info for _, info in ranked]
         if self.config.gate != "never":
-            plan, held = self._gated_step(view, active, coefficients)
+            plan, held = self._gated_step(view, ranked, coefficients)
             self._planned = (now, full_batch(view), held, True)
             return plan
         self._planned = (now, full_batch(view), False, False)
         step = StepAdmission.for_step(view)
         step.run_running([seq for info in active for seq in info.running.values()])
-        stop = step.admit(self._waiting_in_rank_order(view, active, coefficients))
+        stop = step.admit(self._waiting_in_rank_order(view, ranked))
         self.decision = StepDecision(stop=stop.value)
         return step.plan()
 
     def _gated_step(
-        self, view: EngineView, active: list[RelQueryInfo], c: Coefficients
+        self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]], c: Coefficients
     ) -> tuple[StepPlan, bool]:
         """Decode every running request, then prompts and admissions through the Δ gate
         weighed by the pressure; KV is kept for what running requests will still
-        generate. Also says whether the gate held work back."""
+        generate. Also says whether the gate held work back. `ranked`: the running
+        relQueries with their ranks, best first."""
+        active = [info for _, info in ranked]
         step = StepComposer(view, self.oracle, reserve=1.0)
         step.decode(active)
         if step.preempted:
@@ -184,7 +187,7 @@ class Relstream(Policy):
             self.decision = StepDecision(gated=True)
             return step.plan(), False
         relqueries = view.tracker.relqueries
-        started = [(self._ranked(info, c, view.now()), info) for info in active]
+        started = ranked
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         queued = len(self._order) + sum(1 for info in active if info.waiting)
         arriving = 0.0
@@ -206,12 +209,12 @@ class Relstream(Policy):
         return Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
 
     def _waiting_in_rank_order(
-        self, view: EngineView, active: list[RelQueryInfo], coefficients: Coefficients
+        self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]]
     ) -> Iterator[SeqInfo]:
-        """Waiting rows of started and fully waiting relQueries alike, best rank first."""
+        """Waiting rows of started (`ranked`, best first) and fully waiting relQueries
+        alike, best rank first."""
         relqueries = view.tracker.relqueries
-        now = view.now()
-        started = ((self._ranked(info, coefficients, now), info) for info in active if info.waiting)
+        started = (pair for pair in ranked if pair[1].waiting)
         waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
         for _, info in heapq.merge(started, waiting, key=_first):
             yield from info.waiting.values()
@@ -257,8 +260,8 @@ class Relstream(Policy):
         tracker = view.tracker
         # Sets are walked in sorted order: their own order follows string hashing, which
         # differs from run to run, and the arrival window and the cycle keep order.
-        changed = tracker.drain_changed()
-        for relquery_id in sorted(self._left.keys() - tracker.relqueries.keys()):  # finished
+        changed, gone = tracker.drain_changes()
+        for relquery_id in sorted(rid for rid in gone if rid in self._left):  # finished
             self.headroom.finished(view.now(), self._size.pop(relquery_id))
             self._unrank(relquery_id)
             self.starvation.forget(relquery_id)
@@ -285,9 +288,7 @@ class Relstream(Policy):
             self._unrank(relquery_id)
             info = tracker.relqueries[relquery_id]
             if not info.running:
-                rank = self._rank_waiting(info, coefficients, now)
-                self._rank[relquery_id] = rank
-                bisect.insort(self._order, rank)
+                self._order.put(relquery_id, self._rank_waiting(info, coefficients, now))
                 if relquery_id not in self._cycling:
                     self._cycling.add(relquery_id)
                     self._cycle.append(relquery_id)
@@ -299,7 +300,7 @@ class Relstream(Policy):
             if len(picked) == count:
                 break
             rid = self._cycle.popleft()
-            if rid not in self._rank:  # started or finished: dropped from the cycle
+            if rid not in self._order:  # started or finished: dropped from the cycle
                 self._cycling.discard(rid)
                 continue
             self._cycle.append(rid)
@@ -335,9 +336,7 @@ class Relstream(Policy):
             )
 
     def _unrank(self, relquery_id: str) -> None:
-        rank = self._rank.pop(relquery_id, None)
-        if rank is not None:
-            del self._order[bisect.bisect_left(self._order, rank)]
+        self._order.drop(relquery_id)
 
 
 def _first(pair: tuple[Rank, RelQueryInfo]) -> Rank:

@@ -61,13 +61,18 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
     else:
         visited = (info.running.values(), info.waiting.values())
     for rows in visited:
-        for seq in rows:
-            left = row_remaining_output(seq, expected, oracle)
-            uncomputed = seq.uncomputed_tokens
-            if seq.output_tokens == 0 or uncomputed > 1:  # not decoding yet (prefill_done)
+        for seq in rows:  # every running row, each step: row_remaining_output inlined
+            generated = seq.output_tokens
+            if oracle is None:
+                left = max(1, min(seq.max_tokens, expected) - generated)
+            else:
+                left = oracle(seq)
+            uncomputed = seq.prompt_tokens + generated - seq.computed_tokens
+            if generated == 0 or uncomputed > 1:  # not decoding yet (prefill_done)
                 prompt += uncomputed
             outputs += left
-            steps = max(steps, left)
+            if left > steps:
+                steps = left
     present = len(info.running) + len(info.waiting)
     arriving = max(info.total_requests - info.finished - present, 0)
     if arriving:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SeqInfo:
     """One request as the scheduler sees it."""
 
@@ -29,7 +29,8 @@ class SeqInfo:
     @property
     def prefill_done(self) -> bool:
         """Decoding: every token but the last sampled one has its KV (vLLM's invariant)."""
-        return self.output_tokens >= 1 and self.uncomputed_tokens <= 1
+        output = self.output_tokens
+        return output >= 1 and self.prompt_tokens + output - self.computed_tokens <= 1
 
     @property
     def uncomputed_tokens(self) -> int:
@@ -41,7 +42,7 @@ class SeqInfo:
         return max(self.max_tokens - self.output_tokens, 0)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RelQueryInfo:
     """Per-relQuery aggregates kept current by the tracker."""
 
@@ -166,8 +167,15 @@ class RequestTracker:
         return info
 
     def drain_changed(self) -> set[str]:
+        return self.drain_changes()[0]
+
+    def drain_changes(self) -> tuple[set[str], set[str]]:
+        """RelQueries changed since the last drain: those still tracked, and those gone
+        (their last request finished). A relQuery leaves the tracker only by a change, so
+        a policy learns of every finish here, without comparing all it holds."""
         changed, self._changed = self._changed, set()
-        return {rq for rq in changed if rq in self.relqueries}
+        live = {rq for rq in changed if rq in self.relqueries}
+        return live, changed - live
 
     def _deactivate_if_idle(self, info: RelQueryInfo) -> None:
         if not info.running:
