@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 from click.testing import CliRunner
 
@@ -128,3 +131,16 @@ def test_an_engine_asks_its_broker_before_it_loads_the_model():
     assert f"no Kafka broker answered at 127.0.0.1:{port}" in done.stderr
     assert "the model was not loaded" in done.stderr
     assert "Loading" not in done.stdout + done.stderr
+
+
+def test_output_to_a_pipe_is_not_cut_at_80_columns_and_has_no_escape_codes():
+    # A status table or a long group name read by grep or a log: one whole line.
+    script = (
+        "from relstream.cli.common import console; "
+        "console.print('[bold]' + 'relstream-worker-' + 'x' * 150 + '[/bold]')"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.stdout == "relstream-worker-" + "x" * 150 + "\n"

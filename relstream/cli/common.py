@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -17,7 +18,17 @@ from relstream.kafka.brokers import BROKERS
 from relstream.kafka.security import MECHANISMS, PROTOCOLS, KafkaSecurity, SecurityError
 from relstream.scheduler import DEFAULT_POLICY, POLICIES
 
-console = Console()
+
+def _console() -> Console:
+    """Rich's console. Written to a file or a pipe, lines are not cut at 80 columns (a
+    log or a grep sees whole names, `COLUMNS` still wins) and carry no colour codes."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() else 4096, no_color=True)
+
+
+console = _console()
 
 bootstrap_option = click.option(
     "--bootstrap", required=True, help="Kafka bootstrap address, host:port."
