@@ -12,6 +12,7 @@ from relstream.cli.demo import demo
 from relstream.cli.drill import drill
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
+from relstream.cli.placement import bench_placement
 from relstream.cli.prefix import bench_prefix
 from relstream.cli.replay import replay
 from relstream.cli.reset import reset
@@ -68,6 +69,7 @@ def main() -> None:
 for command in (
     bench,
     bench_sustained,
+    bench_placement,
     bench_prefix,
     bench_zipf,
     model,

@@ -121,6 +121,7 @@ class Relstream(Policy):
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.deadlines = DeadlineWatch()
         self.step_time = StepTime()
+        self._last: Coefficients | None = None  # the last step's prices
 
     def observe(self, feedback: StepFeedback) -> None:
         """Only the step cost learns: relstream reads no other cost model. The step's
@@ -149,8 +150,17 @@ class Relstream(Policy):
     def plan(self, view: EngineView) -> StepPlan:
         return self.plan_step(view)  # unfinished prompts continue inside the step itself
 
+    def load(self) -> tuple[float, float, float]:
+        """What an engine reports for placement (`placement.EngineLoad`): its outstanding
+        work in engine seconds, and what a prompt token and an output token cost it, at
+        the last step's prices."""
+        c = self._last
+        if c is None:
+            return 0.0, 0.0, 0.0
+        return c.work(self._left.total()), c.per_token, c.per_decode + c.base / c.batch
+
     def plan_step(self, view: EngineView) -> StepPlan:
-        coefficients = self._coefficients(view)
+        coefficients = self._last = self._coefficients(view)
         self._refresh(view, coefficients)
         now = view.now()
         # Active relQueries changed this step, so _refresh has just estimated them afresh.

@@ -103,6 +103,7 @@ class SimulatedEngine(EngineView):
         self._requests: dict[str, SimRequest] = {}
         self._timelines: dict[str, _Timeline] = {}
         self._unfinished: dict[str, int] = {}  # relQuery -> its requests not yet answered
+        self._arrived: dict[str, SimRelQuery] = {}  # unanswered relQueries
         self.prompt_tokens = self.prompt_tokens_computed = 0
         self._steps = {kind.value: 0 for kind in StepKind}
         self.preemptions = 0
@@ -145,16 +146,14 @@ class SimulatedEngine(EngineView):
     ) -> SimRun:
         """Serve `relqueries`; `on_step(finished, total)` reports progress."""
         pending = sorted(relqueries, key=lambda rq: rq.arrival_time)
-        by_id = {rq.relquery_id: rq for rq in pending}
         outcomes: list[RelQueryOutcome] = []
         decisions: list[float] = []
         next_arrival = 0
         done: list[str] = []
 
         def record(finished_ids: list[str]) -> None:
-            for finished_id in finished_ids:
-                timeline = self._timelines.pop(finished_id)
-                outcomes.append(self._outcome(by_id[finished_id], timeline))
+            for outcome in self.answered(finished_ids):
+                outcomes.append(outcome)
                 if on_step:
                     on_step(len(outcomes), len(pending))
 
@@ -191,10 +190,22 @@ class SimulatedEngine(EngineView):
             requests_cached=self.shared.cached,
         )
 
+    @property
+    def busy(self) -> bool:
+        """Some relQuery it took is not answered yet."""
+        return bool(self._unfinished)
+
+    def answered(self, finished_ids: list[str]) -> list[RelQueryOutcome]:
+        """The outcomes of relQueries `execute` or `admit` reported done."""
+        return [
+            self._outcome(self._arrived.pop(rid), self._timelines.pop(rid)) for rid in finished_ids
+        ]
+
     def admit(self, relquery: SimRelQuery, done: list[str] | None = None) -> None:
         """Take `relquery`'s requests: those that run go to the policy; the others follow
         a leader or are answered at once (`done` gets the relQuery if nothing is left)."""
         done = [] if done is None else done
+        self._arrived[relquery.relquery_id] = relquery
         self._timelines[relquery.relquery_id] = _Timeline(relquery.arrival_time)
         running, following = [], 0
         for request in relquery.requests:

@@ -1,0 +1,46 @@
+"""`relstream bench-placement`: hash against load-aware placement over simulated engines."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from relstream.cli.bench import datasets_option
+from relstream.cli.common import console, csv_of
+
+
+@click.command("bench-placement")
+@click.option("--engines", default="4,8", show_default=True, callback=csv_of(int))
+@click.option("--arrivals", default="poisson,gamma", show_default=True, callback=csv_of(str))
+@click.option("--seeds", default="0,1,2", show_default=True, callback=csv_of(int))
+@click.option("--loads", default="0.7,0.9", show_default=True, callback=csv_of(float))
+@click.option("--per-engine", default=150, show_default=True, type=click.IntRange(1))
+@click.option("--profile", default="a100-opt13b", show_default=True)
+@click.option("--report-s", default=1.0, show_default=True, help="Seconds between reports.")
+@datasets_option
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("docs/benchmarks/placement"),
+    show_default=True,
+)
+def bench_placement(engines, arrivals, seeds, loads, per_engine, profile, report_s, datasets, out):
+    """Place relQueries on E simulated engines by hash and by reported load."""
+    from relstream.bench.placement import PlacementOptions, markdown, run_placement
+    from relstream.bench.report import machine_description
+
+    options = PlacementOptions(
+        tuple(engines), tuple(arrivals), 2.0, tuple(seeds), tuple(loads), per_engine,
+        48, profile, report_s, datasets if datasets and Path(datasets).is_dir() else None,
+    )
+    records = run_placement(options)
+    command = "relstream " + shlex.join(["bench-placement", *sys.argv[2:]])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"command": command, "runs": records}, indent=1))
+    lines = markdown(records, command, machine_description())
+    (out / "README.md").write_text("\n".join(lines))
+    console.print("\n".join(lines[-len(records) // 3 - 2 :]))

@@ -1,0 +1,34 @@
+"""The multi-engine simulator behind placement: one engine behind it is the simulator
+itself, and every relQuery is answered once whatever the placement."""
+
+import pytest
+
+from relstream.bench.placement import PLACEMENTS, serve_placed
+from relstream.bench.runner import make_cost_model
+from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
+from relstream.scheduler.relstream import Relstream
+from relstream.sim.engine import SimulatedEngine
+from relstream.sim.profiles import get_profile
+
+PROFILE = get_profile("a100-opt13b")
+
+
+def trace(count: int):
+    config = TraceConfig(num_relqueries=count, max_rows=12, seed=3)
+    tokenized = tokenize_trace(generate_relqueries(config, load_datasets(None)), config)
+    return tokenized.at_rate(20.0, PROFILE.limits.block_size)
+
+
+def test_one_engine_behind_placement_is_the_simulator_itself():
+    alone = SimulatedEngine(PROFILE, Relstream(make_cost_model("online", PROFILE))).run(trace(30))
+    outcomes, makespan = serve_placed(PROFILE, trace(30), engines=1, placement="load")
+    assert makespan == pytest.approx(alone.makespan)
+    by_id = {o.relquery_id: o.latency.total for o in alone.outcomes}
+    assert {o.relquery_id: o.latency.total for o in outcomes} == pytest.approx(by_id)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_every_relquery_is_answered_once_on_three_engines(placement):
+    relqueries = trace(40)
+    outcomes, _ = serve_placed(PROFILE, relqueries, engines=3, placement=placement)
+    assert sorted(o.relquery_id for o in outcomes) == sorted(r.relquery_id for r in relqueries)
