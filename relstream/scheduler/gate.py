@@ -74,7 +74,7 @@ def prompt_allowance(decoding_ahead: int, behind: float, c: GateCoefficients, fr
 class RunningSet:
     """The set S that `admission_pays` weighs a candidate against, with what it reads of S
     kept as relQueries join: sums of integers, the same as S summed afresh, so a step that
-    weighs many candidates walks S's distinct step counts, not S, for each."""
+    weighs many candidates walks S's distinct L and (O, m), not S, for each."""
 
     def __init__(self, members: Iterable[Remaining] = ()) -> None:
         self.size = 0
