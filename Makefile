@@ -22,10 +22,12 @@ $(STREAM_STAMP): pyproject.toml
 	touch $(STREAM_STAMP)
 
 $(STAMP): pyproject.toml
-	# Debian packages: tcmalloc for vLLM's CPU build, PostgreSQL for the connector tests.
+	# Debian packages: tcmalloc for vLLM's CPU build, PostgreSQL for the connector tests,
+	# kcat for the wire-format page's librdkafka commands (tests/test_wire_clients.py).
 	test -e $(TCMALLOC) && (command -v initdb || ls /usr/lib/postgresql/*/bin/initdb) >/dev/null \
-		|| apt-get install -y -q libtcmalloc-minimal4 postgresql \
-		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql)
+		&& command -v kcat >/dev/null \
+		|| apt-get install -y -q libtcmalloc-minimal4 postgresql kcat \
+		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql kcat)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# Everything the tests, the demo and the benchmarks use: the engine (cpu), the embedded
