@@ -208,8 +208,9 @@ class EngineService:
                     self.metrics.replays_skipped.inc()
                     continue
                 work = await self._decode(partition, message)
-                if work is not None:
+                if work is not None:  # handed over now if it fits: only what cannot waits
                     self.budget.offer(len(work.relquery.rows), work)
+                    self._start(self.budget.admit())
         self._start(self.budget.admit())
         self._apply_pauses()
         self.metrics.observe_backlog(self.budget)
