@@ -40,13 +40,13 @@ class PlacementOptions:
     per_engine: int = 150  # relQueries a trace holds per engine
     max_rows: int = 48
     profile: str = "a100-opt13b"
-    report_s: float = 1.0
+    report_s: float = 0.25
     datasets_dir: Path | None = None
 
 
 def serve_placed(
     profile: CostProfile, relqueries: list[SimRelQuery], engines: int, placement: str,
-    report_s: float = 1.0,
+    report_s: float = 0.25,
 ) -> tuple[list[RelQueryOutcome], float]:
     """Serve `relqueries` on `engines` engines; the outcomes and the makespan."""
     sims = [
@@ -189,7 +189,8 @@ def markdown(records: list[dict], command: str, machine: str) -> list[str]:
         "",
         f"Machine: {machine}. Each engine runs relstream's policy on the simulator; `hash`:"
         " the key's hash picks the engine (a consumer group today); `load`: the least"
-        " outstanding work from reports every second plus what the placer sent since"
+        " outstanding work from each engine's report (every `--report-s` seconds) plus what"
+        " the placer sent it since"
         " (`scheduler/placement.py`); `exact`: the least outstanding work known exactly"
         " at each arrival. Load: a fraction of E engines' capacity (stock V1 FCFS on the"
         " whole trace at once, times E).",

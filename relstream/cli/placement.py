@@ -20,7 +20,7 @@ from relstream.cli.common import console, csv_of
 @click.option("--loads", default="0.7,0.9", show_default=True, callback=csv_of(float))
 @click.option("--per-engine", default=150, show_default=True, type=click.IntRange(1))
 @click.option("--profile", default="a100-opt13b", show_default=True)
-@click.option("--report-s", default=1.0, show_default=True, help="Seconds between reports.")
+@click.option("--report-s", default=0.25, show_default=True, help="Seconds between reports.")
 @datasets_option
 @click.option(
     "--out",
@@ -42,5 +42,8 @@ def bench_placement(engines, arrivals, seeds, loads, per_engine, profile, report
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"command": command, "runs": records}, indent=1))
     lines = markdown(records, command, machine_description())
+    notes = out / "notes.md"  # the hand-written analysis, kept across re-runs
+    if notes.exists():
+        lines += ["## Notes", "", notes.read_text().strip(), ""]
     (out / "README.md").write_text("\n".join(lines))
-    console.print("\n".join(lines[-len(records) // 3 - 2 :]))
+    console.print(f"wrote {out / 'README.md'}")
