@@ -19,15 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from relstream.bench.runner import make_cost_model
+from relstream.bench.sustained import ALL_AT_ONCE
 from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
 from relstream.scheduler.placement import EngineLoad, Placement, hash_partition
 from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.view import StepKind
 from relstream.sim.engine import RelQueryOutcome, SimRelQuery, SimulatedEngine
 from relstream.sim.policies import make_sim_policy
 from relstream.sim.profiles import CostProfile, get_profile
 
 PLACEMENTS = ("hash", "load", "exact")
-ALL_AT_ONCE = 1e9
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def serve_placed(
             continue
         sim = min(busy, key=lambda engine: engine.clock)
         plan = sim.policy.plan(sim)
-        if plan.kind.value == "idle":  # waits on nothing it can run: the next arrival
+        if plan.kind is StepKind.IDLE:  # waits on nothing it can run: the next arrival
             sim.clock = pending[arrival].arrival_time if arrival < len(pending) else math.inf
             continue
         outcomes.extend(sim.answered(sim.execute(plan)))

@@ -94,10 +94,14 @@ class Coefficients:
     per_decode: float
     batch: int  # requests running now (at least 1)
 
+    @property
+    def per_output(self) -> float:
+        """What one output token costs: its decode and its share of the step's base."""
+        return self.per_decode + self.base / self.batch
+
     def work(self, left: Remaining) -> float:
         """W(R): the engine time R adds, its steps shared with the batch."""
-        per_output = self.per_decode + self.base / self.batch
-        return self.per_token * left.prompt_tokens + per_output * left.output_tokens
+        return self.per_token * left.prompt_tokens + self.per_output * left.output_tokens
 
 
 class Relstream(Policy):
@@ -157,7 +161,7 @@ class Relstream(Policy):
         c = self._last
         if c is None:
             return 0.0, 0.0, 0.0
-        return c.work(self._left.total()), c.per_token, c.per_decode + c.base / c.batch
+        return c.work(self._left.total()), c.per_token, c.per_output
 
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._last = self._coefficients(view)
