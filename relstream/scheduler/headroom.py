@@ -65,6 +65,7 @@ class Headroom:
     window: int = WINDOW
     _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
     _finished: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
+    _finished_rows: int = 0  # sum of rows over _finished
     _steps: deque[StepWork] = field(default_factory=deque)
     _work: float = 0.0  # sum of work over _steps
     _held: _Sums = field(default_factory=lambda: _Sums(YIELD_MEMORY))  # held steps
@@ -80,9 +81,14 @@ class Headroom:
     def finished(self, at: float, rows: int) -> None:
         """A relQuery of `rows` rows finished at `at`."""
         self._finished.append((at, rows))
+        self._finished_rows += rows
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        """Finishes before the window's first arrival leave (they come in time order)."""
         start = self._start()
         while self._finished and self._finished[0][0] < start:
-            self._finished.popleft()
+            self._finished_rows -= self._finished.popleft()[1]
 
     def executed(self, step: StepWork) -> None:
         """A step ran; steps begun before the window's first arrival drop out."""
@@ -108,7 +114,8 @@ class Headroom:
         if span <= 0:
             return None
         arrived = sum(rows for _, rows in self._arrivals)
-        finished = sum(rows for at, rows in self._finished if at >= self._start())
+        self._drop_finished()
+        finished = self._finished_rows
         growth = min(max(arrived / max(finished, 1), 1 / GROWTH_CAP), GROWTH_CAP)
         if len(self._arrivals) < self.window:
             growth = 1.0  # the window still holds the stream's start, its queue filling
