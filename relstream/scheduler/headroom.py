@@ -64,6 +64,7 @@ class Headroom:
 
     window: int = WINDOW
     _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
+    _arrived_rows: int = 0  # sum of rows over _arrivals
     _finished: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
     _finished_rows: int = 0  # sum of rows over _finished
     _steps: deque[StepWork] = field(default_factory=deque)
@@ -75,8 +76,9 @@ class Headroom:
     def arrived(self, at: float, rows: int) -> None:
         """A relQuery of `rows` rows arrived at `at` (its arrival time)."""
         self._arrivals.append((at, rows))
+        self._arrived_rows += rows
         while len(self._arrivals) > self.window:
-            self._arrivals.popleft()
+            self._arrived_rows -= self._arrivals.popleft()[1]
 
     def finished(self, at: float, rows: int) -> None:
         """A relQuery of `rows` rows finished at `at`."""
@@ -113,10 +115,9 @@ class Headroom:
         span = now - self._start()
         if span <= 0:
             return None
-        arrived = sum(rows for _, rows in self._arrivals)
         self._drop_finished()
         finished = self._finished_rows
-        growth = min(max(arrived / max(finished, 1), 1 / GROWTH_CAP), GROWTH_CAP)
+        growth = min(max(self._arrived_rows / max(finished, 1), 1 / GROWTH_CAP), GROWTH_CAP)
         if len(self._arrivals) < self.window:
             growth = 1.0  # the window still holds the stream's start, its queue filling
         return max(self._work, 0.0) / span * growth
