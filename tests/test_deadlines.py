@@ -8,6 +8,7 @@ from helpers import ScriptedView
 from relstream.bench.runner import make_cost_model
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
+from relstream.scheduler.lengths import WINDOW, OutputLengths
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
@@ -52,6 +53,32 @@ def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_i
         plan = Relstream(SMALL_COST, FULL_BATCHES).plan(two_relqueries(deadline, 10.0))
         assert first_rows(plan) == first
     assert [chunk.num_tokens for chunk in plan.prefill][-1] == 12
+
+
+def test_finished_rows_of_the_same_budget_say_how_long_a_relquery_still_needs():
+    # Eight rows with small's budget (20 tokens) finished after 2 tokens each: the longer
+    # of small's 2 rows is expected at 2 tokens, so τ = 0.1 s + 2 × 27.5 ms = 0.155 s and
+    # small is lost only once less than 0.7 τ ≈ 0.11 s is left: a deadline 0.4 s away,
+    # which lost it above on its whole budget, is now within reach: size order stands.
+    view = two_relqueries(0.4, 10.0)
+    for _ in range(8):
+        view.tracker.outputs.add(20, 2)
+    assert first_rows(Relstream(SMALL_COST, FULL_BATCHES).plan(view)) == SIZE_ORDER
+
+
+def test_the_longest_of_m_rows_is_read_at_the_m_over_m_plus_1_quantile():
+    lengths = OutputLengths()
+    for generated in range(1, 8):
+        lengths.add(100, generated)
+    assert lengths.longest(100, 1) is None  # 7 rows: not trusted yet
+    lengths.add(100, 8)
+    # 8 rows of 1..8 tokens: one row at rank 8·1//2 = 4 (5 tokens), three at 8·3//4 = 6
+    # (7 tokens), a hundred at the largest (8); another budget knows nothing.
+    assert [lengths.longest(100, rows) for rows in (1, 3, 100)] == [5, 7, 8]
+    assert lengths.longest(50, 1) is None
+    for _ in range(WINDOW):
+        lengths.add(100, 300)  # past the budget (a resumed row): capped at it
+    assert lengths.longest(100, 1) == 100  # 1..8 have left the window
 
 
 def test_the_clock_alone_moves_a_waiting_relquery_behind_once_it_is_lost():

@@ -2,20 +2,21 @@
 others.
 
 τ(R), the time R still needs if it went first, is its uncached prompt at the fitted
-per-token price plus its decode steps left at the engine's recent step duration: R's
-rows join the batch that runs now, so each of its steps lasts as long as that batch's
-do, and its last row ends after L(R) of them. R is **lost** once deadline − now <
-`LOST_SHARE`·τ: even served first, it would need about 1.4 times the time left.
+per-token price plus its decode steps left at the price of a decode step of the batch
+running now (b + a_d·n): R's rows join that batch, and its last row ends after L(R) of
+its steps. Until a row of R finishes, L(R) is what the longest of its rows is expected
+to take, from finished rows of the same output budget (`lengths`). The engine's mean
+step would count the prompt chunks of relQueries behind R, which serving R first does
+not wait for: on the sustained benchmark it set aside relQueries the same policy blind
+to deadlines met. R is **lost** once deadline − now < `LOST_SHARE`·τ: even served
+first, it would need about 1.4 times the time left.
 
 A lost relQuery goes behind every relQuery that is not (size order within each group;
 the starvation guard still bounds its wait). Serving it first cannot save it, and every
 relQuery it passed would lose time it may need for its own deadline: the domino by
 which earliest-deadline-first collapses under overload; Moore and Hodgson's rule for the
 most jobs on time likewise serves short jobs first and sets aside those that cannot
-finish. τ overestimates a waiting relQuery (it counts every row's whole output budget
-until a row finishes, and a step of today's full batch), hence a share below 1; of 0.5,
-0.7 and 0.85 on the sustained benchmark, 0.7 never met fewer deadlines than the best of
-the others (docs/benchmarks/deadlines/notes.md).
+finish. τ is an estimate, hence a share below 1 (docs/benchmarks/deadlines/notes.md).
 
 Nothing is raised *ahead* of size order: on the sustained benchmark (deadlines of 3x each
 relQuery's latency alone) ranking relQueries at risk first, least slack or least work
@@ -35,7 +36,6 @@ from collections.abc import Container
 from enum import IntEnum
 
 LOST_SHARE = 0.7  # lost once less than this share of τ is left before the deadline
-STEP_MEMORY = 32  # steps the recent step duration is averaged over (exponentially)
 
 
 class Urgency(IntEnum):
@@ -49,22 +49,6 @@ class Urgency(IntEnum):
 def lost_at(deadline: float, needed: float) -> float:
     """When a relQuery needing `needed` seconds (τ) can no longer meet `deadline`."""
     return deadline - LOST_SHARE * needed
-
-
-class StepTime:
-    """The engine's recent step duration, averaged exponentially over `STEP_MEMORY`."""
-
-    def __init__(self) -> None:
-        self.mean: float | None = None
-
-    def observe(self, duration: float) -> None:
-        if self.mean is None:
-            self.mean = duration
-        else:
-            self.mean += (duration - self.mean) / STEP_MEMORY
-
-    def get(self, default: float) -> float:
-        return default if self.mean is None else self.mean
 
 
 class DeadlineWatch:

@@ -58,9 +58,10 @@ from dataclasses import dataclass, replace
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
-from relstream.scheduler.deadlines import DeadlineWatch, StepTime, Urgency, lost_at
+from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
+from relstream.scheduler.lengths import OutputLengths
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.ranking import RankedQueue
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
@@ -124,14 +125,13 @@ class Relstream(Policy):
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.deadlines = DeadlineWatch()
-        self.step_time = StepTime()
         self._last: Coefficients | None = None  # the last step's prices
+        self._lengths: OutputLengths | None = None  # the engine's finished rows' outputs
 
     def observe(self, feedback: StepFeedback) -> None:
         """Only the step cost learns: relstream reads no other cost model. The step's
         work at full-batch prices feeds the headroom."""
         self.step_cost.observe(feedback)
-        self.step_time.observe(feedback.duration)
         at, batch, held, gated = self._planned
         base, per_token, per_decode, per_context = self.step_cost.coefficients()
         work = (
@@ -250,16 +250,21 @@ class Relstream(Policy):
             work = info.arrival_time + self.config.size_weight * work
         return (urgency, work, info.arrival_time, relquery_id)
 
-    def _needed(self, relquery_id: str, c: Coefficients) -> float:
+    def _needed(self, info: RelQueryInfo, c: Coefficients) -> float:
         """τ(R): its uncached prompt at the fitted price, then its decode steps left at
-        the engine's recent step duration (`deadlines`)."""
-        left = self._left[relquery_id]
-        step = self.step_time.get(c.base + c.per_decode * c.batch)
-        return c.per_token * left.prompt_tokens + step * left.steps
+        a decode step's price for today's batch; until a row of R finishes, its steps are
+        those the longest of its rows is expected to take (`deadlines`)."""
+        left = self._left[info.relquery_id]
+        steps = left.steps
+        if not info.finished and self._lengths is not None:
+            longest = self._lengths.longest(info.max_tokens, left.rows)
+            steps = steps if longest is None else min(steps, longest)
+        step = c.base + c.per_decode * c.batch
+        return c.per_token * left.prompt_tokens + step * steps
 
     def _lost_at(self, info: RelQueryInfo, c: Coefficients) -> float:
         assert info.deadline is not None
-        return lost_at(info.deadline, self._needed(info.relquery_id, c))
+        return lost_at(info.deadline, self._needed(info, c))
 
     def _rank_waiting(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
         """`_ranked`, and a look again when it may lose its deadline."""
@@ -272,6 +277,7 @@ class Relstream(Policy):
         """Re-estimate what changed; the rest keeps its rank (a fully waiting relQuery's
         remaining work does not change), re-ranked on fresh coefficients now and then."""
         tracker = view.tracker
+        self._lengths = tracker.outputs
         # Sets are walked in sorted order: their own order follows string hashing, which
         # differs from run to run, and the arrival window and the cycle keep order.
         changed, gone = tracker.drain_changes()

@@ -12,6 +12,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
+from relstream.scheduler.lengths import OutputLengths
+
 
 @dataclass(eq=False, slots=True)
 class SeqInfo:
@@ -98,6 +100,7 @@ class RequestTracker:
         self.relqueries: dict[str, RelQueryInfo] = {}
         self.active_relqueries: dict[str, RelQueryInfo] = {}  # those with running requests
         self._changed: set[str] = set()
+        self.outputs = OutputLengths()  # how long finished rows' outputs were
 
     def add_request(self, seq: SeqInfo, relquery_size: int) -> RelQueryInfo:
         info = self.relqueries.get(seq.relquery_id)
@@ -159,6 +162,7 @@ class RequestTracker:
             info.unwait(seq)
         info.finished += 1
         info.finished_output_tokens += seq.output_tokens
+        self.outputs.add(seq.max_tokens, seq.output_tokens)
         self._deactivate_if_idle(info)
         self._changed.add(seq.relquery_id)
         if info.waiting or info.running:
