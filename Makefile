@@ -70,7 +70,7 @@ demo: setup
 
 # The real-engine campaign: hours on 2 cores. `make bench-vllm BENCH_ARGS=--resume`
 # continues an interrupted one from its checkpoint in the out folder, on a machine of
-# another speed in an epoch of its own (relstream/bench/campaign.py).
+# another speed in an epoch of its own (relstream_lab/campaign/checkpoint.py).
 bench-vllm: setup
 	$(BIN)/relstream bench --backend vllm --model smollm2 \
 		--policies relstream,v1-fcfs,v1-priority,relserve --load 0.4,0.75,1,1.3 \

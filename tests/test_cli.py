@@ -5,8 +5,8 @@ import sys
 
 from click.testing import CliRunner
 
-from relstream.bench.decision import run_decision_benchmark
 from relstream.cli import main
+from relstream_lab.paper.decision import run_decision_benchmark
 
 
 def test_bench_writes_every_output(tmp_path):

@@ -8,7 +8,7 @@ ENGINE_FREE = (
     "relstream.scheduler",
     "relstream.sim",
     "relstream.sim.backend",
-    "relstream.bench.simbench",
+    "relstream_lab.paper.run",
 )
 HEAVY = ("vllm", "torch", "aiokafka", "faust")
 

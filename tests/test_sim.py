@@ -109,8 +109,8 @@ def test_online_cost_model_tracks_the_profile():
 
 
 def test_a_replay_can_keep_the_coefficients_a_real_run_was_given():
-    from relstream.bench.runner import make_cost_model
     from relstream.scheduler import CostModel, Linear
+    from relstream_lab.common.runner import make_cost_model
 
     given = CostModel(Linear(0.002, 0.03), Linear(0.004, 0.05))
     assert make_cost_model("fixed", PROFILE, given) is given

@@ -9,15 +9,15 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from relstream.bench.runner import RunSummary
-from relstream.bench.workload import DEFAULT_DATASETS_DIR, TraceConfig
 from relstream.cli.common import console, csv_list, progress, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
-from relstream.sim.policies import SIM_POLICIES
 from relstream.sim.profiles import PROFILE_NAMES
+from relstream_lab.common.runner import RunSummary
+from relstream_lab.common.workload import DEFAULT_DATASETS_DIR, TraceConfig
+from relstream_lab.policies import SIM_POLICIES
 
 datasets_option = click.option(
     "--datasets",
@@ -185,7 +185,7 @@ def bench(**opts) -> None:
 
 
 def _bench_sim(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
-    from relstream.bench.simbench import SimBenchOptions, run_sim_benchmark
+    from relstream_lab.paper.run import SimBenchOptions, run_sim_benchmark
 
     out_dir = opts["out"] or Path("docs/benchmarks") / f"sim-{opts['profile']}"
     options = SimBenchOptions(
@@ -231,14 +231,14 @@ def _campaign_options(opts: dict) -> dict:
 
 
 def _bench_vllm(opts: dict, trace: TraceConfig, datasets_dir: Path | None, command: str) -> None:
-    from relstream.bench.vllmreport import save_campaign, write_vllm_report
+    from relstream_lab.campaign.report import save_campaign, write_vllm_report
 
     out_dir = opts["out"] or Path("docs/benchmarks") / "vllm-cpu-smollm2"
     if not opts["report_only"]:
         reexec_with_tcmalloc()
         unwind_on_sigterm()
-        from relstream.bench.campaign import MachineSpeedError
-        from relstream.bench.vllmbench import VllmBenchOptions, run_vllm_benchmark, runs_to_do
+        from relstream_lab.campaign.checkpoint import MachineSpeedError
+        from relstream_lab.campaign.run import VllmBenchOptions, run_vllm_benchmark, runs_to_do
 
         options = VllmBenchOptions(
             model=opts["model"],
@@ -282,8 +282,8 @@ def _bench_streaming(
 ) -> None:
     reexec_with_tcmalloc()
     unwind_on_sigterm()
-    from relstream.bench.streambench import StreamBenchOptions, run_stream_benchmark
-    from relstream.bench.streamreport import write_stream_report
+    from relstream_lab.streaming.report import write_stream_report
+    from relstream_lab.streaming.run import StreamBenchOptions, run_stream_benchmark
 
     out_dir = opts["out"] or Path("docs/benchmarks") / "streaming"
     if len(opts["repeats"]) not in (1, len(opts["load"])):

@@ -56,9 +56,9 @@ def flood(
     """Flood a broker, worker and engine (sim backend) with bad messages of every kind
     while valid relQueries stream through; per kind: sent, dead-lettered, first reason;
     per process: RSS baseline, peak and growth."""
-    from relstream.bench.flood import report_table, run_flood
-    from relstream.bench.report import machine_description
     from relstream.kafka.brokers import EmbeddedBroker
+    from relstream_lab.common.report import machine_description
+    from relstream_lab.drills.flood import report_table, run_flood
 
     sections = [
         "# Flood drill",
@@ -101,8 +101,8 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
     """Stop the broker (noida-db, on disk) mid-stream for --outage seconds and start it
     again while rows keep arriving; check every row is in exactly one stored result,
     nothing exits, and the engine paused and resumed (worker and sim engine)."""
-    from relstream.bench.outage import report_text, run_outage
-    from relstream.bench.report import machine_description
+    from relstream_lab.common.report import machine_description
+    from relstream_lab.drills.outage import report_text, run_outage
 
     sections = [
         "# Broker-outage drill",

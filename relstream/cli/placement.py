@@ -30,8 +30,8 @@ from relstream.cli.common import console, csv_of
 )
 def bench_placement(engines, arrivals, seeds, loads, per_engine, profile, report_s, datasets, out):
     """Place relQueries on E simulated engines by hash and by reported load."""
-    from relstream.bench.placement import PlacementOptions, markdown, run_placement
-    from relstream.bench.report import machine_description
+    from relstream_lab.common.report import machine_description
+    from relstream_lab.placement.run import PlacementOptions, markdown, run_placement
 
     options = PlacementOptions(
         tuple(engines), tuple(arrivals), 2.0, tuple(seeds), tuple(loads), per_engine,

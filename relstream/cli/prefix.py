@@ -45,13 +45,13 @@ def bench_prefix(
     to compute with the templates in arrival order (stock V1), in prompt order, and with
     the fields free and laid out shared first (relstream)."""
     require("lab")
-    from relstream.bench.prefix import measure_cell, write_report
-    from relstream.bench.templates import QUERY_TYPES
-    from relstream.bench.workload import load_datasets
+    from relstream_lab.common.templates import QUERY_TYPES
+    from relstream_lab.common.workload import load_datasets
+    from relstream_lab.prefix.sim import measure_cell, write_report
 
     command = "relstream " + shlex.join(sys.argv[1:])
     if backend == "vllm":
-        from relstream.bench.prefixreal import run_real
+        from relstream_lab.prefix.real import run_real
 
         run_real(load_datasets(datasets), window, out, command, console.print)
         console.print(f"wrote {out}/README.md")

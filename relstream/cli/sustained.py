@@ -81,7 +81,7 @@ DEFAULT_PROFILES = (
 def bench_sustained(**opts) -> None:
     """Rank policies on long traces at fractions of stock V1's capacity (simulator)."""
     require("lab")
-    from relstream.bench.sustained import SustainedOptions, run_sustained
+    from relstream_lab.sustained.run import SustainedOptions, run_sustained
 
     if opts["report_only"]:
         _rebuild(opts["out"])
@@ -146,7 +146,7 @@ def bench_sustained(**opts) -> None:
 def _rebuild(out: Path) -> None:
     import json
 
-    from relstream.bench.sustained import SustainedOptions
+    from relstream_lab.sustained.run import SustainedOptions
 
     try:
         document = json.loads((out / "results.json").read_text())
@@ -166,9 +166,9 @@ def write_sustained_report(
     options, capacities: list[dict], records: list[dict], machine: str | None = None
 ) -> list:
     """results.json, README.md and plot in the out folder; the verdicts."""
-    from relstream.bench.deadlinereport import judge_deadlines, markdown_deadlines
-    from relstream.bench.report import machine_description, write_report
-    from relstream.bench.sustainedreport import judge, markdown_table, markdown_verdicts, plot
+    from relstream_lab.common.report import machine_description, write_report
+    from relstream_lab.sustained.deadlinereport import judge_deadlines, markdown_deadlines
+    from relstream_lab.sustained.report import judge, markdown_table, markdown_verdicts, plot
 
     verdicts = judge(records) + judge_deadlines(records)
     out = options.out_dir

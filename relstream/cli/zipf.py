@@ -47,8 +47,8 @@ def bench_zipf(**opts) -> None:
     relstream with rows in prompt order, identical requests computed once and the answer
     cache, at a fraction of stock V1's capacity."""
     require("lab")
-    from relstream.bench.zipf import TABLE, ZipfOptions, run_zipf
-    from relstream.bench.zipfreport import write_report
+    from relstream_lab.zipf.report import write_report
+    from relstream_lab.zipf.sim import TABLE, ZipfOptions, run_zipf
 
     if not (opts["datasets"] / TABLE).is_file():
         raise click.BadParameter(f"{opts['datasets'] / TABLE} not found", param_hint="--datasets")
@@ -84,8 +84,8 @@ def bench_zipf(**opts) -> None:
 
 
 def _real(options, out: Path, command: str) -> None:
-    from relstream.bench.report import machine_description
-    from relstream.bench.zipfreal import run_real, write_real_report
+    from relstream_lab.common.report import machine_description
+    from relstream_lab.zipf.real import run_real, write_real_report
 
     records = []
     for seed in options.seeds:
