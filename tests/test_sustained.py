@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from relstream.cli.sustained import write_sustained_report
+from relstream_lab.sustained.cli import write_sustained_report
 from relstream_lab.sustained.deadlinereport import judge_deadlines, markdown_deadlines
 from relstream_lab.sustained.report import judge, markdown_table
 from relstream_lab.sustained.run import SustainedOptions, run_sustained

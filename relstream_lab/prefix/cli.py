@@ -1,19 +1,16 @@
-"""`relstream bench-prefix`: prompt tokens left to compute by the prefix cache."""
+"""`relstream-lab bench prefix`: prompt tokens left to compute by the prefix cache."""
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 
 import click
 
-from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of
-from relstream.extras import require
+from relstream_lab.common.options import datasets_option, typed_command
 
 
-@click.command("bench-prefix")
+@click.command()
 @datasets_option
 @click.option("--rows", default=1000, show_default=True, help="Rows of each table.")
 @click.option("--window", default=100, show_default=True, help="Rows per relQuery.")
@@ -33,7 +30,7 @@ from relstream.extras import require
     "type, templates against free fields (minutes).",
 )
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/prefix"))
-def bench_prefix(
+def prefix(
     datasets: Path | None,
     rows: int,
     window: int,
@@ -44,12 +41,11 @@ def bench_prefix(
     """Per table and query type of the paper's trace: prompt tokens the prefix cache leaves
     to compute with the templates in arrival order (stock V1), in prompt order, and with
     the fields free and laid out shared first (relstream)."""
-    require("lab")
     from relstream_lab.common.templates import QUERY_TYPES
     from relstream_lab.common.workload import load_datasets
     from relstream_lab.prefix.sim import measure_cell, write_report
 
-    command = "relstream " + shlex.join(sys.argv[1:])
+    command = typed_command()
     if backend == "vllm":
         from relstream_lab.prefix.real import run_real
 

@@ -1,20 +1,17 @@
-"""`relstream bench-zipf`: a stream that repeats itself, with and without each mechanism
+"""`relstream-lab bench zipf`: a stream that repeats itself, with and without each mechanism
 that cuts work (simulator)."""
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 
 import click
 
-from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of
-from relstream.extras import require
+from relstream_lab.common.options import datasets_option, typed_command
 
 
-@click.command("bench-zipf")
+@click.command()
 @click.option(
     "--profiles",
     default="cpu-smollm2,cpu-smollm2@16,a100-opt13b",
@@ -42,11 +39,10 @@ from relstream.extras import require
     default=Path("out/benchmarks/zipf"),
     show_default=True,
 )
-def bench_zipf(**opts) -> None:
+def zipf(**opts) -> None:
     """Catalogue enrichment over ratebeer.csv, beers drawn by a Zipf law: stock V1 against
     relstream with rows in prompt order, identical requests computed once and the answer
     cache, at a fraction of stock V1's capacity."""
-    require("lab")
     from relstream_lab.zipf.report import write_report
     from relstream_lab.zipf.sim import TABLE, ZipfOptions, run_zipf
 
@@ -62,7 +58,7 @@ def bench_zipf(**opts) -> None:
         zipf_s=opts["zipf_s"],
         workers=opts["workers"],
     )
-    command = "relstream " + shlex.join(sys.argv[1:])
+    command = typed_command()
     if opts["backend"] == "vllm":
         _real(options, opts["out"], command)
         return

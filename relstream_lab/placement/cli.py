@@ -1,19 +1,17 @@
-"""`relstream bench-placement`: hash against load-aware placement over simulated engines."""
+"""`relstream-lab bench placement`: hash against load-aware placement over simulated engines."""
 
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from pathlib import Path
 
 import click
 
-from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of
+from relstream_lab.common.options import datasets_option, typed_command
 
 
-@click.command("bench-placement")
+@click.command()
 @click.option("--engines", default="4,8", show_default=True, callback=csv_of(int))
 @click.option("--arrivals", default="poisson,gamma", show_default=True, callback=csv_of(str))
 @click.option("--seeds", default="0,1,2", show_default=True, callback=csv_of(int))
@@ -28,7 +26,7 @@ from relstream.cli.common import console, csv_of
     default=Path("docs/benchmarks/placement"),
     show_default=True,
 )
-def bench_placement(engines, arrivals, seeds, loads, per_engine, profile, report_s, datasets, out):
+def placement(engines, arrivals, seeds, loads, per_engine, profile, report_s, datasets, out):
     """Place relQueries on E simulated engines by hash and by reported load."""
     from relstream_lab.common.report import machine_description
     from relstream_lab.placement.run import PlacementOptions, markdown, run_placement
@@ -38,7 +36,7 @@ def bench_placement(engines, arrivals, seeds, loads, per_engine, profile, report
         48, profile, report_s, datasets if datasets and Path(datasets).is_dir() else None,
     )
     records = run_placement(options)
-    command = "relstream " + shlex.join(["bench-placement", *sys.argv[2:]])
+    command = typed_command()
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"command": command, "runs": records}, indent=1))
     lines = markdown(records, command, machine_description())

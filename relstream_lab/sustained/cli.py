@@ -1,4 +1,4 @@
-"""`relstream bench-sustained`: long traces near capacity on the simulated engine."""
+"""`relstream-lab bench sustained`: long traces near capacity on the simulated engine."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from relstream.cli.bench import datasets_option
 from relstream.cli.common import console, csv_of, progress
-from relstream.extras import require
+from relstream_lab.common.options import datasets_option
 
 CAMPAIGN = Path("docs/benchmarks/vllm-campaign")
 DEFAULT_PROFILES = (
@@ -20,7 +19,7 @@ DEFAULT_PROFILES = (
 )
 
 
-@click.command("bench-sustained")
+@click.command()
 @click.option(
     "--profiles",
     default=",".join(DEFAULT_PROFILES),
@@ -78,9 +77,8 @@ DEFAULT_PROFILES = (
     is_flag=True,
     help="Rebuild README.md and the plot from --out's results.json (after editing notes.md).",
 )
-def bench_sustained(**opts) -> None:
+def sustained(**opts) -> None:
     """Rank policies on long traces at fractions of stock V1's capacity (simulator)."""
-    require("lab")
     from relstream_lab.sustained.run import SustainedOptions, run_sustained
 
     if opts["report_only"]:
@@ -100,7 +98,7 @@ def bench_sustained(**opts) -> None:
     if datasets is None:
         console.print(f"[yellow]{opts['datasets']} not found: using the bundled sample table[/]")
     command = (
-        f"relstream bench-sustained --profiles {','.join(opts['profiles'])} "
+        f"relstream-lab bench sustained --profiles {','.join(opts['profiles'])} "
         f"--arrivals {','.join(opts['arrivals'])} --burstiness {opts['burstiness']:g} "
         f"--seeds {','.join(map(str, opts['seeds']))} "
         f"--loads {','.join(f'{load:g}' for load in opts['loads'])} "

@@ -1,10 +1,8 @@
-"""`relstream drill ...`: a hostile producer's flood, a broker outage, against a running
+"""`relstream-lab drill ...`: a hostile producer's flood, a broker outage, against a running
 pipeline."""
 
 from __future__ import annotations
 
-import shlex
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +11,7 @@ import click
 
 from relstream.cli.common import console, csv_of
 from relstream.extras import require
+from relstream_lab.common.options import typed_command
 
 
 @click.group()
@@ -63,7 +62,7 @@ def flood(
     sections = [
         "# Flood drill",
         "",
-        f"Command: `relstream {shlex.join(sys.argv[1:])}`",
+        f"Command: `{typed_command()}`",
         "",
         f"Machine: {machine_description()}. Broker: Tansu (embedded); engine: sim backend.",
     ]
@@ -107,7 +106,7 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
     sections = [
         "# Broker-outage drill",
         "",
-        f"Command: `relstream {shlex.join(sys.argv[1:])}`",
+        f"Command: `{typed_command()}`",
         "",
         f"Machine: {machine_description()}. Broker: noida-db (embedded, on disk); "
         "engine: sim backend in real time.",
