@@ -1,4 +1,4 @@
-"""`relstream bench --backend vllm`: the paper-style trace on the real engine, as a
+"""`relstream-lab bench campaign`: the paper-style trace on the real engine, as a
 campaign that can decide between policies.
 
 Capacity is measured first: the first trace submitted all at once to stock vLLM V1

@@ -57,7 +57,7 @@ def profile_document(fit: dict, limits: dict, name: str, source: str) -> dict:
     return {
         "name": name,
         "kind": "linear",
-        "description": "fitted by `relstream bench --backend vllm` from its step logs, all "
+        "description": "fitted by `relstream-lab bench campaign` from its step logs, all "
         "step kinds at once: base + per uncached token + per decode + per context token.",
         "source": source,
         "limits": limits,

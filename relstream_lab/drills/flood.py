@@ -1,4 +1,4 @@
-"""`relstream drill flood`: a hostile producer's flood while valid work streams through.
+"""`relstream-lab drill flood`: a hostile producer's flood while valid work streams through.
 
 Bad messages of many kinds (`KINDS`: malformed bytes, wrong fields and types, bounds
 broken, messages of several MB, one over any producer's 1 MiB request limit) go to the

@@ -1,4 +1,4 @@
-"""`relstream drill outage`: the broker goes away mid-stream and comes back; nothing is lost.
+"""`relstream-lab drill outage`: the broker goes away mid-stream and comes back; nothing is lost.
 
 A worker and an engine (real processes, sim backend) serve a stream of rows on a noida-db
 broker that keeps its data on disk. Mid-stream, right after a burst (so the engine is

@@ -1,4 +1,4 @@
-"""`relstream bench --backend sim`: the paper's experiment on the simulated engine."""
+"""`relstream-lab bench paper`: the paper's experiment on the simulated engine."""
 
 from __future__ import annotations
 

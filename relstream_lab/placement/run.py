@@ -1,4 +1,4 @@
-"""`relstream bench-placement`: E simulated engines behind hash or load-aware placement.
+"""`relstream-lab bench placement`: E simulated engines behind hash or load-aware placement.
 
 Each engine is a `SimulatedEngine` running relstream's policy and owns one partition. A
 relQuery arriving is placed by the key's hash (`hash`, what a consumer group gives

@@ -1,4 +1,4 @@
-"""`relstream bench-prefix --backend vllm`: the prompt tokens the real engine computes for
+"""`relstream-lab bench prefix --backend vllm`: the prompt tokens the real engine computes for
 one window per table and query type, the templates as written against free field order.
 
 One engine, vLLM's prefix cache emptied before each relQuery, so each window starts

@@ -1,4 +1,4 @@
-"""`relstream bench-prefix`: the prompt tokens a prefix cache leaves to compute, per table
+"""`relstream-lab bench prefix`: the prompt tokens a prefix cache leaves to compute, per table
 and query type of the paper's trace, for three ways of sending the same rows:
 
 - `template, arrival order`: the templates as written, rows in table order (what stock

@@ -1,4 +1,4 @@
-"""`relstream bench --backend streaming`: what the streaming path costs.
+"""`relstream-lab bench streaming`: what the streaming path costs.
 
 1. Overhead, at each load: the same trace (arrival times from the paper-style
    generator, load as a fraction of the engine's capacity) submitted straight to the

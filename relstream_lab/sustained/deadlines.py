@@ -1,6 +1,6 @@
 """Deadlines on the sustained benchmark's traces (`deadlinereport`: how many were met).
 
-`relstream bench-sustained --deadlines F` gives every relQuery the deadline arrival +
+`relstream-lab bench sustained --deadlines F` gives every relQuery the deadline arrival +
 F × its latency alone: what stock V1 (FCFS) takes to answer it on an empty engine, each
 relQuery simulated by itself once per trace and profile. A user who asks for three
 times what the relQuery takes alone asks for something every relQuery could get on an

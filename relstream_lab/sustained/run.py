@@ -1,4 +1,4 @@
-"""`relstream bench-sustained`: policies ranked under the load a stream lives under.
+"""`relstream-lab bench sustained`: policies ranked under the load a stream lives under.
 
 A short burst ends before a queue reaches steady state, so it cannot show a policy that
 finishes less work per second: here every trace is long (300 relQueries of 1-48 rows by

@@ -1,4 +1,4 @@
-"""`relstream bench-zipf --backend vllm`: the Zipf stream on the real engine (vLLM).
+"""`relstream-lab bench zipf --backend vllm`: the Zipf stream on the real engine (vLLM).
 
 The same windows as the simulated benchmark (`relstream_lab.zipf.sim`), fewer of them: the
 CPU build takes minutes where the simulator takes a second. Capacity is stock V1's

@@ -1,4 +1,4 @@
-"""The report of `relstream bench-zipf`: results.json, a README table per profile and a
+"""The report of `relstream-lab bench zipf`: results.json, a README table per profile and a
 plot of mean latency by variant."""
 
 from __future__ import annotations

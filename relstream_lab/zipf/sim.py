@@ -1,4 +1,4 @@
-"""`relstream bench-zipf`: a stream that repeats itself, on the simulated engine.
+"""`relstream-lab bench zipf`: a stream that repeats itself, on the simulated engine.
 
 Catalogue enrichment: each relQuery is a window of 1-48 rows of `ratebeer.csv`, and each
 row classifies a beer from its name and style alone, so two rows of one beer are the
