@@ -5,11 +5,11 @@ import random
 import pytest
 
 from relstream.scheduler import POLICIES, make_policy
-from relstream.scheduler.dpu import DPUConfig
-from relstream.scheduler.policies import RelServe
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+from relstream_lab.baselines.dpu import DPUConfig
+from relstream_lab.baselines.v0 import RelServe
 
 PROFILE = get_profile("a100-opt13b")
 

@@ -13,9 +13,9 @@ import random
 from dataclasses import dataclass
 
 from relstream.scheduler.cost import CostModel
-from relstream.scheduler.pem import pem
 from relstream.scheduler.starvation import StarvationGuard, paper_deadline
 from relstream.scheduler.view import EngineView, RelQueryInfo
+from relstream_lab.baselines.pem import pem
 
 PriorityKey = tuple[float, float, str]  # (Prio, arrival, id): ties go to the older relQuery
 

@@ -1,4 +1,4 @@
-"""Building candidate batches within the engine's limits (shared by every policy)."""
+"""Building candidate batches within the engine's limits (the paper's V0-style policies)."""
 
 from __future__ import annotations
 
@@ -32,16 +32,6 @@ class Room:
 def decode_candidate(view: EngineView) -> tuple[str, ...]:
     """All running requests whose prompt is fully computed (paper: d_cand = Q+)."""
     return tuple(rid for rid, seq in view.tracker.running.items() if seq.prefill_done)
-
-
-def unfinished_prefills(view: EngineView) -> list[PrefillChunk]:
-    """Running requests whose prompt was cut by the engine's token budget (chunked
-    prefill); they finish before anything new starts, as in vLLM."""
-    return [
-        PrefillChunk(seq.request_id, seq.uncomputed_tokens)
-        for seq in view.tracker.running.values()
-        if not seq.prefill_done
-    ]
 
 
 def prefill_candidate(
