@@ -12,8 +12,8 @@ from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.scheduler import DEFAULT_POLICY
 from relstream_lab.common.options import (
     canonical_command,
+    engine_options,
     print_top_rate,
-    rates,
     trace_of,
     trace_options,
 )
@@ -22,14 +22,7 @@ STOCK_AND_OURS = ("v1-fcfs", "v1-priority", "relserve", DEFAULT_POLICY)
 
 
 @click.command()
-@click.option("--model", default="smollm2", show_default=True, help="Name or HF folder.")
-@click.option(
-    "--load",
-    default="0.5,1.0,1.5",
-    show_default=True,
-    callback=rates,
-    help="Comma-separated loads as fractions of the measured capacity.",
-)
+@engine_options
 @click.option(
     "--seeds",
     default=None,

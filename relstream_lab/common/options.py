@@ -92,6 +92,20 @@ def trace_of(opts: dict) -> tuple[TraceConfig, Path | None, dict]:
     return trace, None if bundled else opts["datasets"], spelled
 
 
+def engine_options(command):
+    """The real engine's model and the loads, as fractions of its measured capacity."""
+    command = click.option(
+        "--load",
+        default="0.5,1.0,1.5",
+        show_default=True,
+        callback=rates,
+        help="Comma-separated loads as fractions of the measured capacity.",
+    )(command)
+    return click.option(
+        "--model", default="smollm2", show_default=True, help="Name or HF folder."
+    )(command)
+
+
 def canonical_command(words: list[str], **options: object) -> str:
     """Every option spelled out, so the recorded command reproduces the run anywhere."""
     words = ["relstream-lab", *words]

@@ -10,7 +10,7 @@ from relstream.cli.common import console, csv_list, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
-from relstream_lab.common.options import canonical_command, rates, trace_of, trace_options
+from relstream_lab.common.options import canonical_command, engine_options, trace_of, trace_options
 
 
 def _positive_ints(value: str) -> tuple[int, ...]:
@@ -21,14 +21,7 @@ def _positive_ints(value: str) -> tuple[int, ...]:
 
 
 @click.command()
-@click.option("--model", default="smollm2", show_default=True, help="Name or HF folder.")
-@click.option(
-    "--load",
-    default="0.5,1.0,1.5",
-    show_default=True,
-    callback=rates,
-    help="Comma-separated loads as fractions of the measured capacity.",
-)
+@engine_options
 @click.option(
     "--rows",
     default=100_000,
