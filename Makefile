@@ -70,9 +70,9 @@ demo: setup
 
 # The real-engine campaign: hours on 2 cores. `make bench-vllm BENCH_ARGS=--resume`
 # continues an interrupted one from its checkpoint in the out folder, on a machine of
-# another speed in an epoch of its own (relstream/bench/campaign.py).
+# another speed in an epoch of its own (relstream_lab/campaign/checkpoint.py).
 bench-vllm: setup
-	$(BIN)/relstream bench --backend vllm --model smollm2 \
+	$(BIN)/relstream-lab bench campaign --model smollm2 \
 		--policies relstream,v1-fcfs,v1-priority,relserve --load 0.4,0.75,1,1.3 \
 		--seeds 0,1,2 --seeded-loads 0.75,1.3 --arrivals poisson,gamma --burstiness 2 \
 		--relqueries 48 --max-rows 48 --out docs/benchmarks/vllm-campaign $(BENCH_ARGS)
@@ -81,13 +81,13 @@ bench-vllm: setup
 # refreshes the committed results.
 BENCH_OUT ?= out/benchmarks
 bench-sim: setup
-	$(BIN)/relstream bench --backend sim --profile a100-opt13b \
+	$(BIN)/relstream-lab bench paper --profile a100-opt13b \
 		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp,relstream,clairvoyant \
 		--rates 0.25,0.5,0.75,1.0,1.25,1.5,2.0 --out $(BENCH_OUT)/sim-a100-opt13b
-	$(BIN)/relstream bench --backend sim --profile cpu-smollm2 \
+	$(BIN)/relstream-lab bench paper --profile cpu-smollm2 \
 		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp,relstream,clairvoyant \
 		--rates 0.025,0.05,0.075,0.1,0.15,0.2 --out $(BENCH_OUT)/sim-cpu-smollm2
-	$(BIN)/relstream bench-sustained --out $(BENCH_OUT)/sustained
+	$(BIN)/relstream-lab bench sustained --out $(BENCH_OUT)/sustained
 
 # Rewrite the committed JSON Schemas from the message types (a test fails on drift).
 schemas: setup

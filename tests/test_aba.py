@@ -1,7 +1,14 @@
 import pytest
 
 from relstream.scheduler import CostModel, Linear
-from relstream.scheduler.aba import Arrangement, Case, PrefillCandidate, arrange, classify, delta
+from relstream_lab.baselines.aba import (
+    Arrangement,
+    Case,
+    PrefillCandidate,
+    arrange,
+    classify,
+    delta,
+)
 
 RUNNING = (1.0, 0.0, "a")  # (Prio, arrival, id) of the best running relQuery
 WAITING = (2.0, 1.0, "b")

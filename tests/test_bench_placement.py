@@ -3,12 +3,17 @@ itself, and every relQuery is answered once whatever the placement."""
 
 import pytest
 
-from relstream.bench.placement import PLACEMENTS, serve_placed
-from relstream.bench.runner import make_cost_model
-from relstream.bench.workload import TraceConfig, generate_relqueries, load_datasets, tokenize_trace
 from relstream.scheduler.relstream import Relstream
 from relstream.sim.engine import SimulatedEngine
 from relstream.sim.profiles import get_profile
+from relstream_lab.common.runner import make_cost_model
+from relstream_lab.common.workload import (
+    TraceConfig,
+    generate_relqueries,
+    load_datasets,
+    tokenize_trace,
+)
+from relstream_lab.placement.run import PLACEMENTS, serve_placed
 
 PROFILE = get_profile("a100-opt13b")
 

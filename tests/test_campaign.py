@@ -5,14 +5,14 @@ import json
 import msgspec
 import pytest
 
-from relstream.bench.campaign import (
+from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
+from relstream_lab.campaign.checkpoint import (
     Checkpoint,
     matching_epoch,
     reported_runs,
     warm_up_speeds,
 )
-from relstream.bench.workload import TraceConfig
-from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
+from relstream_lab.common.workload import TraceConfig
 
 POLICIES = ("relstream", "v1-fcfs")
 SEED_2 = TraceConfig(48, 1, 48, "poisson", 1.0, 0.02, 2)

@@ -1,6 +1,6 @@
 """The ceiling table: stock V1's mean over each ordering's, computed by hand."""
 
-from relstream.bench.ceiling import table
+from relstream_lab.campaign.ceiling import table
 
 
 def test_the_ceiling_table_divides_stock_v1s_mean_by_each_orderings():

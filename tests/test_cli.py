@@ -5,16 +5,18 @@ import sys
 
 from click.testing import CliRunner
 
-from relstream.bench.decision import run_decision_benchmark
 from relstream.cli import main
+from relstream_lab.cli import main as lab
+from relstream_lab.paper.decision import run_decision_benchmark
 
 
 def test_bench_writes_every_output(tmp_path):
     out = tmp_path / "bench"
     result = CliRunner().invoke(
-        main,
+        lab,
         [
             "bench",
+            "paper",
             "--bundled",
             "--relqueries",
             "6",
@@ -35,17 +37,26 @@ def test_bench_writes_every_output(tmp_path):
     assert all(r["relqueries"] == 6 for r in document["runs"])
     assert (out / "latency_vs_rate.png").stat().st_size > 1000
     assert (out / "breakdown.png").stat().st_size > 1000
-    command = "relstream bench --backend sim --profile a100-opt13b --policies v1-fcfs,relserve"
+    command = "relstream-lab bench paper --profile a100-opt13b --policies v1-fcfs,relserve"
     assert command in (out / "README.md").read_text()
     assert document["command"].startswith(command)
 
 
 def test_bench_rejects_unknown_policies_and_bad_rates():
     runner = CliRunner()
-    result = runner.invoke(main, ["bench", "--policies", "v1-fcfs,lifo"])
+    result = runner.invoke(lab, ["bench", "paper", "--policies", "v1-fcfs,lifo"])
     assert result.exit_code != 0 and "unknown lifo" in result.output
-    result = runner.invoke(main, ["bench", "--rates", "1,-2"])
+    result = runner.invoke(lab, ["bench", "paper", "--rates", "1,-2"])
     assert result.exit_code != 0 and "positive" in result.output
+
+
+def test_the_product_lists_only_product_commands_and_the_lab_its_own():
+    product = set(main.commands)
+    assert not product & {"bench", "drill"} and not any(n.startswith("bench") for n in product)
+    assert set(lab.commands) == {"bench", "drill"}
+    assert {"paper", "campaign", "streaming", "sustained", "zipf", "prefix", "placement"} == set(
+        lab.commands["bench"].commands
+    )
 
 
 def test_decision_benchmark_builds_the_crowd_it_reports():

@@ -41,9 +41,10 @@ def client(tmp_path_factory):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    shutil.copytree(
-        REPO / "relstream", source / "relstream", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("relstream", "relstream_lab"):
+        shutil.copytree(
+            REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     install = subprocess.run(
@@ -161,23 +162,31 @@ def test_the_client_produces_reads_sinks_replays_resets_and_shows_status(
 
 
 @pytest.mark.parametrize(
-    ("command", "extra"),
+    ("program", "command", "extra"),
     [
-        (("bench", "--backend", "sim"), "lab"),
-        (("broker",), "broker"),
-        (("demo", "--backend", "sim"), "broker"),
+        ("relstream-lab", ("bench", "paper", "--bundled"), "lab"),
+        ("relstream-lab", ("drill", "flood"), "lab,broker"),
+        ("relstream", ("broker",), "broker"),
+        ("relstream", ("demo", "--backend", "sim"), "broker"),
         (
+            "relstream",
             ("engine", "--backend", "vllm", "--model", "smollm2", "--bootstrap", "127.0.0.1:1"),
             "gpu",
         ),
-        (("worker", "--config", "queries.toml", "--bootstrap", "127.0.0.1:1"), "stream"),
+        (
+            "relstream",
+            ("worker", "--config", "queries.toml", "--bootstrap", "127.0.0.1:1"),
+            "stream",
+        ),
     ],
 )
-def test_a_command_whose_extra_is_missing_says_which_in_one_line(client, tmp_path, command, extra):
+def test_a_command_whose_extra_is_missing_says_which_in_one_line(
+    client, tmp_path, program, command, extra
+):
     (tmp_path / "queries.toml").write_text(
         '[[query]]\nname = "s"\ntable = "reviews"\ntemplate = "{review}"\n'
     )
-    refused = run(client, "relstream", *command, cwd=tmp_path)
+    refused = run(client, program, *command, cwd=tmp_path)
     assert refused.returncode == 1
     assert refused.stdout == ""
     (line,) = refused.stderr.splitlines()

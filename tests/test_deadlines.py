@@ -5,15 +5,15 @@ order; the clock alone moves it there; without deadlines nothing changes."""
 import pytest
 from helpers import ScriptedView
 
-from relstream.bench.runner import make_cost_model
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.lengths import WINDOW, OutputLengths
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
-from relstream.sim.policies import make_sim_policy
 from relstream.sim.profiles import get_profile
+from relstream_lab.common.runner import make_cost_model
+from relstream_lab.policies import make_sim_policy
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms; 64 seats, a budget of 512 tokens.
 SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))

@@ -29,7 +29,7 @@ def declared() -> set[str]:
 
 def third_party_imports() -> dict[str, set[Path]]:
     found: dict[str, set[Path]] = {}
-    for path in (REPO / "relstream").rglob("*.py"):
+    for path in [*(REPO / "relstream").rglob("*.py"), *(REPO / "relstream_lab").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -39,7 +39,7 @@ def third_party_imports() -> dict[str, set[Path]]:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top != "relstream" and top not in sys.stdlib_module_names:
+                if top not in {"relstream", "relstream_lab", *sys.stdlib_module_names}:
                     found.setdefault(top, set()).add(path.relative_to(REPO))
     return found
 

@@ -2,7 +2,7 @@ import pytest
 from helpers import ScriptedView
 
 from relstream.scheduler import SeqInfo
-from relstream.scheduler.dpu import DPUConfig, DynamicPriorityUpdater
+from relstream_lab.baselines.dpu import DPUConfig, DynamicPriorityUpdater
 
 
 def make_dpu(cost, **config):

@@ -137,7 +137,7 @@ def test_free_fields_cross_the_wire_and_the_answers_map_to_their_rows():
 
 
 def test_the_prefix_count_computes_after_the_longest_cached_run_of_full_blocks():
-    from relstream.bench.prefix import computed_tokens
+    from relstream_lab.prefix.sim import computed_tokens
 
     first, again, sharing_one_block = list(range(8)), list(range(8)), [0, 1, 2, 3, 9]
     # Blocks of 4: the first computes 8; the same prompt hits both blocks but computes

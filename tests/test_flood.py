@@ -2,8 +2,8 @@
 producer's 1 MiB limit) into a running worker and engine on a real broker, while valid
 rows and relQueries stream through both. Tansu: noida-db refuses messages over 1 MiB."""
 
-from relstream.bench.flood import KINDS, RSS_BOUND_MB, report_table, run_flood
 from relstream.kafka.brokers import EmbeddedBroker
+from relstream_lab.drills.flood import KINDS, RSS_BOUND_MB, report_table, run_flood
 
 
 def test_a_flood_of_every_kind_is_dead_lettered_while_valid_work_is_answered(tmp_path):

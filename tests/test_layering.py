@@ -8,7 +8,7 @@ ENGINE_FREE = (
     "relstream.scheduler",
     "relstream.sim",
     "relstream.sim.backend",
-    "relstream.bench.simbench",
+    "relstream_lab.paper.run",
 )
 HEAVY = ("vllm", "torch", "aiokafka", "faust")
 
@@ -96,3 +96,30 @@ def test_every_package_imports_only_what_the_architecture_table_says():
             continue
         wrong = {t for t in targets if not {t, t.split(".")[0]} & allowed[unit]}
         assert not wrong, f"{unit} imports {sorted(wrong)}, which its row does not allow"
+
+
+def test_the_product_never_imports_the_lab():
+    # The lab (relstream_lab: benchmarks, drills, reference policies) imports the product,
+    # never the other way: `relstream` runs, and is tested, without it. Its policies reach
+    # the registry through the `relstream.policies` entry point, which names no module here.
+    import ast
+    from pathlib import Path
+
+    import relstream
+
+    root = Path(relstream.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(name.split(".")[0] == "relstream_lab" for name in names):
+                offenders.append(str(path.relative_to(root)))
+        if "import_module(\"relstream_lab" in text or "import_module('relstream_lab" in text:
+            offenders.append(str(path.relative_to(root)))
+    assert offenders == []

@@ -9,7 +9,6 @@ Tansu: noida-db refuses messages over 1 MiB."""
 import asyncio
 import uuid
 
-from relstream.bench.flood import report_table, run_flood
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_producer, read_messages, running
 from relstream.kafka.topics import Topics
@@ -19,6 +18,7 @@ from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream_lab.drills.flood import report_table, run_flood
 
 # Four valid 5 MB relQueries are held together (each charged 5,000 rows of the 20,000-row
 # budget): 183 MB of engine growth measured; 430 MB when the sim backend held every

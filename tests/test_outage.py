@@ -8,7 +8,6 @@ import logging
 
 import pytest
 
-from relstream.bench.outage import report_text, run_outage
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import new_producer, read_messages
 from relstream.kafka.delivery import Backoff, publish_acked
@@ -18,6 +17,7 @@ from relstream.model import Template
 from relstream.schemas import RowMessage
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import PartitionWindows
+from relstream_lab.drills.outage import report_text, run_outage
 
 
 def record(msg: str, *args, name: str = "aiokafka", level: int = logging.ERROR):

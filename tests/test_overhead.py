@@ -2,7 +2,7 @@
 
 import pytest
 
-from relstream.bench.overhead import paired_overhead
+from relstream_lab.streaming.overhead import paired_overhead
 
 
 def test_each_kafka_run_is_set_against_the_direct_runs_beside_it():

@@ -1,7 +1,7 @@
 import pytest
 
 from relstream.scheduler import EngineLimits
-from relstream.scheduler.pem import batch_decompose, pem
+from relstream_lab.baselines.pem import batch_decompose, pem
 
 
 def test_algorithm1_flushes_on_token_budget_and_kv_capacity():

@@ -5,11 +5,11 @@ import random
 import pytest
 
 from relstream.scheduler import POLICIES, make_policy
-from relstream.scheduler.dpu import DPUConfig
-from relstream.scheduler.policies import RelServe
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+from relstream_lab.baselines.dpu import DPUConfig
+from relstream_lab.baselines.v0 import RelServe
 
 PROFILE = get_profile("a100-opt13b")
 
@@ -109,8 +109,8 @@ def test_online_cost_model_tracks_the_profile():
 
 
 def test_a_replay_can_keep_the_coefficients_a_real_run_was_given():
-    from relstream.bench.runner import make_cost_model
     from relstream.scheduler import CostModel, Linear
+    from relstream_lab.common.runner import make_cost_model
 
     given = CostModel(Linear(0.002, 0.03), Linear(0.004, 0.05))
     assert make_cost_model("fixed", PROFILE, given) is given

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from relstream.bench.deadlinereport import judge_deadlines, markdown_deadlines
-from relstream.bench.sustained import SustainedOptions, run_sustained
-from relstream.bench.sustainedreport import judge, markdown_table
-from relstream.cli.sustained import write_sustained_report
+from relstream_lab.sustained.cli import write_sustained_report
+from relstream_lab.sustained.deadlinereport import judge_deadlines, markdown_deadlines
+from relstream_lab.sustained.report import judge, markdown_table
+from relstream_lab.sustained.run import SustainedOptions, run_sustained
 
 
 def record(policy: str, mean: float, makespan: float, p99: float, load: float = 0.95) -> dict:

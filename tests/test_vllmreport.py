@@ -2,10 +2,10 @@
 
 import pytest
 
-from relstream.bench.campaign import MachineSpeedError, check_speed, speed_against
-from relstream.bench.targets import judge_targets
-from relstream.bench.vllmbench import offline_cost_lines, run_windows
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
+from relstream_lab.campaign.checkpoint import MachineSpeedError, check_speed, speed_against
+from relstream_lab.campaign.run import offline_cost_lines, run_windows
+from relstream_lab.campaign.targets import judge_targets
 
 
 def test_each_target_is_judged_on_its_worst_trace():

@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from relstream.bench.templates import MAX_TOKENS, PAPER_DATASETS
-from relstream.bench.workload import (
+from relstream.connectors.tables import load_csv
+from relstream_lab.common.templates import MAX_TOKENS, PAPER_DATASETS
+from relstream_lab.common.workload import (
     DEFAULT_DATASETS_DIR,
     TraceConfig,
     generate_relqueries,
@@ -12,7 +13,6 @@ from relstream.bench.workload import (
     tokenize_trace,
     unit_gaps,
 )
-from relstream.connectors.tables import load_csv
 
 
 def test_bundled_trace_follows_the_paper_recipe():

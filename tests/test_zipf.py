@@ -1,12 +1,12 @@
-"""The Zipf stream benchmark's trace and accounting (relstream.bench.zipf), on a short
+"""The Zipf stream benchmark's trace and accounting (relstream_lab.zipf.sim), on a short
 trace of the real table."""
 
 from dataclasses import replace
 
 import pytest
 
-from relstream.bench.workload import DEFAULT_DATASETS_DIR
-from relstream.bench.zipf import TABLE, ZipfOptions, read_beers, run_seed, zipf_windows
+from relstream_lab.common.workload import DEFAULT_DATASETS_DIR
+from relstream_lab.zipf.sim import TABLE, ZipfOptions, read_beers, run_seed, zipf_windows
 
 pytestmark = pytest.mark.skipif(
     not (DEFAULT_DATASETS_DIR / TABLE).is_file(), reason="needs ../shared/datasets"

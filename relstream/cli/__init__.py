@@ -7,20 +7,14 @@ import os
 import click
 
 from relstream.cli.answers import answers
-from relstream.cli.bench import bench
 from relstream.cli.demo import demo
-from relstream.cli.drill import drill
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
-from relstream.cli.placement import bench_placement
-from relstream.cli.prefix import bench_prefix
 from relstream.cli.replay import replay
 from relstream.cli.reset import reset
 from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.status import status
 from relstream.cli.streaming import broker, worker
-from relstream.cli.sustained import bench_sustained
-from relstream.cli.zipf import bench_zipf
 from relstream.extras import MissingExtra, extra_of, install_hint
 
 # What the Kafka clients (aiokafka, kafka-python) raise when no broker answers. Matched by
@@ -67,11 +61,6 @@ def main() -> None:
 
 
 for command in (
-    bench,
-    bench_sustained,
-    bench_placement,
-    bench_prefix,
-    bench_zipf,
     model,
     broker,
     engine,
@@ -84,7 +73,6 @@ for command in (
     replay,
     reset,
     status,
-    drill,
     demo,
     answers,
 ):

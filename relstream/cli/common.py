@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relstream.kafka.brokers import BROKERS
 from relstream.kafka.security import MECHANISMS, PROTOCOLS, KafkaSecurity, SecurityError
-from relstream.scheduler import DEFAULT_POLICY, POLICIES
+from relstream.scheduler import DEFAULT_POLICY, POLICIES, policy_spec
 
 
 def _console() -> Console:
@@ -42,8 +42,22 @@ broker_kind_option = click.option(
     default=None,
     help="The embedded broker in use, for its client settings.",
 )
+
+
+def _policy(_ctx: click.Context, _param: click.Parameter, name: str) -> str:
+    try:
+        policy_spec(name)  # a registered policy's name, the lab's included where installed
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return name
+
+
 policy_option = click.option(
-    "--policy", type=click.Choice(list(POLICIES)), default=DEFAULT_POLICY, show_default=True
+    "--policy",
+    default=DEFAULT_POLICY,
+    show_default=True,
+    callback=_policy,
+    help=f"{', '.join(POLICIES)}, or one the lab registers (relserve, v0-fcfs, ...).",
 )
 
 

@@ -1,7 +1,7 @@
 """vLLM's own scheduler with no model behind it: built as vLLM's scheduler tests build it
 (a VllmConfig over the local model folder, a KVCacheConfig, no model run) and driven with
 fake model outputs. The plug-in's contract test and the decision benchmark
-(`bench/schedcost.py`) both run on it."""
+(`relstream_lab/paper/schedcost.py`) both run on it."""
 
 from __future__ import annotations
 

@@ -2,28 +2,24 @@
 
 `v1-fcfs` and `v1-priority` are what stock vLLM V1 does on its own (its "fcfs" and
 "priority" scheduling policies): inside vLLM the plug-in only observes them, so they are
-the honest baselines, and on the simulator `stock_v1` models them. `v0-*` are the
-paper's vLLM V0 baselines (prefill first, never mixed). Every other policy is decided by
-relstream's plug-in each step. On the simulator every policy runs as a `Policy` object.
+the honest baselines, and on the simulator `stock_v1` models them. relstream's plug-in
+decides every step of every other policy. The product holds those two and relstream's
+own; others (the paper's baselines, in the lab) join with `register`, which the lab calls
+when imported and which the `relstream.policies` entry point group calls from any
+process that meets a name it does not know. On the simulator every policy runs as a
+`Policy` object.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from importlib.metadata import entry_points
 
 from relstream.scheduler.cost import CostModel
-from relstream.scheduler.policies import (
-    FCFS,
-    Policy,
-    RelServe,
-    RelServeDP,
-    RelServePP,
-    Sarathi,
-    StaticPriority,
-    StaticPriorityEvicting,
-)
+from relstream.scheduler.policies import Policy
 from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.stock_v1 import MODELLED_VLLM, StockV1FCFS, StockV1Priority
 
@@ -52,25 +48,45 @@ class PolicySpec:
 _SPECS = (
     PolicySpec(StockV1FCFS.name, StockV1FCFS, VllmQueue.FCFS),
     PolicySpec(StockV1Priority.name, StockV1Priority, VllmQueue.PRIORITY),
-    PolicySpec(FCFS.name, FCFS),
-    PolicySpec(StaticPriority.name, StaticPriority),
-    PolicySpec(StaticPriorityEvicting.name, StaticPriorityEvicting),
-    PolicySpec(Sarathi.name, Sarathi),
-    PolicySpec(RelServe.name, RelServe),
-    PolicySpec(RelServePP.name, RelServePP),
-    PolicySpec(RelServeDP.name, RelServeDP),
     PolicySpec(Relstream.name, Relstream),
 )
 POLICIES: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}
 DEFAULT_POLICY = Relstream.name  # what `relstream engine`, the demo and the benchmarks run
 
 
+ENTRY_POINTS = "relstream.policies"  # each names a function that calls `register`
+
+
+def register(spec: PolicySpec) -> None:
+    """Add a policy by its name; the same spec twice is one registration."""
+    known = POLICIES.get(spec.name)
+    if known is not None and known != spec:
+        raise ValueError(f"policy {spec.name!r} is registered already")
+    POLICIES[spec.name] = spec
+
+
+@functools.cache
+def load_registered() -> None:
+    """Call every `relstream.policies` entry point once (the lab's, where installed)."""
+    for entry in entry_points(group=ENTRY_POINTS):
+        try:
+            entry.load()()
+        except ImportError:
+            continue  # its package is not installed here; the name stays unknown
+
+
 def policy_spec(name: str) -> PolicySpec:
+    if name not in POLICIES:
+        load_registered()
     try:
         return POLICIES[name]
     except KeyError:
         known = ", ".join(POLICIES)
-        raise ValueError(f"unknown policy {name!r}; choose one of: {known}") from None
+        raise ValueError(
+            f"unknown policy {name!r}; choose one of: {known} (the paper's baselines, such "
+            "as relserve, come with the lab: pip install 'relstream[lab]', from a "
+            "checkout pip install '.[lab]')"
+        ) from None
 
 
 def make_policy(

@@ -1,0 +1,1 @@
+"""The real-engine campaign: the paper-style trace on vLLM, resumable across machines."""

@@ -1,0 +1,34 @@
+"""`relstream-lab ...`: the lab's command group, one subgroup for the benchmarks and one for
+the drills; each experiment's package adds its command."""
+
+from __future__ import annotations
+
+import click
+
+from relstream.cli import Commands
+from relstream.extras import require
+from relstream_lab.campaign.cli import campaign
+from relstream_lab.drills.cli import drill
+from relstream_lab.paper.cli import paper
+from relstream_lab.placement.cli import placement
+from relstream_lab.prefix.cli import prefix
+from relstream_lab.streaming.cli import streaming
+from relstream_lab.sustained.cli import sustained
+from relstream_lab.zipf.cli import zipf
+
+
+@click.group(cls=Commands)
+@click.version_option(package_name="relstream")
+def main() -> None:
+    """relstream's lab: the paper's benchmarks and the drills."""
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: the paper's trace, the real-engine campaign, sustained load, and more."""
+    require("lab")
+
+
+for command in (paper, campaign, streaming, sustained, zipf, prefix, placement):
+    bench.add_command(command)
+main.add_command(drill)

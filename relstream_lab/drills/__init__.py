@@ -1,0 +1,1 @@
+"""The drills: a hostile flood and a broker outage against running processes."""

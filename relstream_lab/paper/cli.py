@@ -1,0 +1,76 @@
+"""`relstream-lab bench paper`: the paper's experiment on the simulated engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from relstream.cli.common import console, progress
+from relstream.sim.profiles import PROFILE_NAMES
+from relstream_lab.common.options import (
+    canonical_command,
+    print_top_rate,
+    rates,
+    trace_of,
+    trace_options,
+)
+from relstream_lab.common.runner import RunSummary
+from relstream_lab.policies import SIM_POLICIES
+
+
+@click.command()
+@click.option(
+    "--profile", type=click.Choice(PROFILE_NAMES), default="a100-opt13b", show_default=True
+)
+@click.option(
+    "--rates",
+    default="0.25,0.5,0.75,1.0,1.25,1.5,2.0",
+    show_default=True,
+    callback=rates,
+    help="Comma-separated relQuery arrival rates (relQueries/s).",
+)
+@click.option("--cost-model", type=click.Choice(["online", "fixed"]), default="online")
+@click.option("--decision-benchmark/--no-decision-benchmark", default=True)
+@trace_options(size=100)
+def paper(**opts) -> None:
+    """Replay the paper's relQuery trace under each policy and rate (simulator)."""
+    from relstream_lab.paper.run import SimBenchOptions, run_sim_benchmark
+
+    policies = opts["policies"] or SIM_POLICIES
+    trace, datasets_dir, spelled = trace_of(opts)
+    command = canonical_command(
+        ["bench", "paper"],
+        profile=opts["profile"],
+        policies=",".join(policies),
+        rates=",".join(f"{r:g}" for r in opts["rates"]),
+        cost_model=opts["cost_model"],
+        **spelled,
+    )
+    out_dir = opts["out"] or Path("docs/benchmarks") / f"sim-{opts['profile']}"
+    options = SimBenchOptions(
+        profile=opts["profile"],
+        policies=policies,
+        rates=opts["rates"],
+        trace=trace,
+        datasets_dir=datasets_dir,
+        out_dir=out_dir,
+        cost_model=opts["cost_model"],
+        decision_benchmark=opts["decision_benchmark"],
+        command=command,
+    )
+    with progress() as bar:
+        task = bar.add_task("tokenizing trace", total=len(options.policies) * len(options.rates))
+
+        def on_trace(count: int, requests: int) -> None:
+            bar.update(task, description=f"simulating {count} relQueries ({requests} requests)")
+
+        def on_run(summary: RunSummary) -> None:
+            bar.advance(task)
+            bar.console.print(
+                f"  {summary.policy:<12} rate {summary.rate:<5g} mean {summary.mean:8.2f} s"
+            )
+
+        document = run_sim_benchmark(options, on_trace, on_run)
+    print_top_rate(document, document["top_rate"])
+    console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")

@@ -1,0 +1,1 @@
+"""The placement benchmark: hash against load-aware placement over simulated engines."""

@@ -1,0 +1,1 @@
+"""The prefix benchmark: the prompt tokens a prefix cache leaves to compute."""

@@ -1,0 +1,1 @@
+"""The streaming benchmark: what the Kafka path costs beside a direct run."""

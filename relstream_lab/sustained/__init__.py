@@ -1,0 +1,1 @@
+"""The sustained benchmark: long traces near capacity on the simulated engine."""

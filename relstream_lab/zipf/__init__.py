@@ -1,0 +1,1 @@
+"""The Zipf benchmark: a stream that repeats itself, with and without each mechanism."""
