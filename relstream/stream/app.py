@@ -1,13 +1,17 @@
-"""The Faust worker (`relstream worker`): rows topics → windows → the relqueries topic.
+"""The worker (`relstream worker`): rows topics → windows → the relqueries topic.
 
-The Faust app runs one window stage per registration (`stage.WindowStage`) as an app
-task: each reads its rows topic a batch at a time, cuts every input partition into
-windows by row count and by the rows' own timestamps (`windowing`), produces one
-relQuery per window and dead-letters rows that cannot be used, with the reason. Offsets
-are committed only once the relQuery is on the broker, and never past a window still
-open, so a restarted worker cuts the same windows under the same ids. Runs in its own
-environment (`relstream[stream]`), since faust-streaming and vLLM pin conflicting clicks.
-"""
+A Faust app that uses Faust for the worker process (start, stop, signals, logging) and
+runs one window stage per registration (`stage.WindowStage`) as an app task, not as a
+Faust agent: each stage reads its rows topic a batch at a time with its own consumer,
+cuts every input partition into windows by row count and by the rows' own timestamps
+(`windowing`), produces one relQuery per window and dead-letters rows that cannot be
+used, with the reason. Offsets are committed only once the relQuery is on the broker,
+and never past a window still open, so a restarted worker cuts the same windows under
+the same ids. A Faust agent was measured and ruled out: Faust's per-event path holds it
+under the worker's throughput goal, and Faust acknowledges some events on its own, which
+can commit past an open window (docs/architecture.md, "Why the window stage is not a
+Faust agent"). Runs in its own
+environment (`relstream[stream]`), since faust-streaming and vLLM pin conflicting clicks."""
 
 from __future__ import annotations
 
