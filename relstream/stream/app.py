@@ -16,6 +16,7 @@ environment (`relstream[stream]`), since faust-streaming and vLLM pin conflictin
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from pathlib import Path
 
 import faust
@@ -90,3 +91,24 @@ def build_app(
         await runs
 
     return app
+
+
+class AgentsError(Exception):
+    """A file given as the worker's own agents that does not declare them."""
+
+
+def add_agents(app: faust.App, topics: Topics, path: Path) -> None:
+    """Your own Faust agents beside the window stages (`relstream worker --agents`): the
+    Python file at `path` defines `agents(app, topics)`, which declares them on `app`, for
+    example one that filters or enriches rows on their way to a rows topic
+    (docs/examples/enrich_reviews.py). They run under Faust's own acks: an event is
+    committed once the agent has handled it and the app's producer has flushed."""
+    spec = importlib.util.spec_from_file_location(f"relstream_agents_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise AgentsError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    declare = getattr(module, "agents", None)
+    if not callable(declare):
+        raise AgentsError(f"{path} defines no agents(app, topics) function")
+    declare(app, topics)

@@ -64,9 +64,11 @@ def start_worker(
     topics: Topics | None = None,
     app_id: str | None = None,
     ready_file: Path | None = None,
+    agents: Path | None = None,
 ) -> subprocess.Popen:
     """The Faust worker as a subprocess (`executable` from `relstream_command(True)`),
-    writing `ready_file` once every query reads its rows."""
+    writing `ready_file` once every query reads its rows; `agents`: a file of your own
+    Faust agents (`relstream worker --agents`)."""
     command = [
         *executable,
         "worker",
@@ -83,6 +85,8 @@ def start_worker(
         command += ["--app-id", app_id]
     if ready_file:
         command += ["--ready-file", str(ready_file)]
+    if agents:
+        command += ["--agents", str(agents)]
     return spawn_logged(command, log)
 
 
