@@ -95,7 +95,7 @@ def _worker(args: argparse.Namespace) -> None:
             sent = []
             for closed_window in closed:
                 value = encode(relquery(registration, closed_window.rows, closed_window.window_id))
-                sent.append(await relqueries.send(key=b"k", value=value))
+                sent.append(await relqueries.send(key=b"k", value=value))  # any key will do
             await asyncio.gather(*sent)  # every relQuery on the broker before an ack
             for partition, cutter in cutters.items():
                 waiting, limit = held[partition], cutter.committable()
