@@ -14,11 +14,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
 from relstream.schemas import (
     DeadLetterMessage,
     PartialResultMessage,
+    RelQueryMessage,
     ResultMessage,
     RowMessage,
     decode,
@@ -149,6 +150,60 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
     cut = [letter for letter in map(decode_dead_letter, dead) if letter.truncated]
     assert len(cut) == malformed.count(HUGE)
     assert all(c.original_size == len(HUGE) and HUGE.startswith(c.original) for c in cut)
+
+
+EXAMPLE_AGENTS = REPO / "docs" / "examples" / "enrich_reviews.py"
+
+
+def test_your_own_agent_filters_and_enriches_rows_before_they_are_windowed(broker, tmp_path):
+    """The README's example agent (`relstream worker --agents`) beside the window stage:
+    an empty review never reaches a window, the others arrive trimmed and with a word
+    count, and a message that is no row is dead-lettered by the stage with the reason."""
+    topics = Topics(prefix=f"a{uuid.uuid4().hex[:6]}.")
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "len"\ntable = "reviews"\ntemplate = "{review} ({words} words)"\n'
+        "window_seconds = 1.0\nmax_rows = 2\nmax_output_tokens = 4\n"
+    )
+    raw = {"r1": "  Dry feet all week. ", "r2": "   ", "r3": "Too small"}
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout(("raw_reviews", "reviews")))
+        executable = [str(stream_bin() / "relstream")]
+        log, app_id = tmp_path / "worker.log", f"worker-{uuid.uuid4().hex[:8]}"
+        worker = launch.start_worker(
+            executable, broker, config, log, topics, app_id, agents=EXAMPLE_AGENTS
+        )
+        try:
+            rows = [
+                RowMessage(table="raw_reviews", key=key, values={"review": review})
+                for key, review in raw.items()
+            ]
+            messages = [(row.key.encode(), encode(row)) for row in rows] + [(b"bad", b"\xc1")]
+            await produce(broker.bootstrap, topics.rows("raw_reviews"), messages)
+            windowed = {}
+            subscription = Subscription(
+                broker.bootstrap, topics.relqueries, broker_kind=broker.kind, timeout=90
+            )
+            async with subscription as relqueries:
+                async for message in relqueries:
+                    for row in decode(RelQueryMessage, message.value).rows:
+                        windowed[row.key] = row.values
+                    if len(windowed) >= 2:
+                        break
+            dead = await read_messages(broker.bootstrap, topics.deadletter, 1, broker.kind, 30)
+            return windowed, dead
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+
+    windowed, dead = asyncio.run(scenario())
+    assert windowed == {
+        "r1": {"review": "Dry feet all week.", "words": 4},
+        "r3": {"review": "Too small", "words": 2},
+    }
+    (letter,) = map(decode_dead_letter, dead)
+    assert letter.original == b"\xc1" and "msgpack" in letter.reason
 
 
 def test_demo_command_runs_the_whole_path():

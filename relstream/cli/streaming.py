@@ -125,6 +125,14 @@ def _broker_kind(kind: str, memory: bool, data_dir: Path | None) -> str:
     help="Where Faust keeps the worker's data, under a folder named by --app-id. Default: "
     "the user data dir, e.g. ~/.local/share/relstream/worker.",
 )
+@click.option(
+    "--agents",
+    "agents_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A Python file whose agents(app, topics) adds your own Faust agents to the "
+    "worker's app, e.g. to filter or enrich rows before they are windowed.",
+)
 @security_options
 def worker(
     config_path: Path,
@@ -134,6 +142,7 @@ def worker(
     app_id: str,
     ready_file: Path | None,
     data_dir: Path | None,
+    agents_path: Path | None,
     security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
@@ -148,7 +157,7 @@ def worker(
     try:
         from faust.worker import Worker
 
-        from relstream.stream.app import build_app
+        from relstream.stream.app import AgentsError, add_agents, build_app
     except ImportError:
         raise MissingExtra(["stream"]) from None
     topics = Topics(prefix)
@@ -159,6 +168,11 @@ def worker(
     app = build_app(
         bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir
     )
+    if agents_path is not None:
+        try:
+            add_agents(app, topics, agents_path)
+        except AgentsError as exc:
+            raise click.ClickException(str(exc)) from None
     show_logs("relstream.worker")
     from relstream.kafka.delivery import quiet_outages
 

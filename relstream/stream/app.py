@@ -1,17 +1,22 @@
-"""The Faust worker (`relstream worker`): rows topics → windows → the relqueries topic.
+"""The worker (`relstream worker`): rows topics → windows → the relqueries topic.
 
-The Faust app runs one window stage per registration (`stage.WindowStage`) as an app
-task: each reads its rows topic a batch at a time, cuts every input partition into
-windows by row count and by the rows' own timestamps (`windowing`), produces one
-relQuery per window and dead-letters rows that cannot be used, with the reason. Offsets
-are committed only once the relQuery is on the broker, and never past a window still
-open, so a restarted worker cuts the same windows under the same ids. Runs in its own
-environment (`relstream[stream]`), since faust-streaming and vLLM pin conflicting clicks.
-"""
+A Faust app that uses Faust for the worker process (start, stop, signals, logging) and
+runs one window stage per registration (`stage.WindowStage`) as an app task, not as a
+Faust agent: each stage reads its rows topic a batch at a time with its own consumer,
+cuts every input partition into windows by row count and by the rows' own timestamps
+(`windowing`), produces one relQuery per window and dead-letters rows that cannot be
+used, with the reason. Offsets are committed only once the relQuery is on the broker,
+and never past a window still open, so a restarted worker cuts the same windows under
+the same ids. A Faust agent was measured and ruled out: Faust's per-event path holds it
+under the worker's throughput goal, and Faust acknowledges some events on its own, which
+can commit past an open window (docs/architecture.md, "Why the window stage is not a
+Faust agent"). Runs in its own
+environment (`relstream[stream]`), since faust-streaming and vLLM pin conflicting clicks."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from pathlib import Path
 
 import faust
@@ -86,3 +91,24 @@ def build_app(
         await runs
 
     return app
+
+
+class AgentsError(Exception):
+    """A file given as the worker's own agents that does not declare them."""
+
+
+def add_agents(app: faust.App, topics: Topics, path: Path) -> None:
+    """Your own Faust agents beside the window stages (`relstream worker --agents`): the
+    Python file at `path` defines `agents(app, topics)`, which declares them on `app`, for
+    example one that filters or enriches rows on their way to a rows topic
+    (docs/examples/enrich_reviews.py). They run under Faust's own acks: an event is
+    committed once the agent has handled it and the app's producer has flushed."""
+    spec = importlib.util.spec_from_file_location(f"relstream_agents_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise AgentsError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    declare = getattr(module, "agents", None)
+    if not callable(declare):
+        raise AgentsError(f"{path} defines no agents(app, topics) function")
+    declare(app, topics)

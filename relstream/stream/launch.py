@@ -4,6 +4,7 @@ the tests all start processes through here."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,19 +12,41 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from relstream.extras import MissingExtra
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.topics import Topics
 
+STREAM_BIN = "RELSTREAM_STREAM_BIN"  # the folder of the worker environment's executables
+
+
+class WorkerNotFound(MissingExtra):
+    """No environment to run the Faust worker from: the message names the setting."""
+
+    def __init__(self, reason: str) -> None:
+        self.extras = ["stream"]
+        RuntimeError.__init__(
+            self,
+            f"needs the Faust worker: {reason}. Set {STREAM_BIN} to the bin folder of an "
+            "environment with relstream[stream] (e.g. .venv-stream/bin, which make setup "
+            "builds), or install relstream[stream] in this one",
+        )
+
 
 def relstream_command(needs_faust: bool) -> list[str]:
-    """How to run `relstream` for a role: the worker needs the Faust environment."""
-    if needs_faust:
-        stream_bin = os.environ.get("RELSTREAM_STREAM_BIN")
-        candidates = [Path(stream_bin)] if stream_bin else []
-        candidates.append(Path(__file__).resolve().parents[2] / ".venv-stream" / "bin")
-        for folder in candidates:
-            if (folder / "relstream").exists():
-                return [str(folder / "relstream")]
+    """How to run `relstream` for a role. The worker runs from `RELSTREAM_STREAM_BIN`'s
+    `relstream` when that is set, else from this interpreter if it has Faust; no path is
+    guessed, so an installed package finds it the same as a checkout (`WorkerNotFound`
+    otherwise)."""
+    if not needs_faust:
+        return [sys.executable, "-m", "relstream"]
+    stream_bin = os.environ.get(STREAM_BIN)
+    if stream_bin:
+        executable = Path(stream_bin) / "relstream"
+        if not executable.exists():
+            raise WorkerNotFound(f"{STREAM_BIN}={stream_bin} holds no relstream executable")
+        return [str(executable)]
+    if importlib.util.find_spec("faust") is None:
+        raise WorkerNotFound(f"{STREAM_BIN} is not set and this environment has no Faust")
     return [sys.executable, "-m", "relstream"]
 
 
@@ -41,9 +64,11 @@ def start_worker(
     topics: Topics | None = None,
     app_id: str | None = None,
     ready_file: Path | None = None,
+    agents: Path | None = None,
 ) -> subprocess.Popen:
     """The Faust worker as a subprocess (`executable` from `relstream_command(True)`),
-    writing `ready_file` once every query reads its rows."""
+    writing `ready_file` once every query reads its rows; `agents`: a file of your own
+    Faust agents (`relstream worker --agents`)."""
     command = [
         *executable,
         "worker",
@@ -60,6 +85,8 @@ def start_worker(
         command += ["--app-id", app_id]
     if ready_file:
         command += ["--ready-file", str(ready_file)]
+    if agents:
+        command += ["--agents", str(agents)]
     return spawn_logged(command, log)
 
 

@@ -1,0 +1,206 @@
+"""Can the window stage be a Faust agent? The measurement behind docs/architecture.md,
+"Why the window stage is not a Faust agent".
+
+`worker` runs a prototype of the window stage as a Faust agent over a Faust topic: it
+reads micro-batches with `Stream.noack_take`, checks each row and cuts each partition into
+windows as the real stage does (`stream.windowing`), sends each closed window's relQuery
+and waits for the broker's acknowledgement, then acknowledges (`Stream.ack`) every event
+below the partition's committable offset, so Faust commits only there. It takes the
+arguments of `relstream worker` that the streaming benchmark passes, and runs from the
+worker's environment.
+
+`measure` runs the streaming benchmark's window-stage measurement (as
+`bench.streambench.window_throughput`: worker warmed, rows produced live, rows/s to the
+last relQuery) on one embedded Tansu broker, alternating the real worker and the
+prototype, and also takes the CPU seconds the worker process spent on those rows (rows
+per CPU-second: what one core would sustain, whatever else the machine runs). It prints
+the figures as JSON. Run from the engine's environment:
+
+    python docs/benchmarks/streaming/faust_agents.py measure \\
+        --stream-python .venv-stream/bin/python --rows 100000 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def _worker(args: argparse.Namespace) -> None:
+    import faust
+
+    from relstream.kafka.clients import portable_session
+    from relstream.kafka.topics import Topics
+    from relstream.schemas import RowMessage, encode
+    from relstream.stream.registrations import load_registrations
+    from relstream.stream.windowing import PartitionWindows, RowRejection, check_row
+    from relstream.stream.windowing import relquery_for_window as relquery
+
+    (registration,) = load_registrations(Path(args.config))
+    bare_row = RowMessage(table=registration.table, key="k", values={"text": "item"})
+    topics = Topics(args.prefix)
+    sessions = portable_session(args.broker_kind)
+    app = faust.App(
+        args.app_id,
+        broker=f"kafka://{args.bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_partitions=topics.partitions,
+        topic_allow_declare=False,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        store="memory://",
+        datadir=tempfile.mkdtemp(prefix="faust-agents-"),
+        broker_max_poll_records=10_000,  # Faust's best case: as large a fetch as the stage's
+        stream_buffer_maxsize=20_000,
+        **{f"broker_{k.removesuffix('_ms')}": v / 1000 for k, v in sessions.items()},
+    )
+    rows_topic = app.topic(topics.rows(registration.table), key_type=bytes, value_type=bytes)
+    relqueries = app.topic(topics.relqueries, key_type=bytes, value_type=bytes)
+    cutters: dict[int, PartitionWindows] = {}
+    held: dict[int, deque] = defaultdict(deque)  # events not yet acknowledged, in order
+
+    @app.agent(rows_topic, name=f"window-{registration.name}")
+    async def window(stream):
+        async for events in stream.noack_take(10_000, within=0.1):
+            closed = []
+            for event in events:
+                message = event.message
+                cutter = cutters.get(message.partition)
+                if cutter is None:
+                    cutter = cutters[message.partition] = PartitionWindows(
+                        registration, message.partition
+                    )
+                if args.bare:  # no decoding or checking: Faust's own cost per event
+                    row = bare_row
+                else:
+                    checked = check_row(registration, event.value, message.headers)
+                    row = None if isinstance(checked, RowRejection) else checked
+                held[message.partition].append(event)
+                closed += cutter.add(message.offset, message.timestamp, row)
+            now = time.time()
+            for cutter in cutters.values():
+                if (expired := cutter.expire(now, 1.0)) is not None:
+                    closed.append(expired)
+            sent = []
+            for closed_window in closed:
+                value = encode(relquery(registration, closed_window.rows, closed_window.window_id))
+                sent.append(await relqueries.send(key=b"k", value=value))  # any key will do
+            await asyncio.gather(*sent)  # every relQuery on the broker before an ack
+            for partition, cutter in cutters.items():
+                waiting, limit = held[partition], cutter.committable()
+                while waiting and waiting[0].message.offset < limit:
+                    await stream.ack(waiting.popleft())
+
+    faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+
+
+def _measure(args: argparse.Namespace) -> None:
+    from relstream.kafka.brokers import EmbeddedBroker
+
+    commands = {
+        "current stage (aiokafka batches)": [args.stream_python, "-m", "relstream"],
+        "Faust agent (noack_take)": [args.stream_python, str(HERE)],
+        "Faust agent, rows not decoded": [args.stream_python, str(HERE), "--bare"],
+    }
+    figures: dict[str, list[dict]] = {name: [] for name in commands}
+    with tempfile.TemporaryDirectory() as workdir, EmbeddedBroker("tansu") as broker:
+        for _ in range(args.repeats):
+            for name, command in commands.items():
+                figure = _window_stage(broker, args.rows, command, Path(workdir))
+                figures[name].append(figure)
+                print(name, figure, file=sys.stderr, flush=True)
+    print(json.dumps({"rows": args.rows, "runs": figures}, indent=2))
+
+
+def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
+    """The streaming benchmark's window-stage run (`streambench.window_throughput`: warmed,
+    then `rows` produced live, round-robin, timed to the last relQuery), plus the CPU
+    seconds the worker process (all its threads) spent on the timed rows."""
+    import uuid
+
+    import psutil
+
+    from relstream.bench import streambench
+    from relstream.kafka.clients import Subscription, create_topics
+    from relstream.kafka.topics import Topics
+    from relstream.stream.launch import start_worker
+
+    topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
+    warm = streambench.THROUGHPUT_WINDOW_ROWS * topics.partitions
+    config = workdir / "throughput.toml"
+    config.write_text(
+        '[[query]]\nname = "t"\ntable = "items"\ntemplate = "Rate {text}"\n'
+        f"window_seconds = 1.0\nmax_rows = {streambench.THROUGHPUT_WINDOW_ROWS}\n"
+        "max_output_tokens = 4\n"
+    )
+    asyncio.run(create_topics(broker.bootstrap, topics.layout(("items",))))
+    log = workdir / "worker.log"
+    worker = start_worker(command, broker, config, log, topics, f"tp-{uuid.uuid4().hex[:6]}")
+    process = psutil.Process(worker.pid)
+
+    async def timed() -> dict:
+        subscription = Subscription(
+            broker.bootstrap, topics.relqueries, broker_kind=broker.kind, timeout=600
+        )
+        async with subscription as relqueries:
+            await asyncio.gather(
+                streambench._produce_items(broker, topics, range(warm)),
+                streambench._last_relquery_stamp(relqueries, warm),
+            )
+            cpu = sum(process.cpu_times()[:2])
+            started = time.time()
+            _, last = await asyncio.gather(
+                streambench._produce_items(broker, topics, range(warm, warm + rows)),
+                streambench._last_relquery_stamp(relqueries, rows),
+            )
+            cpu = sum(process.cpu_times()[:2]) - cpu
+        return {
+            "rows_per_second": round(rows / (last - started)),
+            "rows_per_cpu_second": round(rows / cpu),
+            "load_average": os.getloadavg()[0],
+        }
+
+    try:
+        return asyncio.run(timed())
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except Exception:
+            worker.kill()
+            worker.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    modes = parser.add_subparsers(dest="mode", required=True)
+    parser.add_argument("--bare", action="store_true", help="worker: skip decoding rows")
+    worker = modes.add_parser("worker")
+    for option in ("--bootstrap", "--config", "--prefix", "--broker-kind", "--app-id"):
+        worker.add_argument(option)
+    worker.add_argument("--ready-file")
+    measure = modes.add_parser("measure")
+    measure.add_argument("--stream-python", required=True)
+    measure.add_argument("--rows", type=int, default=100_000)
+    measure.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    if args.mode == "worker":
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        _worker(args)
+    else:
+        _measure(args)
+
+
+if __name__ == "__main__":
+    main()
