@@ -10,14 +10,15 @@ arguments of `relstream worker` that the streaming benchmark passes, and runs fr
 worker's environment.
 
 `measure` runs the streaming benchmark's window-stage measurement (as
-`bench.streambench.window_throughput`: worker warmed, rows produced live, rows/s to the
+`relstream_lab.streaming.run.window_throughput`: worker warmed, rows produced live, rows/s to the
 last relQuery) on one embedded Tansu broker, alternating the real worker and the
 prototype, and also takes the CPU seconds the worker process spent on those rows (rows
 per CPU-second: what one core would sustain, whatever else the machine runs). It prints
 the figures as JSON. Run from the engine's environment:
 
-    python docs/benchmarks/streaming/faust_agents.py measure \\
-        --stream-python .venv-stream/bin/python --rows 100000 --repeats 2
+    python -m relstream_lab.streaming.faust_probe measure \\
+        --stream-python .venv-stream/bin/python --rows 100000 --repeats 2 \\
+        > docs/benchmarks/streaming/faust_agents.json
 """
 
 from __future__ import annotations
@@ -131,10 +132,10 @@ def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
 
     import psutil
 
-    from relstream.bench import streambench
     from relstream.kafka.clients import Subscription, create_topics
     from relstream.kafka.topics import Topics
     from relstream.stream.launch import start_worker
+    from relstream_lab.streaming import run as streambench
 
     topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
     warm = streambench.THROUGHPUT_WINDOW_ROWS * topics.partitions
