@@ -1,7 +1,8 @@
 """A process killed with SIGKILL takes the processes it started with multiprocessing
 with it (relstream.engine.lifetime): a `relstream engine` on the real backend (vLLM's
 CPU build, SmolLM2-135M) leaves no vLLM engine core or worker behind after 10 s, and an
-engine started again loads and serves."""
+engine started again loads and serves; one on the sim backend leaves none of its
+simulating children."""
 
 import contextlib
 import re
@@ -15,6 +16,7 @@ import psutil
 import pytest
 
 from relstream.kafka.topics import Topics
+from relstream.sim.backend import SIM_PROCESSES
 from relstream.stream.launch import spawn_logged
 
 READY_SECONDS = 300  # a model load on a busy 2-core machine
@@ -23,8 +25,8 @@ GONE_SECONDS = 10
 SERVING = re.compile(r"engine \(.+\) serving .+ as group")
 
 
-def start_engine(broker, topics: Topics, log) -> subprocess.Popen:
-    command = [sys.executable, "-m", "relstream", "engine", "--backend", "vllm"]
+def start_engine(broker, topics: Topics, log, backend: str = "vllm") -> subprocess.Popen:
+    command = [sys.executable, "-m", "relstream", "engine", "--backend", backend]
     command += ["--bootstrap", broker.bootstrap, "--broker-kind", broker.kind]
     command += ["--prefix", topics.prefix, "--group", f"kill-{uuid.uuid4().hex[:6]}"]
     process = spawn_logged(command, log)
@@ -113,6 +115,27 @@ def test_spawned_and_forked_children_and_theirs_die_with_a_killed_parent(tmp_pat
         parent.kill()
         for process in running(children):
             process.kill()
+
+
+@pytest.mark.parametrize("broker", ["tansu"], indirect=True)  # the broker plays no part
+def test_the_simulating_children_die_with_a_killed_sim_engine(broker, tmp_path):
+    topics = Topics(prefix=f"k{uuid.uuid4().hex[:6]}.")
+    engine = start_engine(broker, topics, tmp_path / "engine.log", backend="sim")
+    children = psutil.Process(engine.pid).children(recursive=True)
+    try:
+        assert len(children) >= SIM_PROCESSES, describe(children)
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        deadline = time.monotonic() + GONE_SECONDS
+        while running(children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = describe(running(children))
+        assert not left, f"alive {GONE_SECONDS} s after the engine was killed: {left}"
+    finally:
+        for process in running(children):  # only on failure: nothing is left behind
+            process.kill()
+        engine.kill()
+        engine.wait(10)
 
 
 @pytest.mark.slow

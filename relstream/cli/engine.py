@@ -183,14 +183,17 @@ def _answer_secret(opts: dict) -> bytes | None:
 
 async def _start_backend(opts: dict):
     if opts["backend"] == "sim":
-        from relstream.engine.tokenizer import load_tokenizer
-        from relstream.sim.backend import SimRelQueryBackend, SimSettings
+        from relstream.sim.backend import SIM_PROCESSES, SimRelQueryBackend, SimSettings
 
-        # Loaded now: its first relQueries would each load it in a thread, on the loop's GIL.
-        await asyncio.to_thread(load_tokenizer)
-        return SimRelQueryBackend(
-            SimSettings(policy=opts["policy"], time_scale=opts["sim_time_scale"])
+        backend = SimRelQueryBackend(
+            SimSettings(
+                policy=opts["policy"],
+                time_scale=opts["sim_time_scale"],
+                processes=SIM_PROCESSES,
+            )
         )
+        await backend.start()
+        return backend
     from relstream.engine.runtime import EngineSettings, RelQueryEngine
 
     settings = EngineSettings(

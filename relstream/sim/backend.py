@@ -4,18 +4,29 @@ Each row's output is its rendered prompt (so where an answer lands shows which r
 came from), or, where the relQuery gives choices, the choice its prompt hashes to; the
 latency breakdown is what the simulator predicts for the relQuery alone on a cost
 profile. Rows fail for the same reasons as on the real engine (`prepare_row`).
+
+`relstream engine --backend sim` simulates in child processes (`SimSettings.processes`),
+as vLLM computes in its engine core's: tokenizing and simulating a 100,000-row relQuery
+is seconds of Python that, in a thread, took the event loop's GIL from it (heartbeats
+late, the group rebalancing). The loop's process keeps only the rows' answers; a child
+gets the relQuery's prompts as one msgpack blob and returns its latency breakdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+import msgspec
+
 from relstream.answers import OutputKind
-from relstream.backend import backlog_rows_for
+from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
     LatencyBreakdown,
@@ -34,6 +45,8 @@ from relstream.sim.profiles import get_profile
 
 RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_requests`)
 TOKENIZE_BATCH = 256  # prompts tokenized at once
+SIM_PROCESSES = 2  # simulating children of `relstream engine --backend sim`
+CHILD_NICE = 10  # their nice value, that of the service's worker threads (`service.offloop`)
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,63 @@ class SimSettings:
     policy: str = DEFAULT_POLICY
     profile: str = "cpu-smollm2"
     time_scale: float = 0.0  # > 0: take this fraction of the simulated latency in real time
+    processes: int = 0  # child processes that simulate (0: a thread of this process)
+
+
+@dataclass(frozen=True)
+class LatencyJob:
+    """What a child needs to simulate one relQuery alone: its runnable rows' prompts."""
+
+    profile: str
+    policy: str
+    relquery_id: str
+    system_prompt: str | None
+    max_output_tokens: int
+    deadline: float | None
+    prompts: bytes  # msgpack list[str]: one C call to send, not one object a row
+
+
+def simulated_latency(job: LatencyJob) -> LatencyBreakdown:
+    """The latency the simulator predicts for the relQuery alone, tokenized in batches:
+    the tokenizer holds the GIL while it hands a batch's ids back, and only a batch's ids
+    are held at once (a request keeps its length and block hashes)."""
+    profile = get_profile(job.profile)
+    block = profile.limits.block_size
+    prompts = msgspec.msgpack.decode(job.prompts, type=list[str])
+    requests = []
+    for start in range(0, len(prompts), TOKENIZE_BATCH):
+        batch = [
+            chatml_prompt(p, job.system_prompt) for p in prompts[start : start + TOKENIZE_BATCH]
+        ]
+        for offset, tokens in enumerate(encode_batch(batch)):
+            requests.append(
+                SimRequest(
+                    f"{job.relquery_id}#{start + offset}",
+                    len(tokens),
+                    block_hashes(tokens, block),
+                    job.max_output_tokens,
+                )
+            )
+    engine = SimulatedEngine(profile, make_policy(job.policy, profile.prior()))
+    simulated = SimRelQuery(
+        job.relquery_id, 0.0, job.max_output_tokens, requests, deadline=job.deadline
+    )
+    return engine.run([simulated]).outcomes[0].latency
+
+
+def _start_child() -> None:
+    """A simulating child: niced, as the service's worker threads are, so where the cores
+    are busy the engine's event loop gets one first; its tokenizer loaded."""
+    import os
+
+    from relstream.engine.tokenizer import load_tokenizer
+
+    os.nice(CHILD_NICE)
+    load_tokenizer()
+
+
+def _ready() -> None:
+    """Nothing: a child answering it has started."""
 
 
 class SimHandle:
@@ -85,6 +155,23 @@ class SimRelQueryBackend:
         # What reached the model: request ids of the latest rows it answered, so a test
         # can tell a row the backend was asked from one it never saw.
         self.recent_requests: deque[str] = deque(maxlen=RECENT_REQUESTS)
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def start(self) -> None:
+        """Start the simulating children, each with its tokenizer loaded, from this
+        (the main) thread: a child started from another thread would not die with the
+        engine (`engine.lifetime`)."""
+        if self.settings.processes < 1 or self._pool is not None:
+            return
+        from relstream.engine.lifetime import children_die_with_this_process
+
+        children_die_with_this_process()
+        context = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(
+            self.settings.processes, mp_context=context, initializer=_start_child
+        )
+        warming = [self._pool.submit(_ready) for _ in range(self.settings.processes)]
+        await asyncio.gather(*map(asyncio.wrap_future, warming))
 
     async def submit(self, relquery: RelQuery) -> SimHandle:
         outcome = asyncio.ensure_future(self._serve_in_time(relquery))
@@ -98,7 +185,9 @@ class SimRelQueryBackend:
         return backlog_rows_for(self.profile.limits.kv_capacity_tokens)
 
     def shutdown(self) -> None:
-        """Nothing to release."""
+        """Stop the simulating children, dropping what they have not begun."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
         result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
@@ -125,33 +214,22 @@ class SimRelQueryBackend:
         return RelQueryResult(relquery.id, rows, latency, self.settings.policy, self.model_name)
 
     def _simulate(self, relquery: RelQuery, runnable: list[RowRequest]) -> LatencyBreakdown:
-        # In batches: the tokenizer holds the GIL while it hands a batch's ids back (0.4 s
-        # for 100,000 prompts), and this runs in a thread beside the engine's event loop.
-        # Only a batch's prompts and token ids are held at once (a request keeps its
-        # length and block hashes): all ids at once, as Python ints, took the engine's
-        # RSS up 94 MB for one 20,000-row relQuery of 5 MB (40 MB in batches).
-        block = self.profile.limits.block_size
-        requests = []
-        for start in range(0, len(runnable), TOKENIZE_BATCH):
-            batch = runnable[start : start + TOKENIZE_BATCH]
-            prompts = [chatml_prompt(r.prompt, relquery.system_prompt) for r in batch]
-            for request, tokens in zip(batch, encode_batch(prompts), strict=True):
-                requests.append(
-                    SimRequest(
-                        request.request_id,
-                        len(tokens),
-                        block_hashes(tokens, block),
-                        relquery.max_output_tokens,
-                    )
-                )
-        engine = SimulatedEngine(
-            self.profile, make_policy(self.settings.policy, self.profile.prior())
+        """In a child when there are children (this thread waits for it), else here."""
+        job = LatencyJob(
+            self.settings.profile,
+            self.settings.policy,
+            relquery.id,
+            relquery.system_prompt,
+            relquery.max_output_tokens,
+            relquery.deadline_s,
+            msgspec.msgpack.encode([request.prompt for request in runnable]),
         )
-        simulated = SimRelQuery(
-            relquery.id, 0.0, relquery.max_output_tokens, requests, deadline=relquery.deadline_s
-        )
-        run = engine.run([simulated])
-        return run.outcomes[0].latency
+        if self._pool is None:
+            return simulated_latency(job)
+        try:
+            return self._pool.submit(simulated_latency, job).result()
+        except BrokenProcessPool as exc:  # a child died: the engine's core is gone
+            raise EngineFailure(f"a simulating process died: {exc}") from exc
 
 
 def answer(relquery: RelQuery, request: RowRequest) -> str:

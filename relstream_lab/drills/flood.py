@@ -162,7 +162,8 @@ class FloodReport:
 
 
 class RssSampler:
-    """Each process's RSS every `RSS_EVERY_S`, in a thread: baseline (at start), peak, last."""
+    """Each process's RSS, its children's included (the sim backend's simulating
+    children), every `RSS_EVERY_S`, in a thread: baseline (at start), peak, last."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         import psutil
@@ -179,7 +180,8 @@ class RssSampler:
         sizes = {}
         for name, process in self._processes.items():
             with contextlib.suppress(psutil.Error):  # a process that exited keeps its peak
-                sizes[name] = process.memory_info().rss / 2**20
+                family = [process, *process.children(recursive=True)]
+                sizes[name] = sum(member.memory_info().rss for member in family) / 2**20
         return sizes
 
     def _run(self) -> None:
