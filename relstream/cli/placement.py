@@ -34,8 +34,16 @@ def bench_placement(engines, arrivals, seeds, loads, per_engine, profile, report
     from relstream.bench.report import machine_description
 
     options = PlacementOptions(
-        tuple(engines), tuple(arrivals), 2.0, tuple(seeds), tuple(loads), per_engine,
-        48, profile, report_s, datasets if datasets and Path(datasets).is_dir() else None,
+        tuple(engines),
+        tuple(arrivals),
+        2.0,
+        tuple(seeds),
+        tuple(loads),
+        per_engine,
+        48,
+        profile,
+        report_s,
+        datasets if datasets and Path(datasets).is_dir() else None,
     )
     records = run_placement(options)
     command = "relstream " + shlex.join(["bench-placement", *sys.argv[2:]])
