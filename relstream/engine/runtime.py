@@ -45,6 +45,7 @@ from relstream.scheduler import (
     COST_MODEL_KINDS,
     DEFAULT_POLICY,
     VllmQueue,
+    holds_twins,
     policy_spec,
     static_priority,
 )
@@ -135,7 +136,7 @@ class RelQueryEngine:
         # Identical requests in flight computed once; finished answers kept if asked for.
         cache_bytes = settings.answer_cache_bytes
         cache = AnswerCache(cache_bytes, identity.model, identity.digest) if cache_bytes else None
-        self._shared = SharedRequests(cache)
+        self._shared = SharedRequests(cache, holds_twins(settings.policy))
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RelQueryEngine:
@@ -341,9 +342,8 @@ class RelQueryEngine:
         row_errors = (ValueError, VLLMClientError)
         relquery, request = handle.relquery, row.request
         share = role.key.digest.hex() if role.key is not None else None
-        tags = relquery_tags(
-            relquery.id, runnable, seconds_left(relquery, handle.submitted_at), share
-        )
+        deadline_in = seconds_left(relquery, handle.submitted_at)
+        tags = relquery_tags(relquery.id, runnable, deadline_in, share)
         params = sampling_params(relquery, tags)
         prompt: dict = {"prompt_token_ids": row.token_ids}
         if relquery.cache_salt is not None:  # a tenant's own prefix cache too

@@ -199,14 +199,19 @@ class SharedRequests:
     first answers every row of the key. A twin that ends without an answer (its relQuery
     cancelled) leaves the others to it: one of them runs and answers the rest."""
 
-    def __init__(self, cache: AnswerCache | None = None) -> None:
+    def __init__(self, cache: AnswerCache | None = None, twins: bool = True) -> None:
         self.cache = cache
+        # False where the scheduler cannot hold a twin (stock vLLM's own queues,
+        # `scheduler.registry.holds_twins`): every row of a key follows the one in flight.
+        self.twins = twins
         self._twins: dict[RequestKey, _Twins] = {}
         self.followed = 0  # rows answered by another row's request (for tests, metrics)
 
     def role(self, key: RequestKey | None, relquery_id: str = "") -> Role:
         if key is None:
             return Role(None)
+        if not self.twins:
+            relquery_id = ""
         twins = self._twins.get(key)
         if twins is None:
             if self.cache is not None and (cached := self.cache.get(key.digest)) is not None:
