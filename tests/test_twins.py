@@ -9,11 +9,13 @@ from helpers import ScriptedView
 
 from relstream.answers import Sampling
 from relstream.engine.shared import Answer, SharedRequests, request_key
-from relstream.model import RelQuery, Row, Template
+from relstream.model import RelQuery, RelQueryResult, Row, RowResult, RowStatus, Template
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.view import PrefillChunk, StepPlan
+from relstream.schemas.convert import metrics_message
+from relstream.service.metrics import EngineMetrics
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms (as tests/test_relstream.py).
 SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
@@ -134,3 +136,26 @@ def test_a_cancelled_twin_leaves_the_others_and_its_followers_lead_once_again():
 
     # The last three rows of one relQuery: one request, two followers (not three requests).
     assert asyncio.run(scenario()) == (True, None, [True, False, False])
+
+
+def test_cached_and_shared_rows_have_their_own_metrics_not_generated_tokens():
+    rows = [
+        RowResult(0, "ran", RowStatus.OK, "a", output_tokens=5),
+        RowResult(1, "cache", RowStatus.OK, "b", output_tokens=3, cached=True),
+        RowResult(2, "twin", RowStatus.OK, "c", output_tokens=4, shared=True),
+    ]
+    result = RelQueryResult("q", rows, None, "relstream", "smollm2")
+    metrics = EngineMetrics()
+    metrics.observe_result(result, service_seconds=2.0)
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert sample("relstream_output_tokens_total") == 5  # only the row that ran
+    assert sample("relstream_output_tokens_per_second") == 2.5
+    assert sample("relstream_rows_from_answer_cache_total") == 1
+    assert sample("relstream_rows_shared_total") == 1
+    assert sample("relstream_output_tokens_reused_total", source="cache") == 3
+    assert sample("relstream_output_tokens_reused_total", source="shared") == 4
+    assert sample("relstream_rows_total", status="ok") == 3
+    assert metrics_message(result, "engine").output_tokens == 5

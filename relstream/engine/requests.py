@@ -54,10 +54,15 @@ def sampling_params(relquery: RelQuery, extra_args: dict):
 
 
 def answered_row(
-    relquery: RelQuery, request: RowRequest, answer: Answer, cached: bool = False
+    relquery: RelQuery,
+    request: RowRequest,
+    answer: Answer,
+    cached: bool = False,
+    shared: bool = False,
 ) -> RowResult:
-    """A finished row; where the relQuery constrains its output, an answer that does not
-    hold (cut off by max tokens, say) is that row's error, text kept."""
+    """A finished row (`cached`: from the answer cache; `shared`: an identical row's
+    request answered it); where the relQuery constrains its output, an answer that does
+    not hold (cut off by max tokens, say) is that row's error, text kept."""
     value, reason = None, None
     if relquery.output is not None:
         value, reason = relquery.output.parse(answer.text)
@@ -70,6 +75,7 @@ def answered_row(
         answer.output_tokens,
         value,
         cached,
+        shared,
     )
 
 

@@ -298,7 +298,7 @@ class RelQueryEngine:
             except asyncio.CancelledError:  # its relQuery was cancelled; the others run on
                 return RowResult.cancelled(row.request), None
             if answer is not None:
-                return answered_row(relquery, row.request, answer), answer.times
+                return answered_row(relquery, row.request, answer, shared=True), answer.times
             role = self._shared.role(role.key, relquery.id)
 
     async def _lead(
@@ -315,7 +315,7 @@ class RelQueryEngine:
             own.cancel()  # a twin answered first: this request is aborted, held or not
             answer = await self._shared.answer_of(role)
             assert answer is not None  # a request of the key was in flight: this one
-            return answered_row(handle.relquery, row.request, answer), answer.times
+            return answered_row(handle.relquery, row.request, answer, shared=True), answer.times
         except asyncio.CancelledError:  # this row's relQuery was cancelled
             return RowResult.cancelled(row.request), None
         finally:
