@@ -33,7 +33,7 @@ def items(name: str, numbers) -> RelQuery:
 
 
 def counting(name: str) -> RelQuery:
-    return RelQuery(name, COUNT, [Row(f"{name}0", {"n": 400})], max_output_tokens=300)
+    return RelQuery(name, COUNT, [Row(f"{name}0", {"n": 400})], max_output_tokens=200)
 
 
 async def order_in_rows(handles) -> list[str]:
@@ -63,9 +63,9 @@ async def serve(step_log) -> dict:
         # 2. L runs a long count; A and C send the same request and are held behind it.
         # L's relQuery is cancelled: one of A and C runs and answers the other.
         lead = await engine.submit(counting("L"))
-        await asyncio.sleep(3.0)  # L is admitted at once on the idle engine
+        await asyncio.sleep(2.0)  # L is admitted at once on the idle engine
         twins = [await engine.submit(counting(name)) for name in ("A", "C")]
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
         await lead.cancel()
         results["lead"] = await lead.result()
         results["twins"] = [await handle.result() for handle in twins]
