@@ -226,8 +226,8 @@ class SharedRequests:
         """A leader's outcome: its answer (the key's, kept in the cache), or None if it
         did not finish. An answer that ended otherwise than by stop or length (aborted,
         an error) counts as not finished: the cache never holds it. When no request of
-        the key is left, its followers get None and run alone. Only the first settles;
-        a role that does not lead has nothing to settle."""
+        the key is left, its followers get None and take a role again (one leads). Only
+        the first settles; a role that does not lead has nothing to settle."""
         if not role.leads or role.key is None or role.settled:
             return
         role.settled = True
