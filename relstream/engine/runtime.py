@@ -285,8 +285,7 @@ class RelQueryEngine:
     async def _answer(
         self, handle: EngineHandle, row: TokenizedRow, runnable: int, priority: int, role: Role
     ) -> tuple[RowResult, RowTimes | None]:
-        """The row's answer: from the cache, its own request (raced against its twins'),
-        or the row of its relQuery it follows; when none of those finished, it leads."""
+        """The row's answer: cached, its own request's, or its leader's (else it leads)."""
         relquery = handle.relquery
         while True:
             if role.cached is not None:
@@ -304,25 +303,26 @@ class RelQueryEngine:
     async def _lead(
         self, handle: EngineHandle, row: TokenizedRow, runnable: int, priority: int, role: Role
     ) -> tuple[RowResult, RowTimes | None]:
-        """The row's own request; where other relQueries sent the same one, the first
-        answer of them all (the scheduler runs one and holds the others)."""
-        own = asyncio.ensure_future(self._generate(handle, row, runnable, priority, role))
+        """The row's own request, raced against its twins': the key's first answer
+        serves it, and a twin's cancels this request (vLLM aborts it, held or not)."""
+        future, task = role.future, asyncio.current_task()
+        if future is None or task is None:
+            return await self._generate(handle, row, runnable, priority, role)
+
+        def on_answer(done: asyncio.Future) -> None:
+            if not role.settled and done.result() is not None:  # another twin's answer
+                task.cancel()
+
+        future.add_done_callback(on_answer)
         try:
-            if role.future is not None:
-                await asyncio.wait((own, role.future), return_when=asyncio.FIRST_COMPLETED)
-            if own.done() or role.future is None:
-                return await own
-            own.cancel()  # a twin answered first: this request is aborted, held or not
-            answer = await self._shared.answer_of(role)
-            assert answer is not None  # a request of the key was in flight: this one
-            return answered_row(handle.relquery, row.request, answer, shared=True), answer.times
-        except asyncio.CancelledError:  # this row's relQuery was cancelled
-            return RowResult.cancelled(row.request), None
+            outcome = await self._generate(handle, row, runnable, priority, role)
         finally:
-            if not own.done():
-                own.cancel()
-            await asyncio.gather(own, return_exceptions=True)
-            self._shared.settle(role, None)  # a no-op once it settled with its answer
+            future.remove_done_callback(on_answer)
+        if outcome[0].status is RowStatus.CANCELLED and future.done() and future.result():
+            answer = await self._shared.answer_of(role)
+            assert answer is not None
+            return answered_row(handle.relquery, row.request, answer, shared=True), answer.times
+        return outcome
 
     async def _generate(
         self,
