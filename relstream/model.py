@@ -281,6 +281,15 @@ class RowResult:
     output_tokens: int = 0
     value: Any = None  # the answer parsed, where the relQuery's output has a JSON schema
     cached: bool = False  # answered from the engine's answer cache, not computed for it
+    # answered by an identical row's request (in flight), not one of its own; the
+    # engine's metrics count it, the wire does not carry it
+    shared: bool = False
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the engine generated for this row: none when the answer cache or an
+        identical row's request answered it."""
+        return 0 if self.cached or self.shared else self.output_tokens
 
     @classmethod
     def failed(cls, failure: RowFailure) -> RowResult:

@@ -29,12 +29,15 @@ class ScriptedView(EngineView):
         max_tokens: int,
         arrival: float = 0.0,
         deadline: float | None = None,
+        shares: dict[int, str] | None = None,
     ) -> list[str]:
+        """`shares`: row -> the key it shares with identical requests (`SeqInfo.share`)."""
         ids = []
         for row, prompt in enumerate(prompts):
             seq = SeqInfo(
                 f"{relquery_id}#{row}", relquery_id, prompt, max_tokens, arrival, deadline=deadline
             )
+            seq.share = (shares or {}).get(row)
             self.tracker.add_request(seq, len(prompts))
             ids.append(seq.request_id)
         return ids

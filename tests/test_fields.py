@@ -24,9 +24,10 @@ def reviews() -> list[Row]:
 
 def test_the_field_shared_most_leads_and_ties_keep_the_given_order():
     # description: 3 repeats x 63 chars saved; title and text: nothing repeats.
-    assert shared_first(reviews(), ["title", "text", "description"]) == [
-        ("description", "title", "text")
-    ] * 4
+    assert (
+        shared_first(reviews(), ["title", "text", "description"])
+        == [("description", "title", "text")] * 4
+    )
     rows = [Row(key, {"x": "same", "y": "longer same"}) for key in "ab"]
     assert shared_first(rows, ["x", "y"]) == [("y", "x")] * 2  # 11 chars saved against 4
 

@@ -8,6 +8,7 @@ from relstream.scheduler import POLICIES, make_policy
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+from relstream.sim.sharing import Sharing
 from relstream_lab.baselines.dpu import DPUConfig
 from relstream_lab.baselines.v0 import RelServe
 
@@ -163,8 +164,6 @@ def repeated(name, arrival, keys, output_length=4):
 
 
 def shared_run(sharing, relqueries):
-    from relstream.sim.sharing import Sharing
-
     engine = SimulatedEngine(PROFILE, make_policy("v1-fcfs", PROFILE.prior()), Sharing(**sharing))
     return engine.run(relqueries)
 
@@ -194,3 +193,23 @@ def test_a_relquery_that_only_follows_finishes_with_its_leaders():
     run = shared_run({"dedup": True}, trace)
     finish = {o.relquery_id: o.latency.total for o in run.outcomes}
     assert run.requests_followed == 1 and finish["B"] == finish["A"] > 0
+
+
+def test_a_small_relquery_repeating_a_waiting_row_runs_it_at_its_own_rank():
+    # BIG's 600 rows outnumber the 256 seats; SMALL asks BIG's last row again. Under
+    # relstream it sends the request as a twin, runs first, and BIG's copy takes its
+    # answer; stock V1's queue cannot hold a twin, so there SMALL follows BIG's row and
+    # finishes with BIG. Either way the request runs once.
+    latency = {}
+    for policy in ("relstream", "v1-fcfs"):
+        trace = [
+            repeated("big", 0.0, list(range(1, 601)), output_length=20),
+            repeated("small", 0.01, [600], output_length=20),
+        ]
+        policy_object = make_policy(policy, PROFILE.prior())
+        run = SimulatedEngine(PROFILE, policy_object, Sharing(dedup=True)).run(trace)
+        assert run.requests_followed == 1 and run.prompt_tokens == 600 * 64
+        latency[policy] = {o.relquery_id: o.latency.total for o in run.outcomes}
+    ours, stock = latency["relstream"], latency["v1-fcfs"]
+    assert ours["small"] < ours["big"] / 3
+    assert stock["small"] > stock["big"] * 0.9  # behind BIG's row, as before

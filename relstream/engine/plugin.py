@@ -29,7 +29,7 @@ import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from relstream.engine.waitqueue import IndexedWaitingQueue
 from relstream.scheduler import (
@@ -54,6 +54,8 @@ DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d"
 EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
 PLUGIN_CLASS = f"{__name__}.relstream_scheduler"  # the engine arg `scheduler_cls`
 MAX_PENDING_STEPS = 4
+# How a request ends with the answer its twins share (`SeqInfo.share`).
+ANSWERED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 
 
 def step_clock() -> float:
@@ -61,12 +63,17 @@ def step_clock() -> float:
     return time.perf_counter()
 
 
-def relquery_tags(relquery_id: str, size: int, deadline_in: float | None = None) -> dict[str, Any]:
-    """What a request must carry in `SamplingParams.extra_args` to be grouped, and its
-    relQuery's deadline in seconds from now (relative, so no clock is shared)."""
+def relquery_tags(
+    relquery_id: str, size: int, deadline_in: float | None = None, share: str | None = None
+) -> dict[str, Any]:
+    """What a request must carry in `SamplingParams.extra_args` to be grouped, its
+    relQuery's deadline in seconds from now (relative, so no clock is shared), and the
+    key it shares with identical requests of other relQueries (one runs for all)."""
     tags: dict[str, Any] = {"relquery_id": relquery_id, "relquery_size": size}
     if deadline_in is not None:
         tags["deadline_in_s"] = deadline_in
+    if share is not None:
+        tags["share"] = share
     return {EXTRA_ARGS_KEY: tags}
 
 
@@ -176,11 +183,13 @@ class RelstreamPlugin(EngineView):
         )
         if tags.get("deadline_in_s") is not None:
             seq.deadline = seq.arrival_time + float(tags["deadline_in_s"])
+        if not self.decided_by_vllm:  # stock vLLM's own queue would run held twins
+            seq.share = tags.get("share")
         self.tracker.add_request(seq, int(tags.get("relquery_size", 1)))
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
-        if request.request_id in self.tracker.running or request.request_id in self.tracker.waiting:
-            self.tracker.finish(request.request_id)
+        if request.request_id in self.tracker:
+            self.tracker.finish(request.request_id, answered=request.status in ANSWERED)
         return super()._free_request(request, delay_free_blocks)
 
     # scheduling
@@ -193,7 +202,7 @@ class RelstreamPlugin(EngineView):
         else:
             self._hits = {}
             try:
-                plan = self.relstream_policy.plan(self)
+                plan = self.tracker.unshared(self.relstream_policy.plan(self))
             finally:
                 self._hits = None
             decided = step_clock()

@@ -1,13 +1,21 @@
-"""A relQuery's row as a vLLM request and back: the sampling parameters, and a finished
-row checked against the relQuery's output constraint."""
+"""A relQuery's row as a vLLM request and back: the sampling parameters, a finished row
+checked against the relQuery's output constraint, and its step times."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from relstream.answers import OutputKind
-from relstream.engine.shared import Answer
-from relstream.model import RelQuery, RowRequest, RowResult, RowStatus
+from relstream.engine.shared import Answer, Role
+from relstream.model import (
+    LatencyBreakdown,
+    RelQuery,
+    RowFailure,
+    RowRequest,
+    RowResult,
+    RowStatus,
+)
 
 
 def seconds_left(relquery: RelQuery, taken_at: float) -> float | None:
@@ -46,10 +54,15 @@ def sampling_params(relquery: RelQuery, extra_args: dict):
 
 
 def answered_row(
-    relquery: RelQuery, request: RowRequest, answer: Answer, cached: bool = False
+    relquery: RelQuery,
+    request: RowRequest,
+    answer: Answer,
+    cached: bool = False,
+    shared: bool = False,
 ) -> RowResult:
-    """A finished row; where the relQuery constrains its output, an answer that does not
-    hold (cut off by max tokens, say) is that row's error, text kept."""
+    """A finished row (`cached`: from the answer cache; `shared`: an identical row's
+    request answered it); where the relQuery constrains its output, an answer that does
+    not hold (cut off by max tokens, say) is that row's error, text kept."""
     value, reason = None, None
     if relquery.output is not None:
         value, reason = relquery.output.parse(answer.text)
@@ -62,4 +75,41 @@ def answered_row(
         answer.output_tokens,
         value,
         cached,
+        shared,
     )
+
+
+@dataclass
+class RowTimes:
+    scheduled: float
+    first_token: float
+    last_token: float
+
+
+def breakdown(arrival: float, times: list[RowTimes]) -> LatencyBreakdown | None:
+    """Paper §2.1 from the engine core's own per-request step timestamps."""
+    if not times:
+        return None
+    start = max(arrival, min(t.scheduled for t in times))
+    prefill_end = max(start, max(t.first_token for t in times))
+    finish = max(prefill_end, max(t.last_token for t in times))
+    return LatencyBreakdown.from_timestamps(arrival, start, prefill_end, finish)
+
+
+@dataclass(frozen=True)
+class TokenizedRow:
+    request: RowRequest
+    token_ids: list[int]  # the chat prompt, as the engine receives it
+
+
+def row_times(output) -> RowTimes | None:
+    stats = getattr(output, "metrics", None)
+    if stats is None or not getattr(stats, "scheduled_ts", 0):
+        return None
+    return RowTimes(stats.scheduled_ts, stats.first_token_ts, stats.last_token_ts)
+
+
+def prompt_order(entry: tuple[TokenizedRow | RowFailure, Role]) -> list[int]:
+    """Sorts rows by their prompts, so rows sharing a prefix reach vLLM together."""
+    row = entry[0]
+    return row.token_ids if isinstance(row, TokenizedRow) else []

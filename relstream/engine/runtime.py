@@ -22,14 +22,21 @@ from pathlib import Path
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.engine.identity import ModelIdentity, engine_identity
-from relstream.engine.requests import answered_row, sampling_params, seconds_left
+from relstream.engine.requests import (
+    RowTimes,
+    TokenizedRow,
+    answered_row,
+    breakdown,
+    prompt_order,
+    row_times,
+    sampling_params,
+    seconds_left,
+)
 from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
 from relstream.model import (
-    LatencyBreakdown,
     RelQuery,
     RelQueryResult,
     RowFailure,
-    RowRequest,
     RowResult,
     RowStatus,
     prepare_row,
@@ -38,6 +45,7 @@ from relstream.scheduler import (
     COST_MODEL_KINDS,
     DEFAULT_POLICY,
     VllmQueue,
+    holds_twins,
     policy_spec,
     static_priority,
 )
@@ -75,13 +83,6 @@ class EngineSettings:
 
 
 @dataclass
-class _RowTimes:
-    scheduled: float
-    first_token: float
-    last_token: float
-
-
-@dataclass
 class EngineHandle:
     """A relQuery on the vLLM engine: one task per row."""
 
@@ -110,7 +111,7 @@ class EngineHandle:
         return RelQueryResult(
             self.relquery.id,
             rows,
-            _breakdown(self.submitted_at, times),
+            breakdown(self.submitted_at, times),
             self._engine.settings.policy,
             self._engine.model_name,
         )
@@ -121,16 +122,6 @@ class EngineHandle:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _breakdown(arrival: float, times: list[_RowTimes]) -> LatencyBreakdown | None:
-    """Paper §2.1 from the engine core's own per-request step timestamps."""
-    if not times:
-        return None
-    start = max(arrival, min(t.scheduled for t in times))
-    prefill_end = max(start, max(t.first_token for t in times))
-    finish = max(prefill_end, max(t.last_token for t in times))
-    return LatencyBreakdown.from_timestamps(arrival, start, prefill_end, finish)
 
 
 class RelQueryEngine:
@@ -145,7 +136,7 @@ class RelQueryEngine:
         # Identical requests in flight computed once; finished answers kept if asked for.
         cache_bytes = settings.answer_cache_bytes
         cache = AnswerCache(cache_bytes, identity.model, identity.digest) if cache_bytes else None
-        self._shared = SharedRequests(cache)
+        self._shared = SharedRequests(cache, holds_twins(settings.policy))
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> RelQueryEngine:
@@ -222,14 +213,14 @@ class RelQueryEngine:
             if index and index % SUBMIT_ROWS_PER_SLICE == 0:
                 await asyncio.sleep(0)
             prepared.append(row := self._prepare_row(relquery, index))
-            shares = isinstance(row, _TokenizedRow) and self.settings.share_identical
+            shares = isinstance(row, TokenizedRow) and self.settings.share_identical
             keys.append(shares and request_key(relquery, row.token_ids, self.identity.digest))
-        roles = [self._shared.role(key or None) for key in keys]
-        # What vLLM will compute: the runnable rows that lead (the others follow one or
-        # come from the answer cache).
+        roles = [self._shared.role(key or None, relquery.id) for key in keys]
+        # What vLLM will compute for it: the runnable rows that lead (the others follow
+        # one of its rows or come from the answer cache).
         leading = [
             row for row, role in zip(prepared, roles, strict=True)
-            if role.leads and role.cached is None and isinstance(row, _TokenizedRow)
+            if role.leads and role.cached is None and isinstance(row, TokenizedRow)
         ]  # fmt: skip
         priority = 0
         if policy_spec(self.settings.policy).vllm_queue is VllmQueue.PRIORITY:
@@ -237,8 +228,7 @@ class RelQueryEngine:
             priority = static_priority(prompt_tokens, len(leading), relquery.max_output_tokens)
         # Rows reach vLLM in prompt order, so rows sharing a prefix are admitted together
         # and compute it once; results still come back in the user's row order.
-        in_prompt_order = sorted(zip(prepared, roles, strict=True), key=_prompt_tokens)
-        for row, role in in_prompt_order:
+        for row, role in sorted(zip(prepared, roles, strict=True), key=prompt_order):
             task = asyncio.ensure_future(self._run_row(handle, row, len(leading), priority, role))
             if role.leads:  # cancelled before it ran, it still releases its followers
                 task.add_done_callback(lambda _task, role=role: self._shared.settle(role, None))
@@ -254,7 +244,7 @@ class RelQueryEngine:
     def answer_cache(self) -> AnswerCache | None:
         return self._shared.cache
 
-    def _prepare_row(self, relquery: RelQuery, index: int) -> _TokenizedRow | RowFailure:
+    def _prepare_row(self, relquery: RelQuery, index: int) -> TokenizedRow | RowFailure:
         """Token ids of the row's chat prompt, or the reason it cannot run."""
         prepared = prepare_row(relquery, index)
         if isinstance(prepared, RowFailure):
@@ -275,47 +265,73 @@ class RelQueryEngine:
                 f"{self.settings.max_model_len} including "
                 f"{relquery.max_output_tokens} output tokens",
             )
-        return _TokenizedRow(prepared, ids)
+        return TokenizedRow(prepared, ids)
 
     async def _run_row(
         self,
         handle: EngineHandle,
-        row: _TokenizedRow | RowFailure,
+        row: TokenizedRow | RowFailure,
         runnable: int,
         priority: int,
         role: Role,
-    ) -> tuple[RowResult, _RowTimes | None]:
+    ) -> tuple[RowResult, RowTimes | None]:
         if isinstance(row, RowFailure):
             result, times = RowResult.failed(row), None
-        elif role.cached is not None:
-            result, times = answered_row(handle.relquery, row.request, role.cached, True), None
-        elif role.leads:
-            result, times = await self._generate(handle, row, runnable, priority, role)
         else:
-            result, times = await self._follow(handle, row, runnable, priority, role)
+            result, times = await self._answer(handle, row, runnable, priority, role)
         await handle._finished.put(result)
         return result, times
 
-    async def _follow(
-        self, handle: EngineHandle, row: _TokenizedRow, runnable: int, priority: int, role: Role
-    ) -> tuple[RowResult, _RowTimes | None]:
-        """The leader's answer under this row; the row's own request if it did not finish."""
+    async def _answer(
+        self, handle: EngineHandle, row: TokenizedRow, runnable: int, priority: int, role: Role
+    ) -> tuple[RowResult, RowTimes | None]:
+        """The row's answer: cached, its own request's, or its leader's (else it leads)."""
+        relquery = handle.relquery
+        while True:
+            if role.cached is not None:
+                return answered_row(relquery, row.request, role.cached, True), None
+            if role.leads:
+                return await self._lead(handle, row, runnable, priority, role)
+            try:
+                answer = await self._shared.answer_of(role)
+            except asyncio.CancelledError:  # its relQuery was cancelled; the others run on
+                return RowResult.cancelled(row.request), None
+            if answer is not None:
+                return answered_row(relquery, row.request, answer, shared=True), answer.times
+            role = self._shared.role(role.key, relquery.id)
+
+    async def _lead(
+        self, handle: EngineHandle, row: TokenizedRow, runnable: int, priority: int, role: Role
+    ) -> tuple[RowResult, RowTimes | None]:
+        """The row's own request, raced against its twins': the key's first answer
+        serves it, and a twin's cancels this request (vLLM aborts it, held or not)."""
+        future, task = role.future, asyncio.current_task()
+        if future is None or task is None:
+            return await self._generate(handle, row, runnable, priority, role)
+
+        def on_answer(done: asyncio.Future) -> None:
+            if not role.settled and done.result() is not None:  # another twin's answer
+                task.cancel()
+
+        future.add_done_callback(on_answer)
         try:
+            outcome = await self._generate(handle, row, runnable, priority, role)
+        finally:
+            future.remove_done_callback(on_answer)
+        if outcome[0].status is RowStatus.CANCELLED and future.done() and future.result():
             answer = await self._shared.answer_of(role)
-        except asyncio.CancelledError:  # this row's relQuery was cancelled; the leader runs on
-            return RowResult.cancelled(row.request), None
-        if answer is None:
-            return await self._generate(handle, row, runnable, priority, Role(None))
-        return answered_row(handle.relquery, row.request, answer), answer.times
+            assert answer is not None
+            return answered_row(handle.relquery, row.request, answer, shared=True), answer.times
+        return outcome
 
     async def _generate(
         self,
         handle: EngineHandle,
-        row: _TokenizedRow,
+        row: TokenizedRow,
         runnable: int,
         priority: int,
         role: Role,
-    ) -> tuple[RowResult, _RowTimes | None]:
+    ) -> tuple[RowResult, RowTimes | None]:
         """The row's own vLLM request; as a leader, its answer goes to its followers."""
         from vllm.exceptions import VLLMClientError
 
@@ -325,7 +341,9 @@ class RelQueryEngine:
         # else is the engine's own failure.
         row_errors = (ValueError, VLLMClientError)
         relquery, request = handle.relquery, row.request
-        tags = relquery_tags(relquery.id, runnable, seconds_left(relquery, handle.submitted_at))
+        share = role.key.digest.hex() if role.key is not None else None
+        deadline_in = seconds_left(relquery, handle.submitted_at)
+        tags = relquery_tags(relquery.id, runnable, deadline_in, share)
         params = sampling_params(relquery, tags)
         prompt: dict = {"prompt_token_ids": row.token_ids}
         if relquery.cache_salt is not None:  # a tenant's own prefix cache too
@@ -354,33 +372,15 @@ class RelQueryEngine:
                 answer = Answer(
                     completion.text,
                     len(completion.token_ids),
-                    _row_times(final),
+                    row_times(final),
                     completion.finish_reason,
                 )
             self._shared.settle(role, answer)
         return answered_row(relquery, request, answer), answer.times
 
 
-@dataclass(frozen=True)
-class _TokenizedRow:
-    request: RowRequest
-    token_ids: list[int]  # the chat prompt, as the engine receives it
-
-
 def _already_shut_down(*_args: object, **_kwargs: object) -> None:
     """What AsyncLLM.shutdown becomes once relstream has shut the engine down."""
-
-
-def _prompt_tokens(entry: tuple[_TokenizedRow | RowFailure, Role]) -> list[int]:
-    row = entry[0]
-    return row.token_ids if isinstance(row, _TokenizedRow) else []
-
-
-def _row_times(output) -> _RowTimes | None:
-    stats = getattr(output, "metrics", None)
-    if stats is None or not getattr(stats, "scheduled_ts", 0):
-        return None
-    return _RowTimes(stats.scheduled_ts, stats.first_token_ts, stats.last_token_ts)
 
 
 def _policy_args(settings: EngineSettings) -> dict:

@@ -3,14 +3,15 @@ the work, not just reorder it).
 
 Under greedy decoding, or sampling with a seed, two requests with the same prompt tokens,
 sampling, output constraint and token limit get the same answer from one engine (one
-model). The first such request in flight leads: vLLM computes it. Every later one, in the
-same relQuery or another one submitted while it runs, follows: it waits for the leader's
-answer and reports it under its own row. A leader that does not finish (its relQuery
-cancelled, the row refused) gives its followers nothing, and each then runs its own
-request. With an answer cache, a finished answer is also kept (least recently used
-evicted first, under a byte cap), and a later identical request is answered from it
-without reaching vLLM. Unseeded sampling is never shared nor cached: its rows are meant to
-differ.
+model). Within a relQuery the first such row leads: it sends the request, and the later
+ones follow it, reporting its answer under their own rows. Another relQuery with the same
+request sends its own, tagged with the key, so each relQuery is ranked as itself; the
+scheduler runs one of these twins and holds the others, and the first answer serves every
+row of the key. A twin that does not finish (its relQuery cancelled) hands over to the
+others; when none is left, its followers each lead again. With an answer cache, a
+finished answer is also kept (least recently used evicted first, under a byte cap), and a
+later identical request is answered from it without reaching vLLM. Unseeded sampling is
+never shared nor cached: its rows are meant to differ.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -72,15 +73,27 @@ class Answer:
         return self.finish_reason in CACHEABLE_ENDINGS
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Role:
-    """What a row does: lead (compute; `future` gets the answer), follow (`future` gives
-    it), or take `cached`."""
+    """What a row does: run a request of its own (`leads`; `future`, when set, is the
+    answer of its key, given by whichever identical request finishes first), follow a
+    row of its own relQuery that runs one (`future` gives the answer), or take `cached`."""
 
     key: RequestKey | None
     leads: bool = True
     future: asyncio.Future | None = None
     cached: Answer | None = None
+    relquery_id: str = ""
+    settled: bool = False  # a leader that has given its outcome
+
+
+@dataclass
+class _Twins:
+    """Identical requests in flight: one per relQuery that asked, each ranked with its
+    own relQuery; the first to finish answers all (`future`)."""
+
+    future: asyncio.Future
+    requests: Counter[str] = field(default_factory=Counter)  # relQuery id -> in flight
 
 
 def request_key(relquery: RelQuery, token_ids: list[int], model: str) -> RequestKey | None:
@@ -177,44 +190,67 @@ class AnswerCache:
 
 
 class SharedRequests:
-    """The requests in flight that others may follow, by key, and the answer cache."""
+    """Identical requests in flight, by key, and the answer cache.
 
-    def __init__(self, cache: AnswerCache | None = None) -> None:
+    Within one relQuery a key runs once and the other rows follow it. Another relQuery
+    with the key sends a request of its own, so it is ranked as itself (a small relQuery
+    is not left behind a large one's waiting row); the scheduler plug-in runs one of the
+    twins and holds the rest (`scheduler.view.RequestTracker`), and whichever finishes
+    first answers every row of the key. A twin that ends without an answer (its relQuery
+    cancelled) leaves the others to it: one of them runs and answers the rest."""
+
+    def __init__(self, cache: AnswerCache | None = None, twins: bool = True) -> None:
         self.cache = cache
-        self._leaders: dict[RequestKey, asyncio.Future[Answer | None]] = {}
+        # False where the scheduler cannot hold a twin (stock vLLM's own queues,
+        # `scheduler.registry.holds_twins`): every row of a key follows the one in flight.
+        self.twins = twins
+        self._twins: dict[RequestKey, _Twins] = {}
         self.followed = 0  # rows answered by another row's request (for tests, metrics)
 
-    def role(self, key: RequestKey | None) -> Role:
+    def role(self, key: RequestKey | None, relquery_id: str = "") -> Role:
         if key is None:
             return Role(None)
-        leader = self._leaders.get(key)
-        if leader is not None:
-            return Role(key, leads=False, future=leader)
-        if self.cache is not None and (cached := self.cache.get(key.digest)) is not None:
-            return Role(key, cached=cached)
-        future: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
-        self._leaders[key] = future
-        return Role(key, future=future)
+        if not self.twins:
+            relquery_id = ""
+        twins = self._twins.get(key)
+        if twins is None:
+            if self.cache is not None and (cached := self.cache.get(key.digest)) is not None:
+                return Role(key, cached=cached)
+            twins = self._twins[key] = _Twins(asyncio.get_running_loop().create_future())
+        elif twins.requests[relquery_id]:
+            return Role(key, leads=False, future=twins.future, relquery_id=relquery_id)
+        twins.requests[relquery_id] += 1
+        return Role(key, future=twins.future, relquery_id=relquery_id)
 
     def settle(self, role: Role, answer: Answer | None) -> None:
-        """A leader's outcome: its answer (kept in the cache), or None if it did not finish.
-        An answer that ended otherwise than by stop or length (aborted, an error) counts as
-        not finished: its followers run alone and the cache never holds it. Only the first
-        settles; a role that does not lead has nothing to settle."""
-        if not role.leads:
+        """A leader's outcome: its answer (the key's, kept in the cache), or None if it
+        did not finish. An answer that ended otherwise than by stop or length (aborted,
+        an error) counts as not finished: the cache never holds it. When no request of
+        the key is left, its followers get None and take a role again (one leads). Only
+        the first settles; a role that does not lead has nothing to settle."""
+        if not role.leads or role.key is None or role.settled:
             return
-        if role.future is None or role.future.done():
+        role.settled = True
+        assert role.future is not None
+        twins = self._twins.get(role.key)
+        if twins is None or twins.future is not role.future:  # answered already
             return
-        if answer is not None and not answer.complete:
-            answer = None
-        self._leaders.pop(role.key, None)
-        role.future.set_result(answer)
-        if answer is not None and self.cache is not None:
-            self.cache.remember(role.key.digest, answer)
+        if answer is not None and answer.complete:
+            del self._twins[role.key]
+            role.future.set_result(answer)
+            if self.cache is not None:
+                self.cache.remember(role.key.digest, answer)
+            return
+        twins.requests[role.relquery_id] -= 1
+        if twins.requests[role.relquery_id] <= 0:
+            del twins.requests[role.relquery_id]
+        if not twins.requests:
+            del self._twins[role.key]
+            role.future.set_result(None)
 
     async def answer_of(self, role: Role) -> Answer | None:
-        """The leader's answer, or None when it did not finish. Cancelling the follower
-        (its own relQuery cancelled) leaves the leader running."""
+        """The key's answer, or None when no request of it finished. Cancelling the
+        follower (its own relQuery cancelled) leaves the others running."""
         answer = await asyncio.shield(role.future)
         if answer is not None:
             self.followed += 1

@@ -14,6 +14,7 @@ from relstream.scheduler.registry import (
     POLICIES,
     PolicySpec,
     VllmQueue,
+    holds_twins,
     make_policy,
     policy_spec,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "StepPlan",
     "VllmQueue",
     "cost_model_of",
+    "holds_twins",
     "make_policy",
     "policy_spec",
     "static_priority",

@@ -89,6 +89,16 @@ def policy_spec(name: str) -> PolicySpec:
         ) from None
 
 
+def holds_twins(name: str) -> bool:
+    """Whether identical requests of different relQueries are each sent under their own
+    relQuery (`SeqInfo.share`): where relstream's plug-in decides every step it runs one
+    and holds the others; stock vLLM's own queues cannot hold one, so under `v1-fcfs`
+    and `v1-priority` a later relQuery's row follows the request in flight instead.
+    Policies only the simulator knows (the clairvoyant reference) hold them too."""
+    spec = POLICIES.get(name)
+    return spec is None or spec.decided_by_vllm is None
+
+
 def make_policy(
     name: str, cost: CostModel, vllm_version: tuple[int, int] = MODELLED_VLLM
 ) -> Policy:

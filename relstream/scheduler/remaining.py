@@ -30,9 +30,11 @@ class Remaining:
 
 
 def expected_output(info: RelQueryInfo) -> int:
-    """Tokens one row of R is expected to generate in all."""
-    if info.finished:
-        mean = info.finished_output_tokens / info.finished
+    """Tokens one row of R is expected to generate in all (from the rows that ran: a
+    row a twin answered generated nothing here)."""
+    ran = info.finished - info.twin_answered
+    if ran:
+        mean = info.finished_output_tokens / ran
         return max(1, min(info.max_tokens, round(mean)))
     return info.max_tokens
 
@@ -73,7 +75,7 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
             outputs += left
             if left > steps:
                 steps = left
-    present = len(info.running) + len(info.waiting)
+    present = len(info.running) + len(info.waiting) + len(info.held)  # held: no work of R's
     arriving = max(info.total_requests - info.finished - present, 0)
     if arriving:
         prompt += arriving * info.prompt_tokens_seen // max(info.finished + present, 1)

@@ -176,7 +176,7 @@ def metrics_message(result: RelQueryResult, engine: str) -> MetricsMessage:
         relquery_id=result.relquery_id,
         latency=latency_message(result.latency),
         rows=dict(rows),
-        output_tokens=sum(row.output_tokens for row in result.rows),
+        output_tokens=sum(row.generated_tokens for row in result.rows),
         policy=result.policy,
         model=result.model,
         engine=engine,

@@ -36,11 +36,13 @@ class EngineMetrics:
             registry=self.registry,
         )
         self.output_tokens = Counter(
-            "relstream_output_tokens_total", "Tokens generated", registry=self.registry
+            "relstream_output_tokens_total",
+            "Tokens generated (not those of rows answered from the cache or by an identical row)",
+            registry=self.registry,
         )
         self.tokens_per_second = Gauge(
             "relstream_output_tokens_per_second",
-            "Output tokens per second of the last relQuery's service time",
+            "Output tokens generated per second of the last relQuery's service time",
             registry=self.registry,
         )
         self.in_flight = Gauge(
@@ -83,6 +85,17 @@ class EngineMetrics:
             "Rows answered from the engine's answer cache, without running the model",
             registry=self.registry,
         )
+        self.rows_shared = Counter(
+            "relstream_rows_shared_total",
+            "Rows answered by an identical row's request in flight, without one of their own",
+            registry=self.registry,
+        )
+        self.tokens_reused = Counter(
+            "relstream_output_tokens_reused_total",
+            "Output tokens of rows answered without generating them, by source (cache, shared)",
+            ["source"],
+            registry=self.registry,
+        )
         self.answer_cache = Gauge(
             "relstream_answer_cache",
             "The engine's answer cache: lookups that hit or missed, and bytes held",
@@ -120,8 +133,13 @@ class EngineMetrics:
         by_status = collections.Counter(row.status for row in result.rows)
         for status, rows in by_status.items():
             self.rows.labels(status).inc(rows)
-        self.rows_cached.inc(sum(row.cached for row in result.rows))
-        tokens = sum(row.output_tokens for row in result.rows)
+        cached = [row for row in result.rows if row.cached]
+        shared = [row for row in result.rows if row.shared]
+        self.rows_cached.inc(len(cached))
+        self.rows_shared.inc(len(shared))
+        self.tokens_reused.labels("cache").inc(sum(row.output_tokens for row in cached))
+        self.tokens_reused.labels("shared").inc(sum(row.output_tokens for row in shared))
+        tokens = sum(row.generated_tokens for row in result.rows)
         self.output_tokens.inc(tokens)
         if result.deadline_met is not None:
             self.deadlines.labels("true" if result.deadline_met else "false").inc()

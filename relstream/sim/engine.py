@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from relstream.model import LatencyBreakdown
 from relstream.scheduler.policies import Policy
+from relstream.scheduler.registry import holds_twins
 from relstream.scheduler.view import (
     EngineView,
     RequestTracker,
@@ -92,7 +93,7 @@ class SimulatedEngine(EngineView):
     ) -> None:
         self.profile = profile
         self.policy = policy
-        self.shared = SharedWork(sharing or Sharing())
+        self.shared = SharedWork(sharing or Sharing(), holds_twins(policy.name))
         self.limits = profile.limits
         self.tracker = RequestTracker()
         self.kv = PrefixCachedKV(
@@ -232,6 +233,7 @@ class SimulatedEngine(EngineView):
                 relquery.max_tokens,
                 relquery.arrival_time,
                 deadline=relquery.deadline,
+                share=self.shared.share(request.answer_key),
             )
             self.prompt_tokens += request.prompt_tokens
             self.tracker.add_request(seq, len(running))
@@ -239,6 +241,7 @@ class SimulatedEngine(EngineView):
     def execute(self, plan: StepPlan) -> list[str]:
         """Run one step; returns the relQueries it completed."""
         start = self.clock
+        plan = self.tracker.unshared(plan)
         for request_id in plan.preempt:
             self._preempt(request_id)
         prefills = self._begin_prefills(plan, start)
@@ -334,8 +337,15 @@ class SimulatedEngine(EngineView):
         request = self._requests.pop(seq.request_id)
         self.tracker.finish(seq.request_id)
         self._finish(seq.relquery_id, done)
-        for waiting in self.shared.finished(request.request_id, request.answer_key):
-            self._finish(waiting, done)
+        twins, waiting = self.shared.finished(request.request_id, request.answer_key)
+        for twin in twins:  # held while it ran: answered by it, none of its prompt ran
+            self.prompt_tokens -= self._requests.pop(twin).prompt_tokens
+            self._finish(
+                (self.tracker.held.get(twin) or self.tracker.waiting[twin]).relquery_id, done
+            )
+            self.tracker.finish(twin)
+        for relquery_id in waiting:
+            self._finish(relquery_id, done)
 
     def _finish(self, relquery_id: str, done: list[str], answered: int = 1) -> None:
         """`answered` more requests of the relQuery have their answers; at the last one

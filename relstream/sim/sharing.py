@@ -3,9 +3,12 @@ computed once, and answers remembered across relQueries (relstream.engine.shared
 both on vLLM).
 
 A request carries an `answer_key` when its answer is deterministic (greedy or seeded):
-equal keys, equal answers. With `dedup`, a request whose key is in flight follows that
-leader: it finishes when the leader does, without a seat, KV or a step of its own. With
-an answer cache, a request whose key a finished leader left in the cache is answered at
+equal keys, equal answers. With `dedup`, a request whose key a request of its own relQuery
+has in flight follows that leader: it finishes when the leader does, without a seat, KV
+or a step of its own. A request of another relQuery with the key is that relQuery's own
+(each relQuery is ranked as itself): the tracker runs the first of these twins to start
+and holds the others (`SeqInfo.share`), and its answer ends them all. With an answer
+cache, a request whose key a finished leader left in the cache is answered at
 admission. Output lengths of equal keys must be equal for this to model a real engine:
 the trace gives every request of one prompt the same length.
 """
@@ -37,14 +40,20 @@ RUN = "run"  # the request runs on the engine (leading any that follow it)
 
 @dataclass
 class SharedWork:
-    """Leaders in flight by key, the relQueries that wait on each, and the cache."""
+    """Requests in flight by key and relQuery, the relQueries that follow each, and the
+    cache."""
 
     sharing: Sharing
-    followed: int = 0  # requests answered by a leader's run
+    twins: bool = True  # other relQueries' requests run as twins (`registry.holds_twins`)
+    followed: int = 0  # requests answered by another request's run
     cached: int = 0  # requests answered from the cache
-    _leaders: dict[int, str] = field(default_factory=dict)  # key -> leading request id
-    _waiting: dict[str, list[str]] = field(default_factory=dict)  # leader -> relQuery ids
+    _runs: dict[int, dict[str, str]] = field(default_factory=dict)  # key -> relQuery -> request
+    _waiting: dict[str, list[str]] = field(default_factory=dict)  # request -> relQuery ids
     _cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
+
+    def share(self, key: int | None) -> str | None:
+        """The tracker's `SeqInfo.share` of a request that runs with `key`."""
+        return None if key is None or not (self.sharing.dedup and self.twins) else str(key)
 
     def role(self, request_id: str, relquery_id: str, key: int | None) -> Follow | str:
         """What the request does, decided at its relQuery's admission; a follower's
@@ -55,25 +64,30 @@ class SharedWork:
             self._cache.move_to_end(key)
             self.cached += 1
             return CACHED
-        leader = self._leaders.get(key) if self.sharing.dedup else None
+        if not self.sharing.dedup:
+            return RUN
+        runs = self._runs.setdefault(key, {})
+        sharer = relquery_id if self.twins else ""  # "": all follow the one in flight
+        leader = runs.get(sharer)
         if leader is not None:
             self.followed += 1
             self._waiting.setdefault(leader, []).append(relquery_id)
             return Follow(leader)
-        if self.sharing.dedup:
-            self._leaders[key] = request_id
+        runs[sharer] = request_id
         return RUN
 
-    def finished(self, request_id: str, key: int | None) -> list[str]:
-        """A request ran to its end: its answer is kept; returns the relQueries that
-        waited on it, once per following request."""
+    def finished(self, request_id: str, key: int | None) -> tuple[list[str], list[str]]:
+        """A request ran to its end: its answer is kept. Returns its held twins (the
+        other relQueries' requests of the key, answered by it), and the relQueries that
+        followed it or them, once per following request."""
         if key is None:
-            return []
-        if self._leaders.get(key) == request_id:
-            del self._leaders[key]
+            return [], []
+        twins = [rid for rid in self._runs.pop(key, {}).values() if rid != request_id]
+        self.followed += len(twins)
         if self.sharing.cache_entries:
             self._cache[key] = None
             self._cache.move_to_end(key)
             while len(self._cache) > self.sharing.cache_entries:
                 self._cache.popitem(last=False)
-        return self._waiting.pop(request_id, [])
+        waiting = [rq for rid in (request_id, *twins) for rq in self._waiting.pop(rid, [])]
+        return twins, waiting

@@ -32,8 +32,16 @@ def placement(engines, arrivals, seeds, loads, per_engine, profile, report_s, da
     from relstream_lab.placement.run import PlacementOptions, markdown, run_placement
 
     options = PlacementOptions(
-        tuple(engines), tuple(arrivals), 2.0, tuple(seeds), tuple(loads), per_engine,
-        48, profile, report_s, datasets if datasets and Path(datasets).is_dir() else None,
+        tuple(engines),
+        tuple(arrivals),
+        2.0,
+        tuple(seeds),
+        tuple(loads),
+        per_engine,
+        48,
+        profile,
+        report_s,
+        datasets if datasets and Path(datasets).is_dir() else None,
     )
     records = run_placement(options)
     command = typed_command()

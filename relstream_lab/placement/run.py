@@ -51,7 +51,10 @@ class PlacementOptions:
 
 
 def serve_placed(
-    profile: CostProfile, relqueries: list[SimRelQuery], engines: int, placement: str,
+    profile: CostProfile,
+    relqueries: list[SimRelQuery],
+    engines: int,
+    placement: str,
     report_s: float = 0.25,
 ) -> tuple[list[RelQueryOutcome], float]:
     """Serve `relqueries` on `engines` engines; the outcomes and the makespan."""
@@ -97,7 +100,10 @@ def _report(index: int, sim: SimulatedEngine, now: float) -> EngineLoad:
 
 
 def _place(
-    placement: str, placer: Placement, sims: list[SimulatedEngine], relquery: SimRelQuery,
+    placement: str,
+    placer: Placement,
+    sims: list[SimulatedEngine],
+    relquery: SimRelQuery,
     now: float,
 ) -> int:
     prompt = sum(request.prompt_tokens for request in relquery.requests)
@@ -136,17 +142,28 @@ def run_placement(options: PlacementOptions) -> list[dict]:
                 for load in options.loads:
                     for placement in PLACEMENTS:
                         outcomes, makespan = serve_placed(
-                            profile, trace.at_rate(load * capacity, block), engines,
-                            placement, options.report_s,
+                            profile,
+                            trace.at_rate(load * capacity, block),
+                            engines,
+                            placement,
+                            options.report_s,
                         )
                         latencies = sorted(o.latency.total for o in outcomes)
-                        records.append({
-                            "engines": engines, "arrival": arrival, "seed": seed,
-                            "load": load, "placement": placement,
-                            "mean": statistics.fmean(latencies),
-                            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-                            "makespan": makespan, "relqueries": len(outcomes),
-                        })
+                        records.append(
+                            {
+                                "engines": engines,
+                                "arrival": arrival,
+                                "seed": seed,
+                                "load": load,
+                                "placement": placement,
+                                "mean": statistics.fmean(latencies),
+                                "p99": latencies[
+                                    min(len(latencies) - 1, int(0.99 * len(latencies)))
+                                ],
+                                "makespan": makespan,
+                                "relqueries": len(outcomes),
+                            }
+                        )
     return records
 
 
@@ -179,10 +196,14 @@ def markdown(records: list[dict], command: str, machine: str) -> list[str]:
                 held += m >= 1.1 and p >= 1.4
         lines.append(
             f"| {engines} | {arrival} | {load} | "
-            + " / ".join(f"{mean[p]:.2f}" for p in PLACEMENTS) + " | "
-            + " / ".join(f"{p99[p]:.2f}" for p in PLACEMENTS) + " | "
-            + ", ".join(f"{r:.2f}" for r in mean_ratios) + " | "
-            + ", ".join(f"{r:.2f}" for r in p99_ratios) + " |"
+            + " / ".join(f"{mean[p]:.2f}" for p in PLACEMENTS)
+            + " | "
+            + " / ".join(f"{p99[p]:.2f}" for p in PLACEMENTS)
+            + " | "
+            + ", ".join(f"{r:.2f}" for r in mean_ratios)
+            + " | "
+            + ", ".join(f"{r:.2f}" for r in p99_ratios)
+            + " |"
         )
     return [
         "# Placement across engines (simulator)",

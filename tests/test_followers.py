@@ -1,0 +1,112 @@
+"""Followers keep their own priority (issue 29, item 6), on the real engine: vLLM's CPU
+build serving SmolLM2-135M under relstream's policy.
+
+A small relQuery that repeats a waiting row of a large one is ranked as itself: it sends
+the request as a twin, the plug-in runs it first and holds the large relQuery's copy,
+and both rows get its answer. A twin whose relQuery is cancelled while it runs hands over
+to one of the twins it held, which runs and answers the rest: one request, not one each.
+"""
+
+import asyncio
+import json
+
+import pytest
+
+from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.model import RelQuery, Row, Template
+
+pytestmark = pytest.mark.slow
+
+THINGS = ["the sea", "a forest", "snow", "bread", "a river", "the moon", "a city", "rain"]
+SEATS = 4
+BIG_ROWS = 24
+# vLLM receives a relQuery's rows in prompt order; "Item 10" .. "Item 33" tokenize in
+# numeric order, so the repeated row, the last, waits behind every other row of BIG.
+ITEMS = range(10, 10 + BIG_ROWS)
+DESCRIBE = Template("Item {n}: describe {thing} in one short sentence.")
+COUNT = Template("Count from 1 to {n}, separated by commas.")
+
+
+def items(name: str, numbers) -> RelQuery:
+    rows = [Row(f"{name}{n}", {"n": str(n), "thing": THINGS[n % len(THINGS)]}) for n in numbers]
+    return RelQuery(name, DESCRIBE, rows, max_output_tokens=32)
+
+
+def counting(name: str) -> RelQuery:
+    return RelQuery(name, COUNT, [Row(f"{name}0", {"n": 400})], max_output_tokens=200)
+
+
+async def order_in_rows(handles) -> list[str]:
+    """Row keys of every handle, in the order they finish."""
+    finished: list[str] = []
+
+    async def drain(handle):
+        async for row in handle.rows():
+            finished.append(row.row_key)
+
+    await asyncio.gather(*(drain(handle) for handle in handles))
+    return finished
+
+
+async def serve(step_log) -> dict:
+    settings = EngineSettings(policy="relstream", max_num_seqs=SEATS, step_log=step_log)
+    engine = await RelQueryEngine.start(settings)
+    results: dict = {}
+    try:
+        # 1. BIG holds every seat with 20 more rows waiting; SMALL repeats BIG's last row.
+        big = await engine.submit(items("B", ITEMS))
+        await asyncio.sleep(1.0)
+        small = await engine.submit(items("S", [ITEMS[-1]]))
+        results["order"] = await order_in_rows([big, small])
+        results["big"], results["small"] = await big.result(), await small.result()
+        results["shared_after_priority"] = engine.rows_shared
+        # 2. L runs a long count; A and C send the same request and are held behind it.
+        # L's relQuery is cancelled: one of A and C runs and answers the other.
+        lead = await engine.submit(counting("L"))
+        await asyncio.sleep(2.0)  # L is admitted at once on the idle engine
+        twins = [await engine.submit(counting(name)) for name in ("A", "C")]
+        await asyncio.sleep(0.5)
+        await lead.cancel()
+        results["lead"] = await lead.result()
+        results["twins"] = [await handle.result() for handle in twins]
+        results["shared"] = engine.rows_shared
+        return results
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict:
+    log = tmp_path_factory.mktemp("steps") / "relstream.jsonl"
+    results = asyncio.run(serve(log))
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    results["admitted"] = [rq for step in steps if "kind" in step for rq in step["admitted"]]
+    return results
+
+
+def test_a_small_relquery_repeating_a_waiting_row_is_answered_as_itself(served):
+    order, big, small = served["order"], served["big"], served["small"]
+    repeated = f"B{ITEMS[-1]}"
+    # Before the change SMALL's row followed BIG's last row and finished with it, after
+    # the 23 others. Ranked as itself it takes the first free seat: at most two rounds of
+    # SEATS rows of BIG finish before it.
+    assert order.index("S" + str(ITEMS[-1])) < 2 * SEATS + 1, order
+    assert small.latency.total < big.latency.total / 2
+    # One request answered both rows: SMALL's ran, BIG's copy was held and got its answer.
+    assert served["shared_after_priority"] == 1
+    assert small.rows[0].status == "ok" and small.rows[0].output
+    assert {row.row_key: row.output for row in big.rows}[repeated] == small.rows[0].output
+    assert all(row.status == "ok" and not row.cached for row in big.rows)
+
+
+def test_a_cancelled_leader_hands_over_to_one_twin_that_answers_the_rest(served):
+    lead, (first, second) = served["lead"], served["twins"]
+    assert lead.rows[0].status == "cancelled"
+    assert first.rows[0].status == second.rows[0].status == "ok"
+    assert first.rows[0].output == second.rows[0].output and first.rows[0].output
+    # L ran before it was cancelled; then exactly one of A and C was admitted: the other
+    # was held and answered by it, one request instead of one each.
+    admitted = served["admitted"]
+    assert "L" in admitted
+    assert {rq for rq in admitted if rq in ("A", "C")} in ({"A"}, {"C"})
+    assert served["shared"] - served["shared_after_priority"] == 1
