@@ -5,9 +5,11 @@ import json
 import msgspec
 import pytest
 
-from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
+from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line, read_step_log
 from relstream_lab.campaign.checkpoint import (
     Checkpoint,
+    compress_step_log,
+    discard_step_log,
     matching_epoch,
     reported_runs,
     warm_up_speeds,
@@ -114,3 +116,26 @@ def test_a_machine_joins_the_epoch_whose_speed_it_matches(tmp_path):
     slow = checkpoint.save_epoch(0.1, SEED_2, "slow", {0: 2.0})
     write_capacity_log(slow.capacity_log, [slower(s, 2.0) for s in CAPACITY_STEPS])
     assert joined([fast, slow], 2.0) == slow
+
+
+def test_a_finished_run_s_step_log_is_compressed_and_reads_back_the_same(tmp_path):
+    log = tmp_path / "steps-relstream-poisson-s2-1.3-e0.jsonl"
+    header = StepLogStart(policy="relstream", limits={"max_num_seqs": 256})
+    log.write_text("".join(encode_line(line) for line in (header, *CAPACITY_STEPS)))
+    size = log.stat().st_size
+    kept = compress_step_log(log)
+    assert kept.name == "steps-relstream-poisson-s2-1.3-e0.jsonl.gz"
+    assert not log.exists() and kept.stat().st_size < size
+    assert read_step_log(log) == (header, CAPACITY_STEPS)  # by its plain name
+    assert read_step_log(kept) == (header, CAPACITY_STEPS)  # or its own
+    discard_step_log(log)  # a fresh attempt at the same run starts from nothing
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_campaign_clears_compressed_step_logs_too(tmp_path):
+    write_capacity_log(tmp_path / "steps-capacity.jsonl", CAPACITY_STEPS)
+    compress_step_log(tmp_path / "steps-capacity.jsonl")
+    Checkpoint(tmp_path, resume=True)
+    assert (tmp_path / "steps-capacity.jsonl.gz").exists()
+    Checkpoint(tmp_path, resume=False)
+    assert list(tmp_path.iterdir()) == []

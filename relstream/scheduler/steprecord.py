@@ -7,11 +7,13 @@ computed (prompt tokens and the requests they belong to, decodes, the KV context
 side attends to), how long it took, the queue around it, and the policy's
 `StepDecision`: whether the Δ gate planned it and held work back, the pressure it
 weighed, and why V1's admission stopped (`admission.Stop`). Logs written before the
-decision existed read back with none.
+decision existed read back with none. A log kept once its run is over may be
+gzip-compressed beside its plain name (`compressed_path`); it reads back the same.
 """
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import msgspec
@@ -66,11 +68,27 @@ def encode_line(record: StepRecord | StepLogStart) -> str:
     return _encoder.encode(record).decode() + "\n"
 
 
+def compressed_path(path: Path) -> Path:
+    """Where the gzip-compressed copy of the step log at `path` lives."""
+    return path.with_name(path.name + ".gz")
+
+
+def _log_bytes(path: Path) -> bytes:
+    """The log's JSON lines: `path` itself (compressed if it ends in .gz), or its
+    compressed copy when the plain log is gone."""
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes())
+    if not path.exists() and compressed_path(path).exists():
+        return gzip.decompress(compressed_path(path).read_bytes())
+    return path.read_bytes()
+
+
 def read_step_log(path: Path) -> tuple[StepLogStart | None, list[StepRecord]]:
-    """The header (None if the log has none) and every step, in order."""
+    """The header (None if the log has none) and every step, in order, from the plain
+    log at `path` or, once it is compressed, from `compressed_path(path)`."""
     header: StepLogStart | None = None
     steps: list[StepRecord] = []
-    for line in path.read_bytes().splitlines():
+    for line in _log_bytes(path).splitlines():
         if not line.strip():
             continue
         if line.lstrip().startswith(b'{"event"'):

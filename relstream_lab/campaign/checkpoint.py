@@ -13,12 +13,13 @@ epoch, never across machines.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from relstream.scheduler.steprecord import StepRecord, read_step_log
+from relstream.scheduler.steprecord import StepRecord, compressed_path, read_step_log
 from relstream_lab.campaign.stepfit import fit_step_costs
 from relstream_lab.common.workload import TraceConfig
 
@@ -61,6 +62,24 @@ def check_speed(reference: dict, warm_up_steps: Sequence[StepRecord]) -> None:
             f"run predicts (allowed {low}-{high}x): the machine changed speed during the "
             "campaign. Resume it: the next epoch measures capacity on this machine."
         )
+
+
+def compress_step_log(path: Path) -> Path:
+    """Gzip a finished run's step log in place of the plain one (the engine writes plain
+    JSON lines while it runs; `read_step_log` reads either), so the logs a report reads
+    weigh little in the repository. Returns the compressed file."""
+    target = compressed_path(path)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_bytes(gzip.compress(path.read_bytes(), compresslevel=9, mtime=0))
+    partial.replace(target)
+    path.unlink()
+    return target
+
+
+def discard_step_log(path: Path) -> None:
+    """Remove an earlier attempt's step log, plain or compressed (the engine appends)."""
+    path.unlink(missing_ok=True)
+    compressed_path(path).unlink(missing_ok=True)
 
 
 def trace_name(trace: TraceConfig) -> str:
@@ -118,6 +137,7 @@ class Checkpoint:
         if not resume:
             for path in (
                 *out.glob("steps-*.jsonl"),
+                *out.glob("steps-*.jsonl.gz"),
                 *out.glob("outputs-*.json"),
                 *out.glob("capacity*.json"),
             ):

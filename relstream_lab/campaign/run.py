@@ -28,6 +28,8 @@ from relstream_lab.campaign.checkpoint import (
     Checkpoint,
     Epoch,
     check_speed,
+    compress_step_log,
+    discard_step_log,
     matching_epoch,
     read_step_log,
     speed_against,
@@ -185,7 +187,7 @@ async def _find_epoch(
     epochs = checkpoint.epochs()
     entries = generate_relqueries(trace, load_datasets(options.datasets_dir))
     log = checkpoint.capacity_log_path(len(epochs))
-    log.unlink(missing_ok=True)  # an interrupted attempt's; the engine appends
+    discard_step_log(log)  # an interrupted attempt's; the engine appends
     engine = await RelQueryEngine.start(
         EngineSettings(model=options.model, policy="v1-fcfs", step_log=log)
     )
@@ -200,7 +202,9 @@ async def _find_epoch(
     finally:
         engine.shutdown()
     capacity = len(entries) / (run.window[1] - run.window[0])
-    return checkpoint.save_epoch(capacity, trace, machine_description(), speeds), run, speeds
+    epoch = checkpoint.save_epoch(capacity, trace, machine_description(), speeds)
+    compress_step_log(log)
+    return epoch, run, speeds
 
 
 def runs_to_do(options: VllmBenchOptions) -> int:
@@ -245,7 +249,7 @@ def run_vllm_benchmark(
                     continue
                 name = f"steps-{policy}-{trace_name(trace)}-{load:g}-e{epoch.number}.jsonl"
                 log = options.out_dir / name
-                log.unlink(missing_ok=True)
+                discard_step_log(log)
                 prior = offline_fit if policy in FIXED_COST_POLICIES else None
                 run = asyncio.run(
                     _serve_policy(
@@ -256,6 +260,7 @@ def run_vllm_benchmark(
                 record = _record(policy, trace, load, run, read_step_log(log)[1], prior, reference)
                 record.update(epoch=epoch.number, capacity=epoch.capacity, step_log=name)
                 checkpoint.add_runs([record])
+                compress_step_log(log)
                 say(
                     f"{policy} {trace_name(trace)} at {load:g} of capacity: "
                     f"mean {record['mean']:.2f} s"
