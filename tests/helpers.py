@@ -1,6 +1,63 @@
+"""Helpers shared by test modules (fixtures live in conftest.py): no test module imports
+another."""
+
 from __future__ import annotations
 
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from relstream.backend import EngineFailure
+from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
+from relstream.schemas import RowMessage, encode, validate
+from relstream.sim.backend import SimRelQueryBackend
+from relstream.stream import launch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def relquery(index: int, size: int = 3) -> RelQuery:
+    """The `index`th of a run of small relQueries, each under a fresh id."""
+    rows = [Row(f"r{index}-{k}", {"city": f"city-{index}-{k}"}) for k in range(size)]
+    return RelQuery(f"rq-{index}-{uuid.uuid4().hex[:6]}", Template("Describe {city}."), rows, 5)
+
+
+def encode_row(row: dict) -> bytes:
+    return encode(validate(RowMessage, row))
+
+
+def stream_bin() -> Path:
+    """The Faust worker environment's bin folder (RELSTREAM_STREAM_BIN)."""
+    path = Path(os.environ.get("RELSTREAM_STREAM_BIN", REPO / ".venv-stream" / "bin"))
+    if not (path / "relstream").exists():
+        pytest.fail(f"no Faust environment at {path}: run `make setup`")
+    return path
+
+
+def start_worker(
+    broker, topics, config: Path, log: Path, app_id: str | None = None
+) -> subprocess.Popen:
+    """The worker in its Faust environment; a fresh app id (so consumer groups) unless
+    given, as a restarted worker keeps its own."""
+    executable = [str(stream_bin() / "relstream")]
+    app_id = app_id or f"worker-{uuid.uuid4().hex[:8]}"
+    return launch.start_worker(executable, broker, config, log, topics, app_id)
+
+
+class FaultyBackend(SimRelQueryBackend):
+    """The simulated backend with faults chosen by relQuery id: serving a "poison-" one
+    raises a plain error, serving a "dies-" one fails the engine."""
+
+    async def submit(self, relquery):
+        if relquery.id.startswith("poison-"):
+            raise RuntimeError(f"cannot serve {relquery.id}")
+        if relquery.id.startswith("dies-"):
+            raise EngineFailure("the engine core died")
+        return await super().submit(relquery)
 
 
 class ScriptedView(EngineView):

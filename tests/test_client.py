@@ -4,7 +4,7 @@ service: rows in, an ad-hoc relQuery answered within a timeout, results iterated
 import asyncio
 import uuid
 
-from test_faults import engine_process
+from engines import engine_process
 
 from relstream.client import RelstreamClient
 from relstream.kafka.brokers import EmbeddedBroker

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from test_service import relquery
+from helpers import FaultyBackend, relquery
 
 from relstream.backend import EngineFailure
 from relstream.kafka.clients import create_topics, produce, read_messages
@@ -20,18 +20,6 @@ from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
-
-
-class FaultyBackend(SimRelQueryBackend):
-    """The simulated backend with faults chosen by relQuery id: serving a "poison-" one
-    raises a plain error, serving a "dies-" one fails the engine."""
-
-    async def submit(self, relquery):
-        if relquery.id.startswith("poison-"):
-            raise RuntimeError(f"cannot serve {relquery.id}")
-        if relquery.id.startswith("dies-"):
-            raise EngineFailure("the engine core died")
-        return await super().submit(relquery)
 
 
 def config_for(broker, topics: Topics, group: str, **options) -> ServiceConfig:
@@ -209,7 +197,7 @@ ENGINE_WITH_FAULTS = """
 import importlib
 import sys
 sys.path.insert(0, sys.argv.pop(1))
-from test_delivery import FaultyBackend
+from helpers import FaultyBackend
 # The module, not the `engine` command that relstream.cli exports under the same name.
 engine_cli = importlib.import_module("relstream.cli.engine")
 async def faulty_backend(opts):

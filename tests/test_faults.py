@@ -10,8 +10,7 @@ import uuid
 import msgpack
 from aiokafka import AIOKafkaProducer
 from engines import answers_by, engine_process, scrape, served_by, wait_for
-from test_service import relquery
-from test_streaming import encode_row, start_worker
+from helpers import encode_row, relquery, start_worker
 
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker, free_port

@@ -123,3 +123,20 @@ def test_the_product_never_imports_the_lab():
         if "import_module(\"relstream_lab" in text or "import_module('relstream_lab" in text:
             offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+def test_no_test_module_imports_another():
+    # Shared helpers live in tests/helpers.py (plain functions and classes) or conftest.py
+    # (fixtures): importing a test module runs its module-level code again and ties one
+    # test file's edits to another's. Snippets run with `python -c` count too.
+    import re
+    from pathlib import Path
+
+    importing = re.compile(r"\b(?:from|import)\s+(?:tests\.)?(test_\w+|conftest)\b")
+    tests = Path(__file__).parent
+    offenders = {
+        f"{path.name} imports {name}"
+        for path in sorted(tests.glob("*.py"))
+        for name in importing.findall(path.read_text())
+    }
+    assert offenders == set()

@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from test_streaming import stream_bin
+from helpers import stream_bin
 
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics

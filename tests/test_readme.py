@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import stream_bin
 from readme import Session, blocks, commands, free_port, is_service
-from test_streaming import stream_bin
 
 # What each service prints once it is ready, by what its command contains.
 READY = {

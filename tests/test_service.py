@@ -7,20 +7,16 @@ import uuid
 import msgpack
 import pytest
 from aiokafka import AIOKafkaProducer
+from helpers import relquery
 
 from relstream.kafka.clients import MAX_REQUEST_BYTES, create_topics, read_messages
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery, Row, Template
+from relstream.model import RelQuery
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-
-
-def relquery(index: int, size: int = 3) -> RelQuery:
-    rows = [Row(f"r{index}-{k}", {"city": f"city-{index}-{k}"}) for k in range(size)]
-    return RelQuery(f"rq-{index}-{uuid.uuid4().hex[:6]}", Template("Describe {city}."), rows, 5)
 
 
 def wire_form(rq: RelQuery) -> dict:

@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from relstream.answers import Sampling
 from relstream.engine.shared import (
@@ -32,6 +31,15 @@ def key(*token_ids: int):
     return request_key(relquery(), list(token_ids), MODEL)
 
 
+# key(1, 2)'s digest, computed by another interpreter from the product alone.
+KEY_IN_ANOTHER_PROCESS = f"""
+from relstream.engine.shared import request_key
+from relstream.model import RelQuery, Row, Template
+relquery = RelQuery("q", Template("{{x}}"), [Row("r", {{"x": "1"}})], 4)
+print(request_key(relquery, [1, 2], {MODEL!r}).digest.hex())
+"""
+
+
 def test_only_greedy_or_seeded_requests_have_a_key():
     assert request_key(relquery(Sampling(0.8, seed=3)), [1, 2], MODEL) is not None
     assert request_key(relquery(Sampling(0.8)), [1, 2], MODEL) is None  # meant to differ
@@ -46,8 +54,7 @@ def test_the_digest_holds_the_model_and_stays_the_same_across_processes():
     # A restarted engine must find what an earlier one published: another interpreter
     # (another hash seed) computes the same digest.
     other = subprocess.run(
-        [sys.executable, "-c", "import test_shared; print(test_shared.key(1, 2).digest.hex())"],
-        cwd=Path(__file__).parent,
+        [sys.executable, "-c", KEY_IN_ANOTHER_PROCESS],
         env={**os.environ, "PYTHONHASHSEED": "12345"},
         capture_output=True,
         text=True,

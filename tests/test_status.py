@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from engines import engine_process
-from test_streaming import stream_bin
+from helpers import stream_bin
 
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics

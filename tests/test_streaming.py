@@ -12,6 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 from aiokafka import AIOKafkaProducer
+from helpers import encode_row, start_worker, stream_bin
 
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
@@ -24,34 +25,12 @@ from relstream.schemas import (
     RowMessage,
     decode,
     encode,
-    validate,
 )
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def encode_row(row: dict) -> bytes:
-    return encode(validate(RowMessage, row))
-
-
-def stream_bin() -> Path:
-    path = Path(os.environ.get("RELSTREAM_STREAM_BIN", REPO / ".venv-stream" / "bin"))
-    if not (path / "relstream").exists():
-        pytest.fail(f"no Faust environment at {path}: run `make setup`")
-    return path
-
-
-def start_worker(
-    broker, topics, config: Path, log: Path, app_id: str | None = None
-) -> subprocess.Popen:
-    """The worker in its Faust environment; a fresh app id (so consumer groups) unless
-    given, as a restarted worker keeps its own."""
-    executable = [str(stream_bin() / "relstream")]
-    app_id = app_id or f"worker-{uuid.uuid4().hex[:8]}"
-    return launch.start_worker(executable, broker, config, log, topics, app_id)
 
 
 def decode_result(message) -> ResultMessage:
