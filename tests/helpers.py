@@ -60,6 +60,21 @@ class FaultyBackend(SimRelQueryBackend):
         return await super().submit(relquery)
 
 
+def faulty_backend(_options) -> FaultyBackend:
+    """`FaultyBackend` as `relstream engine --backend` starts a registered backend."""
+    return FaultyBackend()
+
+
+def entry_point_folder(folder: Path, group: str, name: str, target: str) -> Path:
+    """`folder` holding a dist-info that declares the entry point `name = target` in
+    `group`, as installing a package writes it: put `folder` on a process's path."""
+    info = folder / f"relstream_test_{name}-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: relstream-test-{name}\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+    return folder
+
+
 class ScriptedView(EngineView):
     """An EngineView whose prefix cache and clock the test sets by hand."""
 

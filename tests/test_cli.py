@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
+from helpers import entry_point_folder
 
 from relstream.cli import main
 from relstream_lab.cli import main as lab
@@ -57,6 +58,23 @@ def test_the_product_lists_only_product_commands_and_the_lab_its_own():
     assert {"paper", "campaign", "streaming", "sustained", "zipf", "prefix", "placement"} == set(
         lab.commands["bench"].commands
     )
+
+
+def test_the_engine_names_every_backend_it_can_start(tmp_path):
+    # Built-in ones and those registered under the relstream.backends entry point, as an
+    # installed package declares them; nothing is loaded to list them.
+    registered = entry_point_folder(tmp_path, "relstream.backends", "mine", "nowhere:backend")
+    path = os.pathsep.join(filter(None, [str(registered), os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "relstream", "engine", "--bootstrap", "127.0.0.1:1"]
+    finished = subprocess.run(
+        [*command, "--backend", "nope"],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 2
+    assert "unknown backend 'nope'; choose one of: vllm, sim, mine" in finished.stderr
 
 
 def test_decision_benchmark_builds_the_crowd_it_reports():

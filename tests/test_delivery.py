@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from helpers import FaultyBackend, relquery
+from helpers import FaultyBackend, entry_point_folder, relquery
 
 from relstream.backend import EngineFailure
 from relstream.kafka.clients import create_topics, produce, read_messages
@@ -192,24 +192,11 @@ def test_an_engine_failure_publishes_and_commits_nothing_past_its_work(broker):
     assert decode(ResultMessage, before_restart[0].value).id == sent[0].id
 
 
-# `relstream engine` in its own process, with the faulty backend in place of the sim one.
-ENGINE_WITH_FAULTS = """
-import importlib
-import sys
-sys.path.insert(0, sys.argv.pop(1))
-from helpers import FaultyBackend
-# The module, not the `engine` command that relstream.cli exports under the same name.
-engine_cli = importlib.import_module("relstream.cli.engine")
-async def faulty_backend(opts):
-    return FaultyBackend()
-engine_cli._start_backend = faulty_backend
-from relstream.cli import main
-main(sys.argv[1:], prog_name="relstream")
-"""
-
-
-def test_the_engine_command_exits_non_zero_when_its_engine_fails(broker):
+def test_the_engine_command_exits_non_zero_when_its_engine_fails(broker, tmp_path):
     # A supervisor (compose's `restart:`) restarts an engine only if it exits non-zero.
+    # The faulty backend joins `relstream engine` as any installed package's would,
+    # through the relstream.backends entry point.
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -218,11 +205,15 @@ def test_the_engine_command_exits_non_zero_when_its_engine_fails(broker):
     dying = relquery(0)
     dying.id = f"dies-{dying.id}"
     asyncio.run(send(broker, topics, [dying]))
-    arguments = ["engine", "--backend", "sim", "--bootstrap", broker.bootstrap]
+    registered = entry_point_folder(
+        tmp_path, "relstream.backends", "faulty", "helpers:faulty_backend"
+    )
+    path = [str(registered), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    arguments = ["engine", "--backend", "faulty", "--bootstrap", broker.bootstrap]
     arguments += ["--prefix", topics.prefix, "--group", group, "--broker-kind", broker.kind]
-    tests = str(Path(__file__).parent)
     finished = subprocess.run(
-        [sys.executable, "-c", ENGINE_WITH_FAULTS, tests, *arguments],
+        [sys.executable, "-m", "relstream", *arguments],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))},
         capture_output=True,
         text=True,
         timeout=120,

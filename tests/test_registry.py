@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import entry_point_folder
 
 import relstream_lab
 from relstream.scheduler import POLICIES, VllmQueue, make_policy, policy_spec, static_priority
@@ -70,13 +71,9 @@ def policy_in_a_fresh_process(name: str, *, lab: bool, entry_point: Path | None)
 
 @pytest.fixture
 def lab_entry_point(tmp_path):
-    info = tmp_path / "relstream_lab_policies-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: relstream-lab-policies\n")
-    (info / "entry_points.txt").write_text(
-        "[relstream.policies]\nlab = relstream_lab.baselines:register\n"
+    return entry_point_folder(
+        tmp_path, "relstream.policies", "lab", "relstream_lab.baselines:register"
     )
-    return tmp_path
 
 
 def test_the_engine_finds_a_lab_policy_through_the_entry_point(lab_entry_point):

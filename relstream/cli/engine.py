@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import signal
 import socket
+from importlib.metadata import entry_points
+from types import MappingProxyType
 
 import click
 
@@ -22,9 +25,31 @@ from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
+BUILT_IN_BACKENDS = ("vllm", "sim")
+# Each entry point of this group names a function that takes the command's options (a
+# read-only mapping) and returns a `backend.RelQueryBackend`, or an awaitable of one.
+BACKEND_ENTRY_POINTS = "relstream.backends"
+
+
+def _registered_backends() -> dict:
+    return {entry.name: entry for entry in entry_points(group=BACKEND_ENTRY_POINTS)}
+
+
+def _known_backend(_ctx, _param, name: str) -> str:
+    if name in BUILT_IN_BACKENDS or name in _registered_backends():
+        return name
+    known = ", ".join([*BUILT_IN_BACKENDS, *sorted(_registered_backends())])
+    raise click.BadParameter(f"unknown backend {name!r}; choose one of: {known}")
+
+
 _ENGINE_OPTIONS = (
     click.option(
-        "--backend", type=click.Choice(["vllm", "sim"]), default="vllm", show_default=True
+        "--backend",
+        default="vllm",
+        show_default=True,
+        callback=_known_backend,
+        help="vllm, sim, or a backend an installed package registers under the "
+        f"`{BACKEND_ENTRY_POINTS}` entry point group.",
     ),
     click.option(
         "--model",
@@ -182,6 +207,10 @@ def _answer_secret(opts: dict) -> bytes | None:
 
 
 async def _start_backend(opts: dict):
+    if opts["backend"] not in BUILT_IN_BACKENDS:
+        factory = _registered_backends()[opts["backend"]].load()
+        backend = factory(MappingProxyType(opts))
+        return await backend if inspect.isawaitable(backend) else backend
     if opts["backend"] == "sim":
         from relstream.sim.backend import SIM_PROCESSES, SimRelQueryBackend, SimSettings
 
