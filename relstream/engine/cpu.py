@@ -1,10 +1,11 @@
-"""Settings measured on vLLM's CPU build on this project's 2-core machines.
+"""The settings vLLM's CPU build runs best with on this project's machines.
 
-float32 (no bf16 units: bf16 runs 3-4x slower), eager mode (start in ~15-40 s instead
-of ~180 s), a 2 GiB KV space (`VLLM_CPU_KVCACHE_SPACE`), as many OpenMP threads as
-cores for the engine-core process, offline model loading, and tcmalloc, which makes the
-CPU build several times faster but can only be preloaded when a process starts
-(docs/architecture.md, "Environment facts"). None of it applies on a GPU.
+float32 (CPUs without bf16 units run bf16 slower), eager mode (the engine starts much
+sooner than with compiled graphs), a 2 GiB KV space (`VLLM_CPU_KVCACHE_SPACE`), as many
+OpenMP threads as cores for the engine-core process, offline model loading, and
+tcmalloc, which speeds the CPU build up but can only be preloaded when a process starts,
+so the CLI re-executes itself. None of it applies on a GPU. What each was measured to
+give is in docs/architecture.md, "Environment facts".
 """
 
 from __future__ import annotations

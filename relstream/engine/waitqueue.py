@@ -1,8 +1,9 @@
 """vLLM's FCFS waiting queue with removal in O(requests removed).
 
 The plug-in takes each step's admissions out of vLLM's waiting queue (`plugin`), and
-vLLM's own FCFSRequestQueue removes by rebuilding itself: 10-20 ms a step at 100,000
-waiting requests. This queue keeps the same order under the same operations (append,
+vLLM's own FCFSRequestQueue removes by rebuilding itself, a cost that grows with the
+whole queue every step (measured in docs/architecture.md, "What vLLM V1 does each
+step"). This queue keeps the same order under the same operations (append,
 prepend, pop and peek at the front, remove anywhere) in an insertion-ordered dict, so a
 removal costs what it removes. A request is in it at most once, as in vLLM's queues.
 """

@@ -8,10 +8,10 @@ V1-style engines mix prompt chunks into decode steps, so the paper's two separat
 base / per_decode says which regime the engine is in: a GPU pays mostly `base` (batching
 is nearly free), this project's CPU mostly `per_decode` (every request costs).
 
-The fit is least squares over the last `window` steps, redone every `refit_every` steps.
-Recursive least squares with forgetting was tried first: on the real engine its
-covariance wound up through long runs of similar decode steps and its coefficients swung
-from 0 to twice their value within a minute (base 0-50 ms), flipping the regime.
+The fit is least squares over the last `window` steps, redone every `refit_every` steps,
+rather than recursive least squares with forgetting: that one's covariance winds up
+through long runs of similar decode steps and its coefficients swing, flipping the
+regime (docs/architecture.md, "Step costs on this CPU with SmolLM2").
 """
 
 from __future__ import annotations
