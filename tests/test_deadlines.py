@@ -37,8 +37,8 @@ SIZE_ORDER = ["small#0", "small#1", *(f"big#{row}" for row in range(9))]
 BIG_FIRST = [f"big#{row}" for row in range(11)]
 
 
-def test_a_relquery_is_lost_once_less_than_half_what_it_needs_is_left():
-    assert lost_at(10.0, 4.0) == pytest.approx(7.2)  # 10 − 0.7 × 4
+def test_a_relquery_is_lost_once_less_than_what_it_needs_is_left():
+    assert lost_at(10.0, 4.0) == pytest.approx(6.0)  # 10 − 4
 
 
 def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_its_own():
@@ -46,10 +46,10 @@ def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_i
     # small needs τ = 1 ms × 100 prompt tokens + 20 steps × 27.5 ms = 0.65 s and is
     # smaller (W = 1.2 s against big's 12 s, test_relstream): size order puts it first
     # (its 2 rows, then 8 whole prompts of big and 12 tokens of the ninth). It is lost
-    # once less than 0.7 τ = 0.455 s is left: with a deadline 0.4 s away big, whose own
+    # once less than τ = 0.65 s is left: with a deadline 0.6 s away big, whose own
     # deadline (τ = 1 s + 0.55 s, 10 s away) is within reach, goes first and takes the
     # whole budget: 10 prompts of 50 and 12 tokens of the eleventh.
-    for deadline, first in ((None, SIZE_ORDER), (0.5, SIZE_ORDER), (0.4, BIG_FIRST)):
+    for deadline, first in ((None, SIZE_ORDER), (0.7, SIZE_ORDER), (0.6, BIG_FIRST)):
         plan = Relstream(SMALL_COST, FULL_BATCHES).plan(two_relqueries(deadline, 10.0))
         assert first_rows(plan) == first
     assert [chunk.num_tokens for chunk in plan.prefill][-1] == 12
@@ -57,9 +57,9 @@ def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_i
 
 def test_finished_rows_of_the_same_budget_say_how_long_a_relquery_still_needs():
     # Eight rows with small's budget (20 tokens) finished after 2 tokens each: the longer
-    # of small's 2 rows is expected at 2 tokens, so τ = 0.1 s + 2 × 27.5 ms = 0.155 s and
-    # small is lost only once less than 0.7 τ ≈ 0.11 s is left: a deadline 0.4 s away,
-    # which lost it above on its whole budget, is now within reach: size order stands.
+    # of small's 2 rows is expected at 2 tokens, so τ = 0.1 s + 2 × 27.5 ms = 0.155 s: a
+    # deadline 0.4 s away, which lost it above on its whole budget (τ = 0.65 s), is now
+    # within reach: size order stands.
     view = two_relqueries(0.4, 10.0)
     for _ in range(8):
         view.tracker.outputs.add(20, 2)
@@ -82,11 +82,11 @@ def test_the_longest_of_m_rows_is_read_at_the_m_over_m_plus_1_quantile():
 
 
 def test_the_clock_alone_moves_a_waiting_relquery_behind_once_it_is_lost():
-    # small due at 1 s: lost from 1 − 0.455 = 0.545 s. Nothing changes in the engine
+    # small due at 1 s: lost from 1 − 0.65 = 0.35 s. Nothing changes in the engine
     # between the plans; a watch set when small was ranked re-ranks it.
     policy = Relstream(SMALL_COST, FULL_BATCHES)
     view = two_relqueries(1.0)
-    for clock, first in ((0.0, SIZE_ORDER), (0.5, SIZE_ORDER), (0.6, BIG_FIRST)):
+    for clock, first in ((0.0, SIZE_ORDER), (0.3, SIZE_ORDER), (0.4, BIG_FIRST)):
         view.clock = clock
         assert first_rows(policy.plan(view)) == first
 

@@ -8,15 +8,16 @@ its steps. Until a row of R finishes, L(R) is what the longest of its rows is ex
 to take, from finished rows of the same output budget (`lengths`). The engine's mean
 step would count the prompt chunks of relQueries behind R, which serving R first does
 not wait for: on the sustained benchmark it set aside relQueries the same policy blind
-to deadlines met. R is **lost** once deadline − now < `LOST_SHARE`·τ: even served
-first, it would need about 1.4 times the time left.
+to deadlines met. R is **lost** once deadline − now < τ: even served first, it would
+not make it.
 
 A lost relQuery goes behind every relQuery that is not (size order within each group;
 the starvation guard still bounds its wait). Serving it first cannot save it, and every
 relQuery it passed would lose time it may need for its own deadline: the domino by
 which earliest-deadline-first collapses under overload; Moore and Hodgson's rule for the
 most jobs on time likewise serves short jobs first and sets aside those that cannot
-finish. τ is an estimate, hence a share below 1 (docs/benchmarks/deadlines/notes.md).
+finish. Earlier, coarser estimates of τ marked R lost at a share of it (0.5-0.85); with
+this one the whole of τ met the most deadlines (docs/benchmarks/deadlines/notes.md).
 
 Nothing is raised *ahead* of size order: on the sustained benchmark (deadlines of 3x each
 relQuery's latency alone) ranking relQueries at risk first, least slack or least work
@@ -35,8 +36,6 @@ import math
 from collections.abc import Container
 from enum import IntEnum
 
-LOST_SHARE = 0.7  # lost once less than this share of τ is left before the deadline
-
 
 class Urgency(IntEnum):
     """The first field of a relQuery's rank: lower goes first."""
@@ -48,7 +47,7 @@ class Urgency(IntEnum):
 
 def lost_at(deadline: float, needed: float) -> float:
     """When a relQuery needing `needed` seconds (τ) can no longer meet `deadline`."""
-    return deadline - LOST_SHARE * needed
+    return deadline - needed
 
 
 class DeadlineWatch:
