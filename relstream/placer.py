@@ -176,6 +176,10 @@ class LoadReader:
         with self._lock:
             return self.book.partition_for(message)
 
+    def engines(self) -> list[str]:
+        with self._lock:
+            return self.book.engines()
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)

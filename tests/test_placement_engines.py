@@ -1,0 +1,97 @@
+"""Placement by load on a real broker: three simulated engines in one group report their
+load; one is four times slower, so relQueries submitted through the Python client go
+mostly to the other two; one engine SIGKILLed mid-stream loses nothing."""
+
+import asyncio
+import collections
+import json
+import time
+import uuid
+
+from engines import answers_by, engine_process, wait_for
+
+from relstream.client import RelstreamClient
+from relstream.connectors.sinks import JsonlSink
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.topics import Topics
+from relstream.placer import LoadReader
+from relstream.schemas import ResultMessage, decode
+
+PARTITIONS = 6  # two for each engine
+BEFORE_KILL, AFTER_KILL = 60, 30
+EVERY_S = 0.1  # between two submits: about 10 relQueries a second
+
+
+def submit(client, count, start, every_s=EVERY_S) -> list[str]:
+    """`count` relQueries of 8 rows and 16 output tokens (0.8 s on the simulator)."""
+    ids = []
+    for i in range(start, start + count):
+        rows = [{"key": f"r{i}-{k}", "values": {"city": f"city-{i}-{k}"}} for k in range(8)]
+        ids.append(client.submit("Describe {city}.", rows, max_output_tokens=16))
+        time.sleep(every_s)
+    return ids
+
+
+def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
+    # On Tansu: noida-db 0.2.3 never evicts a SIGKILLed member from its group.
+    topics = Topics(prefix=f"pl{uuid.uuid4().hex[:6]}.", partitions=PARTITIONS)
+    group = f"engine-{uuid.uuid4().hex[:6]}"
+    log = tmp_path / "engines.log"
+    with EmbeddedBroker("tansu") as broker:
+        asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+        speeds = ("1", "1", "0.25")
+        engines = [
+            engine_process(
+                broker, topics, group, log, budget_rows=4000,
+                extra=["--load-reports", "--sim-speed", speed],
+            )
+            for speed in speeds
+        ]  # fmt: skip
+        slow, killed = engines[2], engines[0]
+        client = RelstreamClient(broker.bootstrap, topics.prefix, broker_kind=broker.kind)
+        reader = LoadReader(broker.bootstrap, topics)
+        try:
+            # Every engine reports and owns its partitions before the first submit.
+            settled = wait_for(lambda: len(reader.engines()) == 3, 120)
+            assert settled, f"engines reporting: {reader.engines()}\n{log.read_text()[-3000:]}"
+            before = submit(client, BEFORE_KILL, 0)
+            after = submit(client, AFTER_KILL // 2, BEFORE_KILL)
+            killed.kill()  # SIGKILL mid-stream: no cleanup, no last commit
+            killed.wait()
+            after += submit(client, AFTER_KILL - AFTER_KILL // 2, BEFORE_KILL + AFTER_KILL // 2)
+            sent = before + after
+            sink = JsonlSink(tmp_path / "results.jsonl")
+            answered: set[str] = set()
+            wanted = len(sent)
+            deadline = time.monotonic() + 240
+            while len(answered) < len(sent) and time.monotonic() < deadline:
+                messages = asyncio.run(
+                    read_messages(broker.bootstrap, topics.results, wanted, broker.kind, 60)
+                )
+                for message in messages:
+                    result = decode(ResultMessage, message.value)
+                    sink.write(result)
+                    answered.add(result.id)
+                wanted = len(messages) + 1
+            sink.close()
+            survivors = [engine.poll() for engine in engines[1:]]
+        finally:
+            reader.close()
+            client.close()
+            for engine in engines:
+                engine.terminate()
+                engine.wait(30)
+        answers = answers_by(broker, topics)
+    assert survivors == [None, None], log.read_text()[-3000:]
+    # Before the kill: the slow engine served far fewer than the hash's third.
+    by_engine = collections.Counter(pid for pid, rq in answers if rq in set(before))
+    share = by_engine[slow.pid] / len(before)
+    assert share < 1 / 6, f"the slow engine served {share:.0%} of the relQueries: {by_engine}"
+    assert all(by_engine[e.pid] > by_engine[slow.pid] for e in engines[:2]), by_engine
+    # Every relQuery answered, none twice in the sink, none twice by one engine.
+    assert answered == set(sent), f"{len(set(sent) - answered)} relQueries never answered"
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["id"] for line in lines) == sorted(sent)
+    twice = {key: count for key, count in answers.items() if count > 1}
+    assert not twice, f"an engine answered a relQuery twice: {twice}"
