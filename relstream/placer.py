@@ -28,6 +28,8 @@ import os
 import threading
 import time
 
+from aiokafka.errors import KafkaError
+
 from relstream.backend import template_id
 from relstream.kafka.clients import new_consumer
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
@@ -208,7 +210,8 @@ class AsyncLoadReader:
 
         consumer = self._consumer
         await consumer.start()
-        numbers = sorted(await consumer.partitions_for_topic(self._topic) or ())
+        await consumer.topics()  # fetches the metadata partitions_for_topic reads
+        numbers = sorted(consumer.partitions_for_topic(self._topic) or ())
         parts = [TopicPartition(self._topic, n) for n in numbers]
         consumer.assign(parts)
         starts, ends = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
@@ -218,7 +221,12 @@ class AsyncLoadReader:
 
     async def _follow(self) -> None:
         while True:
-            batches = await self._consumer.getmany(timeout_ms=POLL_MS)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=POLL_MS)
+            except KafkaError as exc:  # a broker outage: placement falls back to the hash
+                log.warning("reading load reports: %r", exc)
+                await asyncio.sleep(1.0)
+                continue
             for records in batches.values():
                 for record in records:
                     self.book.take(record.value, record.headers)

@@ -15,8 +15,10 @@ from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.topics import Topics
-from relstream.placer import LoadReader
-from relstream.schemas import ResultMessage, decode
+from relstream.placer import AsyncLoadReader, LoadReader
+from relstream.schemas import RelQueryMessage, RelQueryRow, ResultMessage, decode
+from relstream.service.service import EngineService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 PARTITIONS = 6  # two for each engine
 BEFORE_KILL, AFTER_KILL = 60, 30
@@ -95,3 +97,44 @@ def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
     assert sorted(json.loads(line)["id"] for line in lines) == sorted(sent)
     twice = {key: count for key, count in answers.items() if count > 1}
     assert not twice, f"an engine answered a relQuery twice: {twice}"
+
+
+def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(broker):
+    # The service's reporter and the reader an asyncio program (the worker) would use.
+    topics = Topics(prefix=f"pa{uuid.uuid4().hex[:6]}.", partitions=3)
+    message = RelQueryMessage(
+        id="q1",
+        template="Say {x}.",
+        rows=[RelQueryRow(key="k", values={"x": "y"})],
+        max_output_tokens=4,
+        submitted_at=time.time(),
+    )
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout())
+        reader = AsyncLoadReader(broker.bootstrap, topics, broker.kind)
+        await reader.start()
+        before = reader.partition_for(message)  # nobody reports yet: the hash
+        config = ServiceConfig(
+            broker.bootstrap, topics, f"g{uuid.uuid4().hex[:6]}", broker=broker.kind,
+            load_report_s=0.2,
+        )  # fmt: skip
+        stop = asyncio.Event()
+        backend = SimRelQueryBackend(SimSettings(time_scale=0.1))
+        task = asyncio.create_task(EngineService(config, backend).run(stop))
+        try:
+            async with asyncio.timeout(60):
+                while not reader.book.engines():
+                    await asyncio.sleep(0.2)
+            placed = [reader.partition_for(message) for _ in range(6)]
+        finally:
+            stop.set()
+            await task
+            await reader.stop()
+        return before, reader.book.engines(), placed
+
+    before, engines, placed = asyncio.run(scenario())
+    assert before is None
+    assert len(engines) == 1
+    # One engine owns all three partitions; its relQueries go round them.
+    assert placed == [0, 1, 2, 0, 1, 2]
