@@ -1,6 +1,7 @@
 """Placement by load on a real broker: three simulated engines in one group report their
 load; one is four times slower, so relQueries submitted through the Python client go
-mostly to the other two; one engine SIGKILLed mid-stream loses nothing."""
+mostly to the other two; one engine SIGKILLed mid-stream loses nothing and doubles
+nothing."""
 
 import asyncio
 import collections
@@ -13,7 +14,7 @@ from engines import answers_by, engine_process, wait_for
 from relstream.client import RelstreamClient
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.clients import Subscription, create_topics, read_messages
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, LoadReader
 from relstream.schemas import RelQueryMessage, RelQueryRow, ResultMessage, decode
@@ -33,6 +34,15 @@ def submit(client, count, start, every_s=EVERY_S) -> list[str]:
         ids.append(client.submit("Describe {city}.", rows, max_output_tokens=16))
         time.sleep(every_s)
     return ids
+
+
+async def keys_written(broker, topic) -> collections.Counter:
+    """How often each key was written to `topic` (read to its end)."""
+    subscription = Subscription(
+        broker.bootstrap, topic, broker_kind=broker.kind, idle_seconds=3, timeout=60
+    )
+    async with subscription as messages:
+        return collections.Counter([m.key.decode() async for m in messages])
 
 
 def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
@@ -78,6 +88,7 @@ def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
                 wanted = len(messages) + 1
             sink.close()
             survivors = [engine.poll() for engine in engines[1:]]
+            written = asyncio.run(keys_written(broker, topics.relqueries))
         finally:
             reader.close()
             client.close()
@@ -91,12 +102,14 @@ def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
     share = by_engine[slow.pid] / len(before)
     assert share < 1 / 6, f"the slow engine served {share:.0%} of the relQueries: {by_engine}"
     assert all(by_engine[e.pid] > by_engine[slow.pid] for e in engines[:2]), by_engine
-    # Every relQuery answered, none twice in the sink, none twice by one engine.
+    # Every relQuery answered, and none twice in the sink.
     assert answered == set(sent), f"{len(set(sent) - answered)} relQueries never answered"
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["id"] for line in lines) == sorted(sent)
-    twice = {key: count for key, count in answers.items() if count > 1}
-    assert not twice, f"an engine answered a relQuery twice: {twice}"
+    # Placement wrote each relQuery once, to one partition. (An engine may still answer
+    # one twice: one in flight when a rebalance takes its partition and hands it back is
+    # read again; the same with hash placement. The sink keeps one.)
+    assert written == collections.Counter(sent)
 
 
 def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(broker):
