@@ -25,6 +25,7 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
+from relstream.placer import LoadReader, placement_of
 from relstream.schemas import (
     ControlMessage,
     DeadLetterMessage,
@@ -57,13 +58,19 @@ class RelstreamClient:
         prefix: str = "relstream.",
         security: KafkaSecurity = PLAINTEXT,
         broker_kind: str | None = None,
+        placement: str | None = None,
     ) -> None:
+        """`placement`: "load" sends each relQuery to the least loaded engine while engines
+        report their load, else by its id's hash; "hash" always by the hash (unset:
+        $RELSTREAM_PLACEMENT, else "load"; README, Scale-out)."""
         self.bootstrap = bootstrap
         self.topics = Topics(prefix)
         self.security = security
         self.broker_kind = broker_kind
+        self.placement = placement_of(placement)
         self._producer = sync_producer(bootstrap, security, acks="all", linger_ms=5)
         self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
+        self._placer: LoadReader | None = None  # started by the first submit
 
     # in
     def produce_rows(
@@ -133,9 +140,21 @@ class RelstreamClient:
             )
         # Where the results stand now: the answer can only come after.
         self._submitted[relquery.id] = self._result_ends()
-        future = self._producer.send(self.topics.relqueries, value, key=relquery.id.encode())
+        # Placement picks only the partition, once: the producer's retries keep it.
+        partition = self._partition_for(message)
+        future = self._producer.send(
+            self.topics.relqueries, value, key=relquery.id.encode(), partition=partition
+        )
         future.get(timeout=30)
         return relquery.id
+
+    def _partition_for(self, message) -> int | None:
+        """Where placement by load sends it; None: by its key's hash."""
+        if self.placement != "load":
+            return None
+        if self._placer is None:
+            self._placer = LoadReader(self.bootstrap, self.topics, self.security)
+        return self._placer.partition_for(message)
 
     def cancel(self, relquery_id: str) -> None:
         """Ask the engines to stop a relQuery; its result still comes, rows "cancelled"."""
@@ -322,6 +341,8 @@ class RelstreamClient:
 
     def close(self) -> None:
         self._producer.close()
+        if self._placer is not None:
+            self._placer.close()
 
     def __enter__(self) -> RelstreamClient:
         return self

@@ -7,6 +7,7 @@ import sys
 import time
 
 from relstream.kafka.clients import Subscription
+from relstream.placer import is_load_report
 from relstream.schemas import MetricsMessage, decode
 from relstream.stream.launch import spawn_logged
 
@@ -48,7 +49,11 @@ def answers_by(broker, topics) -> collections.Counter:
             broker.bootstrap, topics.metrics, broker_kind=broker.kind, idle_seconds=2, timeout=60
         )
         async with subscription as messages:
-            answers = [decode(MetricsMessage, m.value) async for m in messages]
+            answers = [
+                decode(MetricsMessage, m.value)
+                async for m in messages
+                if not is_load_report(m.headers)  # engines started with --load-reports
+            ]
         return collections.Counter(
             (int(answer.engine.rsplit(":", 1)[1]), answer.relquery_id) for answer in answers
         )

@@ -74,6 +74,17 @@ GOOD = {
         "at": NOW,
     },
     "control": {"version": 1, "cancel": "q1"},
+    "load_report": {
+        "version": 1,
+        "engine": "host:42",
+        "topic": "relstream.relqueries",
+        "partitions": [0, 3],
+        "outstanding_s": 1.5,
+        "per_prompt_token_s": 0.0001,
+        "per_output_token_s": 0.002,
+        "templates": ["0a1b2c3d"],
+        "at": 1700000000.0,
+    },
     "answer": {
         "version": 2,
         "model": "smollm2",

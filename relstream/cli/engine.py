@@ -145,6 +145,21 @@ _ENGINE_OPTIONS = (
         type=click.FloatRange(min=0),
         help="sim: spend this fraction of each simulated latency in real time.",
     ),
+    click.option(
+        "--sim-speed",
+        default=1.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="sim: how fast this engine is against its profile (0.25: four times slower; "
+        "with --sim-time-scale).",
+    ),
+    click.option(
+        "--load-reports/--no-load-reports",
+        default=False,
+        show_default=True,
+        help="Publish this engine's load about once a second on the metrics topic, so "
+        "clients place relQueries on the least loaded engine (README, Scale-out).",
+    ),
 )
 
 
@@ -219,6 +234,7 @@ async def _start_backend(opts: dict):
                 policy=opts["policy"],
                 time_scale=opts["sim_time_scale"],
                 processes=SIM_PROCESSES,
+                speed=opts["sim_speed"],
             )
         )
         await backend.start()
@@ -238,6 +254,7 @@ async def _start_backend(opts: dict):
 
 async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.kafka.topics import Topics
+    from relstream.service.loadreport import LOAD_REPORT_S
     from relstream.service.service import EngineService, ServiceConfig
 
     door = _listening(http) if http is not None else None
@@ -274,6 +291,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             security=opts["security"],
             answer_topic=opts["answer_cache"] == "topic",
             answer_secret=opts["answer_secret"],
+            load_report_s=LOAD_REPORT_S if opts["load_reports"] else 0.0,
         )
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves

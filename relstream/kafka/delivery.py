@@ -74,17 +74,20 @@ async def publish_acked(
     stall_s: float = STALL_S,
     backoff: Backoff = Backoff(),
     headers: list[tuple[str, bytes]] | None = None,
+    partition: int | None = None,
 ) -> int:
     """Send `value` to `topic` until the broker acknowledges it; returns the tries it took.
     Raises `Refused` if the broker refuses it for good. `what` names it in the log lines,
-    which go through the outage rate limit (`outage.RateLimited`)."""
+    which go through the outage rate limit (`outage.RateLimited`). `partition`: where it
+    goes, kept for every try (None: by its key's hash)."""
     timer = asyncio.get_running_loop().call_later(stall_s, stalled)
     tries = 0
     try:
         while True:
             tries += 1
             try:
-                await (await producer.send(topic, value, key=key, headers=headers))
+                sent = producer.send(topic, value, key=key, headers=headers, partition=partition)
+                await (await sent)
                 return tries
             except KafkaError as exc:
                 if not unavailable(exc):

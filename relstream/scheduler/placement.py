@@ -8,7 +8,8 @@ with the least work: its last report plus the work the placer itself sent it sin
 Among engines within `margin` of the least, one that recently served the same template
 is preferred (its prompt prefix is cached). With no fresh report it falls back to the
 key's hash, as a producer's default partitioner does. The same object places relQueries
-in the worker and among the simulator's engines (`relstream_lab/placement/run.py`).
+from the Python client (`relstream/placer.py`) and among the simulator's engines
+(`relstream_lab/placement/run.py`).
 """
 
 from __future__ import annotations

@@ -251,6 +251,26 @@ class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
     deadline_met: DeadlineMet = None
 
 
+KIND_HEADER = "relstream-kind"  # names a load report among the metrics topic's records
+
+
+class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
+    """One engine's load, about once a second on the metrics topic (key: the engine;
+    header `relstream-kind: load_report`), for placing relQueries by load
+    (`relstream.placer`): the relqueries partitions it owns now and the work it has yet
+    to do. A reader trusts a report only for a few seconds after `at`."""
+
+    kind: ClassVar[str] = "load_report"
+    engine: NonEmpty  # the engine instance (host and process id)
+    topic: NonEmpty  # the relqueries topic whose partitions it owns
+    partitions: list[Annotated[int, Meta(ge=0)]]  # from its consumer group assignment
+    outstanding_s: Annotated[float, Meta(ge=0, description="engine seconds of work left")]
+    per_prompt_token_s: Annotated[float, Meta(ge=0)] = 0.0  # its cost fit, a prompt token
+    per_output_token_s: Annotated[float, Meta(ge=0)] = 0.0  # and an output token
+    templates: list[str] = []  # ids of templates it served lately, most recent first
+    at: Annotated[float, Meta(description="seconds since the epoch")]
+
+
 class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
     """A message relstream could not use, with why (key: the original key, cut to a
     bound). The original bytes are kept up to a bound below the producer's request limit,
@@ -316,5 +336,6 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeadLetterMessage,
     ControlMessage,
     AnswerMessage,
+    LoadReportMessage,
 )
 KINDS: dict[str, type[Message]] = {t.kind: t for t in MESSAGE_TYPES}

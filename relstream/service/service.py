@@ -63,6 +63,7 @@ from relstream.service import backlog, offloop
 from relstream.service.answers import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
 from relstream.service.control import follow_control
+from relstream.service.loadreport import report_load
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook, PublishedOffsets
@@ -92,6 +93,7 @@ class ServiceConfig:
     answer_topic: bool = False  # back the backend's answer cache with the answers topic
     answer_secret: bytes | None = None  # the engines' shared secret, signing answers
     stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
+    load_report_s: float = 0.0  # > 0: report load this often (service/loadreport.py)
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,8 @@ class EngineService:
                 config.broker, config.security, config.answer_secret,
                 self.metrics.answers_rejected,
             )  # fmt: skip
-        log.info(
-            "engine (%s) serving %s as group %s",
-            self.backend.policy,
-            config.topics.relqueries,
-            config.group_id,
-        )
+        log.info("engine (%s) serving %s as group %s", self.backend.policy,
+                 config.topics.relqueries, config.group_id)  # fmt: skip
         control = follow_control(
             config.bootstrap, config.topics.control, self.cancel, self._dead_letter,
             config.broker, config.security,
@@ -161,6 +159,8 @@ class EngineService:
         followers = [asyncio.create_task(control), asyncio.create_task(self.loop_lag.run())]
         if answers is not None:
             followers.append(asyncio.create_task(answers.follow()))
+        report = report_load(self.backend, self._consumer, self._producer, config, self.engine_name)
+        followers.append(asyncio.create_task(report))  # its load, for placement, if asked
         try:
             while not stop.is_set() and self._failure is None:
                 await self._poll_once()

@@ -10,12 +10,18 @@ as vLLM computes in its engine core's: tokenizing and simulating a 100,000-row r
 is seconds of Python that, in a thread, took the event loop's GIL from it (heartbeats
 late, the group rebalancing). The loop's process keeps only the rows' answers; a child
 gets the relQuery's prompts as one msgpack blob and returns its latency breakdown.
+
+With a time scale it also takes that time, `speed` times as fast (0.25: a slow engine, for
+drills of placement; the result's breakdown stays the profile's), and reports its load as
+an engine does: the simulated engine seconds its relQueries have yet to take, at the
+profile's prices divided by its speed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 import msgspec
 
 from relstream.answers import OutputKind
-from relstream.backend import EngineFailure, backlog_rows_for
+from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for, template_id
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
     LatencyBreakdown,
@@ -44,6 +50,7 @@ from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 
 RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_requests`)
+RECENT_TEMPLATES = 8  # templates a load report names
 TOKENIZE_BATCH = 256  # prompts tokenized at once
 SIM_PROCESSES = 2  # simulating children of `relstream engine --backend sim`
 CHILD_NICE = 10  # their nice value, that of the service's worker threads (`service.offloop`)
@@ -55,6 +62,11 @@ class SimSettings:
     profile: str = "cpu-smollm2"
     time_scale: float = 0.0  # > 0: take this fraction of the simulated latency in real time
     processes: int = 0  # child processes that simulate (0: a thread of this process)
+    speed: float = 1.0  # how fast this engine is against its profile (0.25: four times slower)
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0:
+            raise ValueError(f"sim speed must be positive, not {self.speed!r}")
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,8 @@ class SimRelQueryBackend:
         # can tell a row the backend was asked from one it never saw.
         self.recent_requests: deque[str] = deque(maxlen=RECENT_REQUESTS)
         self._pool: ProcessPoolExecutor | None = None
+        self._ends: dict[str, float] = {}  # relQuery id -> when it is due, monotonic
+        self._templates: deque[str] = deque(maxlen=RECENT_TEMPLATES)
 
     async def start(self) -> None:
         """Start the simulating children, each with its tokenizer loaded, from this
@@ -189,10 +203,31 @@ class SimRelQueryBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def load(self) -> BackendLoad:
+        """Engine seconds its relQueries in flight have yet to take, and the profile's
+        prices (an output token's step shared by a full batch), at its speed."""
+        now, speed, scale = time.monotonic(), self.settings.speed, self.settings.time_scale
+        left = sum((max(due - now, 0.0) for due in self._ends.values()), 0.0)
+        left = left / scale if scale else 0.0
+        prior, seats = self.profile.prior(), self.profile.limits.max_num_seqs
+        per_output = prior.decode.slope + prior.decode.intercept / seats
+        return BackendLoad(
+            left, prior.prefill.slope / speed, per_output / speed, tuple(self._templates)
+        )
+
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
         result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
         if self.settings.time_scale > 0 and result.latency is not None:
-            await asyncio.sleep(result.latency.total * self.settings.time_scale)
+            wait = result.latency.total / self.settings.speed * self.settings.time_scale
+            self._ends[relquery.id] = time.monotonic() + wait
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                self._ends.pop(relquery.id, None)
+        tid = template_id(relquery.template.text)
+        if tid in self._templates:
+            self._templates.remove(tid)
+        self._templates.appendleft(tid)
         return result
 
     def _serve(self, relquery: RelQuery) -> RelQueryResult:

@@ -1,0 +1,242 @@
+"""Placing relQueries by the load engines report, not by their key's hash (README,
+Scale-out).
+
+Engines started with `--load-reports` publish, about once a second on the metrics topic,
+the relqueries partitions they own and their outstanding work (`service/loadreport.py`).
+A `LoadBook` keeps each engine's latest report and answers `partition_for(relquery)`
+through `scheduler.placement.Placement`: a partition of the engine with the least work,
+counting the relQueries this placer sent it since its report. With no fresh report it
+answers None, and the caller sends as today: the producer hashes the key.
+
+Placing chooses only a partition: the relQuery's id, key and message are the same, and a
+message is sent once to the one partition chosen (a retry keeps it), so no relQuery is
+lost or doubled by it. An engine that stops reporting stops being chosen once its last
+report expires; what was sent to its partitions meanwhile is served by whichever engine
+the group gives them, as with the hash.
+
+Two followers feed a book: `LoadReader` (a kafka-python consumer in a thread, for the
+synchronous client) and `AsyncLoadReader` (aiokafka, for asyncio programs such as the
+worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+
+from aiokafka.errors import KafkaError
+
+from relstream.backend import template_id
+from relstream.kafka.clients import new_consumer
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.sync import sync_consumer
+from relstream.kafka.topics import Topics
+from relstream.scheduler.placement import EXPIRY_S, EngineLoad, Placement
+from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage
+from relstream.schemas.formats import Headers, decode_record
+from relstream.schemas.messages import KIND_HEADER
+
+log = logging.getLogger("relstream.placer")
+
+PLACEMENTS = ("load", "hash")
+PLACEMENT_ENV = "RELSTREAM_PLACEMENT"  # "hash" turns placement by load off
+CHARS_PER_TOKEN = 4  # a prompt's tokens, estimated from its characters
+LOOKBACK_RECORDS = 500  # a reader starts this far before the metrics topic's end
+CATCH_UP_S = 3.0  # a reader reads up to the end, at most this long, before placing
+POLL_MS = 200
+
+
+def placement_of(asked: str | None) -> str:
+    """The placement asked for, else by `RELSTREAM_PLACEMENT`, else "load"."""
+    chosen = asked or os.environ.get(PLACEMENT_ENV, "load")
+    if chosen not in PLACEMENTS:
+        where = f"{PLACEMENT_ENV}=" if asked is None else "placement "
+        raise ValueError(f"{where}{chosen!r}: must be one of {', '.join(PLACEMENTS)}")
+    return chosen
+
+
+def is_load_report(headers: Headers) -> bool:
+    """Whether a metrics topic record is a load report (by its `relstream-kind` header)."""
+    kind = LoadReportMessage.kind.encode()
+    return any(name == KIND_HEADER and value == kind for name, value in headers or ())
+
+
+def prompt_tokens(message: RelQueryMessage) -> int:
+    """Prompt tokens of every row together, estimated from the characters (placement needs
+    a relQuery's size before any engine tokenizes it)."""
+    per_row = len(message.template) + len(message.system_prompt or "")
+    chars = sum(per_row + sum(len(str(v)) for v in row.values.values()) for row in message.rows)
+    return chars // CHARS_PER_TOKEN
+
+
+class LoadBook:
+    """The latest report of each engine serving `topic`, and the partition for a
+    relQuery chosen from them. Not thread-safe: a reader guards it."""
+
+    def __init__(self, topic: str, expiry: float = EXPIRY_S, clock=time.time) -> None:
+        self.topic = topic
+        self.clock = clock
+        # Its hash fallback is never reached: with no fresh report the caller's producer
+        # hashes the key, as it always has.
+        self._placement = Placement(partitions=1, expiry=expiry)
+
+    def take(self, value: bytes | None, headers: Headers) -> bool:
+        """Keep a metrics topic record if it is a load report for this topic."""
+        if not is_load_report(headers):
+            return False
+        try:
+            report = decode_record(LoadReportMessage, value, headers)
+        except MessageError as exc:
+            log.warning("ignored a load report: %s", exc.reason)
+            return False
+        if report.topic != self.topic:
+            return False
+        self._placement.report(
+            EngineLoad(
+                report.engine,
+                tuple(report.partitions),
+                report.outstanding_s,
+                report.at,
+                tuple(report.templates),
+                report.per_prompt_token_s,
+                report.per_output_token_s,
+            )
+        )
+        return True
+
+    def engines(self) -> list[str]:
+        """Engines with a fresh report that own partitions."""
+        return sorted(load.engine for load in self._placement.fresh(self.clock()))
+
+    def partition_for(self, message: RelQueryMessage) -> int | None:
+        """The partition for this relQuery, counted as sent there; None with no fresh
+        report (send it by its key's hash)."""
+        now = self.clock()
+        if not self._placement.fresh(now):
+            return None
+        output_tokens = message.max_output_tokens * len(message.rows)
+        key, template = message.id.encode(), template_id(message.template)
+        return self._placement.choose(key, prompt_tokens(message), output_tokens, now, template)
+
+
+def _start_offsets(starts: dict, ends: dict) -> dict:
+    """Where a reader starts: a little before each partition's end, so the engines'
+    latest reports are read at once (older ones are ignored as expired)."""
+    return {p: max(starts[p], ends[p] - LOOKBACK_RECORDS) for p in starts}
+
+
+class LoadReader:
+    """Follows the metrics topic in a daemon thread (kafka-python, no consumer group) into
+    a LoadBook; `partition_for` answers from what it has read so far."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        security: KafkaSecurity = PLAINTEXT,
+        expiry: float = EXPIRY_S,
+    ) -> None:
+        self.book = LoadBook(topics.relqueries, expiry)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
+        from relstream.kafka.bounds import partitions
+
+        consumer = self._consumer
+        parts = partitions(consumer, [topics.metrics])
+        consumer.assign(parts)
+        starts, ends = consumer.beginning_offsets(parts), consumer.end_offsets(parts)
+        for partition, offset in _start_offsets(starts, ends).items():
+            consumer.seek(partition, offset)
+        deadline = time.monotonic() + CATCH_UP_S  # the reports there now, before placing
+        while time.monotonic() < deadline and any(consumer.position(p) < ends[p] for p in parts):
+            self._take(consumer.poll(timeout_ms=POLL_MS))
+        self._thread = threading.Thread(target=self._follow, name="load-reports", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batches = self._consumer.poll(timeout_ms=POLL_MS)
+            except Exception as exc:  # a broker outage: placement falls back to the hash
+                log.warning("reading load reports: %r", exc)
+                self._stop.wait(1.0)
+                continue
+            self._take(batches)
+
+    def _take(self, batches: dict) -> None:
+        with self._lock:
+            for records in batches.values():
+                for record in records:
+                    self.book.take(record.value, record.headers)
+
+    def partition_for(self, message: RelQueryMessage) -> int | None:
+        with self._lock:
+            return self.book.partition_for(message)
+
+    def engines(self) -> list[str]:
+        with self._lock:
+            return self.book.engines()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+
+
+class AsyncLoadReader:
+    """Follows the metrics topic with aiokafka (no consumer group) into a LoadBook, for
+    asyncio programs: `await start()`, then `partition_for` between awaits; `stop()`."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        broker_kind: str | None = None,
+        security: KafkaSecurity = PLAINTEXT,
+        expiry: float = EXPIRY_S,
+    ) -> None:
+        self.book = LoadBook(topics.relqueries, expiry)
+        self._topic = topics.metrics
+        self._consumer = new_consumer(bootstrap, broker_kind=broker_kind, security=security)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        from aiokafka import TopicPartition
+
+        consumer = self._consumer
+        await consumer.start()
+        await consumer.topics()  # fetches the metadata partitions_for_topic reads
+        numbers = sorted(consumer.partitions_for_topic(self._topic) or ())
+        parts = [TopicPartition(self._topic, n) for n in numbers]
+        consumer.assign(parts)
+        starts, ends = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
+        for partition, offset in _start_offsets(starts, ends).items():
+            consumer.seek(partition, offset)
+        self._task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=POLL_MS)
+            except KafkaError as exc:  # a broker outage: placement falls back to the hash
+                log.warning("reading load reports: %r", exc)
+                await asyncio.sleep(1.0)
+                continue
+            for records in batches.values():
+                for record in records:
+                    self.book.take(record.value, record.headers)
+
+    def partition_for(self, message: RelQueryMessage) -> int | None:
+        return self.book.partition_for(message)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._consumer.stop()

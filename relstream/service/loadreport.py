@@ -1,0 +1,53 @@
+"""An engine's load reports: about once a second, on the metrics topic, the relqueries
+partitions it owns now (its consumer's assignment) and its outstanding work and prices
+(its backend's `load()`), so relQueries can be placed by load (`relstream.placer`).
+
+A report is best effort: one the broker does not take is dropped, and the next one,
+a second later, replaces it. A reader trusts each for a few seconds only, so an engine
+that dies or leaves stops being chosen by itself. Reports carry the header
+`relstream-kind: load_report`, so readers of the metrics messages can tell them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from relstream.backend import RelQueryBackend
+from relstream.kafka.delivery import publish_best_effort
+from relstream.schemas import LoadReportMessage, encode
+from relstream.schemas.messages import KIND_HEADER
+
+LOAD_REPORT_S = 1.0  # how often an engine reports, by default
+HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
+
+
+def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
+    """The engine's report now, or None where its backend cannot tell its load (one
+    without `load`, as the vLLM runtime: its policy runs in vLLM's engine core process)."""
+    load = backend.load() if hasattr(backend, "load") else None
+    if load is None:
+        return None
+    owned = sorted(p.partition for p in consumer.assignment() if p.topic == topic)
+    return LoadReportMessage(
+        engine=engine,
+        topic=topic,
+        partitions=owned,
+        outstanding_s=load.outstanding_s,
+        per_prompt_token_s=load.per_prompt_token_s,
+        per_output_token_s=load.per_output_token_s,
+        templates=list(load.templates),
+        at=time.time(),
+    )
+
+
+async def report_load(backend: RelQueryBackend, consumer, producer, config, engine: str) -> None:
+    """Publish the engine's report every `config.load_report_s` seconds until cancelled
+    (`config`: the service's, naming its topics); nothing where that is 0."""
+    topics = config.topics
+    while config.load_report_s > 0:
+        report = load_report(backend, consumer, topics.relqueries, engine)
+        if report is not None:
+            value = encode(report)
+            await publish_best_effort(producer, topics.metrics, value, engine.encode(), HEADERS)
+        await asyncio.sleep(config.load_report_s)
