@@ -63,6 +63,7 @@ class Headroom:
     """The load the stream brings and what gated steps yield; `pressure()` weighs."""
 
     window: int = WINDOW
+    stretch: float = STRETCH  # k
     _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
     _arrived_rows: int = 0  # sum of rows over _arrivals
     _finished: deque[tuple[float, int]] = field(default_factory=deque)  # (at, rows)
@@ -145,7 +146,7 @@ class Headroom:
         if busy is None:
             return 0.0
         busy = min(busy, MAX_BUSY)
-        return self.rate(now) * backlog / (1 - busy) ** STRETCH
+        return self.rate(now) * backlog / (1 - busy) ** self.stretch
 
 
 @dataclass

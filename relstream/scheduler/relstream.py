@@ -60,7 +60,7 @@ from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
-from relstream.scheduler.headroom import Headroom, StepWork
+from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.ranking import RankedQueue
@@ -86,6 +86,7 @@ class RelstreamConfig:
     # alone (commit 1f41818); "never": V1's full batches (commit 5e404c3)
     gate: str = "load"
     deadlines: bool = True  # honour the deadlines users set (False: a reference ignoring them)
+    stretch: float = STRETCH  # k in the gate's pressure (headroom.py); swept by the lab
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Relstream(Policy):
         self._left = RemainingBook()  # the same, prompts at the cache's miss ratio
         self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
         self._cycling: set[str] = set()
-        self.headroom = Headroom()
+        self.headroom = Headroom(stretch=self.config.stretch)
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.deadlines = DeadlineWatch()

@@ -1,0 +1,96 @@
+"""What the Δ gate can buy on a campaign's own trace and machine, predicted by the
+simulator: relstream's mean against stock V1's, and its makespan, for each exponent k of
+the gate's pressure (`scheduler/headroom.py`), beside the gate forced open and shut.
+
+The real-engine targets ask for both at once on the campaign's 48-relQuery trace (mean
+1.5x below both stock V1 policies, makespan within 2 %); a row of this table is one
+setting of the one knob that trades them, so a line that no row meets in a cell is out
+of reach of the policy on that machine, whatever its setting.
+
+    python -m relstream_lab.campaign.frontier docs/benchmarks/vllm-adaptive \\
+        --seeds 0,1,2,3 --stretch 0,0.25,0.5,0.75,1 > docs/benchmarks/vllm-adaptive/frontier.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.sim.engine import SimRun, SimulatedEngine
+from relstream.sim.profiles import profile_from_document
+from relstream_lab.common.runner import make_cost_model
+from relstream_lab.common.workload import (
+    TraceConfig,
+    generate_relqueries,
+    load_datasets,
+    tokenize_trace,
+)
+from relstream_lab.policies import make_sim_policy
+
+STOCK = ("v1-fcfs", "v1-priority")
+REFERENCES = ("relstream-gated", "relstream-ungated")
+
+
+def run(profile, relqueries, policy: str, stretch: float | None = None) -> SimRun:
+    cost = make_cost_model("online", profile)
+    built = make_sim_policy(policy, cost)
+    if stretch is not None:
+        built = Relstream(built.cost, RelstreamConfig(stretch=stretch))
+    return SimulatedEngine(profile, built).run(relqueries)
+
+
+def mean(run: SimRun) -> float:
+    return sum(o.latency.total for o in run.outcomes) / len(run.outcomes)
+
+
+def worst(run: SimRun) -> float:
+    return max(o.latency.total for o in run.outcomes)
+
+
+def cell(profile, relqueries, stretches: list[float]) -> list[tuple[str, float, float, float]]:
+    """(setting, better stock mean / its mean, makespan vs the better stock V1's, its max
+    over v1-fcfs's) for each setting."""
+    stock = {name: run(profile, relqueries, name) for name in STOCK}
+    best_mean = min(mean(r) for r in stock.values())
+    best_makespan = min(r.makespan for r in stock.values())
+    fcfs_max = worst(stock["v1-fcfs"])
+    settings = [(f"k = {k:g}", run(profile, relqueries, "relstream", k)) for k in stretches]
+    settings += [(name, run(profile, relqueries, name)) for name in REFERENCES]
+    return [
+        (name, best_mean / mean(r), r.makespan / best_makespan - 1, worst(r) / fcfs_max)
+        for name, r in settings
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("campaign", type=Path, help="a campaign's --out folder")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--loads", default="0.75,1")
+    parser.add_argument("--stretch", default="0,0.25,0.5,0.75,1")
+    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"))
+    args = parser.parse_args()
+    campaign = json.loads((args.campaign / "campaign.json").read_text())
+    capacity = json.loads((args.campaign / "capacity.json").read_text())["relqueries_per_s"]
+    profile = profile_from_document(json.loads((args.campaign / "fitted_profile.json").read_text()))
+    datasets = load_datasets(args.datasets)
+    stretches = [float(k) for k in args.stretch.split(",")]
+    print("| seed | load | setting | better stock mean / its mean | makespan vs better stock "
+          "| max / v1-fcfs max |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for seed in (int(s) for s in args.seeds.split(",")):
+        config = TraceConfig(**{**campaign["trace"], "seed": seed})
+        outputs = args.campaign / f"outputs-{config.arrival}-s{seed}.json"
+        real = json.loads(outputs.read_text()) if outputs.exists() else None
+        trace = tokenize_trace(generate_relqueries(config, datasets), config, real)
+        for load in (float(x) for x in args.loads.split(",")):
+            relqueries = trace.at_rate(load * capacity, profile.limits.block_size)
+            for name, speedup, makespan, peak in cell(profile, relqueries, stretches):
+                print(f"| {seed} | {load:g} | {name} | {speedup:.2f}x | {makespan:+.1%} "
+                      f"| {peak:.2f}x |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
