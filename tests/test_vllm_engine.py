@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from relstream.answers import OutputSpec, Sampling
 from relstream.backend import run
 from relstream.engine.runtime import EngineSettings, RelQueryEngine
 from relstream.model import RelQuery, Row, Template
+from relstream.outputs import OutputSpec, Sampling
 
 pytestmark = pytest.mark.slow
 

@@ -196,7 +196,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
 
 def _answer_secret(opts: dict) -> bytes | None:
     """The engines' shared secret for `--answer-cache topic`; None for the other modes."""
-    from relstream.service.answers import AnswerSecretError, answer_secret
+    from relstream.service.answercache import AnswerSecretError, answer_secret
 
     if opts["answer_cache"] != "topic":
         return None

@@ -32,7 +32,7 @@ from relstream.engine.requests import (
     sampling_params,
     seconds_left,
 )
-from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
+from relstream.engine.shared import AnswerCache, Role, SharedOutcome, SharedRequests, request_key
 from relstream.model import (
     RelQuery,
     RelQueryResult,
@@ -369,7 +369,7 @@ class RelQueryEngine:
             answer = None
             if final is not None and final.finished:
                 completion = final.outputs[0]
-                answer = Answer(
+                answer = SharedOutcome(
                     completion.text,
                     len(completion.token_ids),
                     row_times(final),

@@ -60,7 +60,7 @@ from relstream.schemas import Message, MessageError, decode_relquery_stepwise
 from relstream.schemas.convert import partial_result_message
 from relstream.schemas.formats import Format, encode_as, headers_for, wire_format
 from relstream.service import backlog, offloop
-from relstream.service.answers import start_answer_topic
+from relstream.service.answercache import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
 from relstream.service.control import follow_control
 from relstream.service.looplag import LoopLagProbe

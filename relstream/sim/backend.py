@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from relstream.answers import OutputKind
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
@@ -38,6 +37,7 @@ from relstream.model import (
     cancelled_result,
     prepare_row,
 )
+from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
