@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from relstream import launch
 from relstream.backend import EngineFailure
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
 from relstream.schemas import RowMessage, encode, validate
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import encode_row, start_worker, stream_bin
 
+from relstream import launch
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
@@ -28,7 +29,6 @@ from relstream.schemas import (
 )
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,6 +16,7 @@ from relstream.cli.common import (
 )
 from relstream.extras import MissingExtra
 from relstream.kafka.security import KafkaSecurity
+from relstream.ready import clear_ready
 
 
 @click.command()
@@ -34,7 +35,8 @@ from relstream.kafka.security import KafkaSecurity
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Written once every query reads its rows (removed at start): for healthchecks.",
+    help="Written once every query reads its rows (its group joined), removed at start "
+    "and stop: for launchers and healthchecks.",
 )
 @click.option(
     "--data-dir",
@@ -81,8 +83,7 @@ def worker(
     topics = Topics(prefix)
     tables = tuple({r.table for r in registrations})
     asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
-    if ready_file is not None:  # a restarted container keeps the last run's file
-        ready_file.unlink(missing_ok=True)
+    clear_ready(ready_file)  # a restarted container keeps the last run's file
     app = build_app(
         bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir
     )
@@ -95,4 +96,7 @@ def worker(
     from relstream.kafka.delivery import quiet_outages
 
     quiet_outages()  # a broker outage: one line per kind and period, with a count
-    Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+    try:
+        Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+    finally:
+        clear_ready(ready_file)
