@@ -259,7 +259,7 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
 ):
     if broker.kind == "noida-db":
         pytest.skip("the engine's part is broker-blind; the topic is tested on both above")
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
     from relstream.service.service import EngineService, ServiceConfig
 
     topics = Topics(prefix=f"r{uuid.uuid4().hex[:6]}.")
@@ -273,7 +273,7 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
         relquery = RelQuery(name, template, rows, max_output_tokens=8)
         log = tmp_path / f"{name}.jsonl"
         settings = EngineSettings(step_log=log, answer_cache_bytes=1 << 20)
-        engine = await RelQueryEngine.start(settings)
+        engine = await VllmRuntime.start(settings)
         config = ServiceConfig(
             broker.bootstrap, topics, group_id=group, broker=broker.kind, answer_topic=True,
             answer_secret=SECRET,

@@ -235,7 +235,7 @@ async def _start_backend(opts: dict):
         )
         await backend.start()
         return backend
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
 
     settings = EngineSettings(
         model=opts["model"],
@@ -245,7 +245,7 @@ async def _start_backend(opts: dict):
         tensor_parallel_size=opts["tensor_parallel_size"],
         answer_cache_bytes=0 if opts["answer_cache"] == "off" else opts["answer_cache_mb"] << 20,
     )
-    return await RelQueryEngine.start(settings)
+    return await VllmRuntime.start(settings)
 
 
 async def _serve(opts: dict, http: tuple[str, int] | None) -> None:

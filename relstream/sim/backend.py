@@ -39,9 +39,9 @@ from relstream.model import (
 )
 from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
-from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 
 RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_requests`)
 TOKENIZE_BATCH = 256  # prompts tokenized at once
@@ -91,7 +91,7 @@ def simulated_latency(job: LatencyJob) -> LatencyBreakdown:
                     job.max_output_tokens,
                 )
             )
-    engine = SimulatedEngine(profile, make_policy(job.policy, profile.prior()))
+    engine = Simulator(profile, make_policy(job.policy, profile.prior()))
     simulated = SimRelQuery(
         job.relquery_id, 0.0, job.max_output_tokens, requests, deadline=job.deadline
     )

@@ -284,7 +284,7 @@ def run_stream_benchmark(
 ) -> dict:
     """The whole benchmark; `on_load` gets the document after each load, so an
     interrupted benchmark still leaves the loads it finished."""
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
     from relstream.launch import relstream_command
 
     entries = generate_relqueries(options.trace, load_datasets(options.datasets_dir))
@@ -312,7 +312,7 @@ def run_stream_benchmark(
     with EmbeddedBroker(options.broker, data_dir=workdir / "broker-latency") as broker:
 
         async def latency_runs():
-            engine = await RelQueryEngine.start(
+            engine = await VllmRuntime.start(
                 EngineSettings(model=options.model, policy=options.policy)
             )
             try:
