@@ -1,6 +1,6 @@
 """The one contract between the streaming service and whatever answers relQueries.
 
-The vLLM runtime (`relstream.engine.runtime.RelQueryEngine`) and the simulated backend
+The vLLM runtime (`relstream.engine.runtime.VllmRuntime`) and the simulated backend
 (`relstream.sim.backend.SimRelQueryBackend`) both satisfy it, so the Kafka service, the
 benchmarks and the tests drive either without knowing which.
 """

@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from relstream.answers import OutputSpec, Sampling
 from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
+from relstream.outputs import OutputSpec, Sampling
 from relstream.placer import LoadReader, placement_of
 from relstream.schemas import (
     ControlMessage,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from relstream.answers import OutputSpec, Sampling
+from relstream.outputs import OutputSpec, Sampling
 
 
 class TemplateError(ValueError):

@@ -27,7 +27,7 @@ class Clairvoyant(Relstream):
         super().__init__(cost, config or unbounded)
 
     def plan_step(self, view: EngineView) -> StepPlan:
-        self.oracle = view.true_remaining_output  # a SimulatedEngine
+        self.oracle = view.true_remaining_output  # a Simulator
         return super().plan_step(view)
 
 

@@ -7,14 +7,17 @@ import sys
 import time
 
 from relstream.kafka.clients import Subscription
+from relstream.launch import spawn_logged
 from relstream.placer import is_load_report
 from relstream.schemas import MetricsMessage, decode
-from relstream.stream.launch import spawn_logged
 
 
 def engine_process(
-    broker, topics, group, log, budget_rows: int = 12, metrics_port=None, extra=(), scale="1.0"
-):
+    broker, topics, group, log, budget_rows: int = 12, metrics_port=None, extra=(), scale="1.0",
+    ready_file=None,
+):  # fmt: skip
+    """`relstream engine --backend sim`; it writes `ready_file` (if given) once it serves
+    (`launch.wait_ready`)."""
     command = [
         sys.executable,
         "-m",
@@ -37,6 +40,8 @@ def engine_process(
     ]
     if metrics_port:
         command += ["--metrics-port", str(metrics_port)]
+    if ready_file:
+        command += ["--ready-file", str(ready_file)]
     return spawn_logged([*command, *extra], log)
 
 

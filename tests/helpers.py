@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from relstream import launch
 from relstream.backend import EngineFailure
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
 from relstream.schemas import RowMessage, encode, validate
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,7 +160,7 @@ class CachingBackend:
 
     async def _serve(self, relquery):
         from relstream.engine.requests import answered_row
-        from relstream.engine.shared import Answer
+        from relstream.engine.shared import SharedOutcome
         from relstream.model import RelQueryResult, prepare_row
 
         rows = []
@@ -171,7 +171,7 @@ class CachingBackend:
                 rows.append(answered_row(relquery, request, role.cached, True))
                 continue
             self.computed += 1
-            answer = Answer(f"computed: {request.prompt}", 1)
+            answer = SharedOutcome(f"computed: {request.prompt}", 1)
             self._shared.settle(role, answer)
             rows.append(answered_row(relquery, request, answer))
         return RelQueryResult(relquery.id, rows, None, self.policy, self.model_name)

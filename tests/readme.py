@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relstream.launch import wait_ready
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 MARKED = re.compile(r"<!-- readme-test: (\S+) -->\n```(\w*)\n(.*?)\n```", re.S)
 HEREDOC = re.compile(r"<<'?(\w+)'?")
@@ -71,8 +73,15 @@ class Session:
             text = re.sub(rf"\b{default}\b", str(port), text)
         return text
 
-    def start(self, command: str, ready: str | None, timeout: float = 120) -> Path:
-        """Run a service in the background; wait for `ready` in its output, if given."""
+    def start(
+        self,
+        command: str,
+        ready: str | None = None,
+        timeout: float = 120,
+        ready_file: Path | None = None,
+    ) -> Path:
+        """Run a service in the background; wait for `ready_file` to be written (the
+        command writes it: `--ready-file`) or for `ready` in its output, if given."""
         background = BACKGROUND.match(command)
         command = background.group("command") if background else command
         log = self.workdir / f"service-{len(self.services)}.log"
@@ -85,6 +94,11 @@ class Session:
                 start_new_session=True,
             )
         self.services.append((process, log))
+        if ready_file is not None:
+            try:
+                wait_ready([ready_file], [process], timeout)
+            except RuntimeError as exc:
+                raise AssertionError(f"{exc}:\n{log.read_text()}") from None
         if ready is not None:
             self.wait_for(log, ready, timeout, process)
         return log

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from helpers import CachingBackend
 
-from relstream.engine.shared import Answer, AnswerCache
+from relstream.engine.shared import AnswerCache, SharedOutcome
 from relstream.kafka.clients import (
     create_topics,
     new_admin,
@@ -25,7 +25,7 @@ from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.schemas import ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
-from relstream.service.answers import (
+from relstream.service.answercache import (
     TOPIC_CONFIG,
     AnswerSecretError,
     AnswerTopic,
@@ -58,14 +58,14 @@ def test_answers_one_engine_publishes_fill_the_cache_of_the_next(broker):
             writer = topic_reader(broker, topic, first, producer)
             await writer.start()
             for n in range(3):
-                first.remember(digest(n), Answer(f"answer {n}", n + 1))
-            first.put(digest(9), Answer("read from elsewhere", 1))  # not published again
+                first.remember(digest(n), SharedOutcome(f"answer {n}", n + 1))
+            first.put(digest(9), SharedOutcome("read from elsewhere", 1))  # not published again
             # Another model's answer on the same topic, signed: never loaded by this one.
             other = signed_answer(SECRET, digest(7), "someorg/other", "cd" * 32, "no", 1)
             await producer.send_and_wait(topic, encode(other), key=digest(7))
             await writer.stop()
             # A second engine (or this one restarted), its cache 2 entries large.
-            entry = AnswerCache.entry_bytes(digest(0), Answer("answer 0", 1))
+            entry = AnswerCache.entry_bytes(digest(0), SharedOutcome("answer 0", 1))
             second = AnswerCache(2 * entry, MODEL, IDENTITY)
             reader = topic_reader(broker, topic, second, producer)
             await reader.start()
@@ -79,7 +79,7 @@ def test_answers_one_engine_publishes_fill_the_cache_of_the_next(broker):
     assert reader.rejected == {}
     assert cache.bytes <= cache.max_bytes
     assert cache.get(digest(0)) is None  # the oldest went: the cap holds while loading
-    assert cache.get(digest(2)) == Answer("answer 2", 3) and cache.get(digest(7)) is None
+    assert cache.get(digest(2)) == SharedOutcome("answer 2", 3) and cache.get(digest(7)) is None
 
 
 def forgeries(key: bytes, genuine: bytes) -> list[bytes]:
@@ -183,7 +183,7 @@ def test_purge_tombstones_every_answer_also_in_a_running_engine(broker):
             await engine.start()
             following = asyncio.create_task(engine.follow())
             for n in range(3):
-                running.remember(digest(n), Answer(f"answer {n}", 1))
+                running.remember(digest(n), SharedOutcome(f"answer {n}", 1))
             await asyncio.gather(*engine._sending)
             purged = await purge_answers(broker.bootstrap, topic, broker.kind)
             deadline = time.monotonic() + 30
@@ -259,7 +259,7 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
 ):
     if broker.kind == "noida-db":
         pytest.skip("the engine's part is broker-blind; the topic is tested on both above")
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
     from relstream.service.service import EngineService, ServiceConfig
 
     topics = Topics(prefix=f"r{uuid.uuid4().hex[:6]}.")
@@ -273,7 +273,7 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
         relquery = RelQuery(name, template, rows, max_output_tokens=8)
         log = tmp_path / f"{name}.jsonl"
         settings = EngineSettings(step_log=log, answer_cache_bytes=1 << 20)
-        engine = await RelQueryEngine.start(settings)
+        engine = await VllmRuntime.start(settings)
         config = ServiceConfig(
             broker.bootstrap, topics, group_id=group, broker=broker.kind, answer_topic=True,
             answer_secret=SECRET,

@@ -4,8 +4,8 @@ itself, and every relQuery is answered once whatever the placement."""
 import pytest
 
 from relstream.scheduler.relstream import Relstream
-from relstream.sim.engine import SimulatedEngine
 from relstream.sim.profiles import get_profile
+from relstream.sim.simulator import Simulator
 from relstream_lab.common.runner import make_cost_model
 from relstream_lab.common.workload import (
     TraceConfig,
@@ -25,7 +25,7 @@ def trace(count: int):
 
 
 def test_one_engine_behind_placement_is_the_simulator_itself():
-    alone = SimulatedEngine(PROFILE, Relstream(make_cost_model("online", PROFILE))).run(trace(30))
+    alone = Simulator(PROFILE, Relstream(make_cost_model("online", PROFILE))).run(trace(30))
     outcomes, makespan = serve_placed(PROFILE, trace(30), engines=1, placement="load")
     assert makespan == pytest.approx(alone.makespan)
     by_id = {o.relquery_id: o.latency.total for o in alone.outcomes}

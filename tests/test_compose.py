@@ -72,12 +72,12 @@ def test_the_engine_model_is_a_hub_id_or_a_mounted_folder_and_the_context_is_lea
 
 
 def test_the_worker_and_the_engine_say_when_they_are_ready():
-    worker, engine = COMPOSE["services"]["worker"], COMPOSE["services"]["engine"]
-    ready_file = worker["command"][worker["command"].index("--ready-file") + 1]
-    assert worker["healthcheck"]["test"] == ["CMD", "test", "-f", ready_file]
+    # Both by their ready files (relstream.ready), as the launcher and the tests wait.
+    for service in (COMPOSE["services"]["worker"], COMPOSE["services"]["engine"]):
+        ready_file = service["command"][service["command"].index("--ready-file") + 1]
+        assert service["healthcheck"]["test"] == ["CMD", "test", "-f", ready_file]
+    engine = COMPOSE["services"]["engine"]
     port = engine["command"][engine["command"].index("--metrics-port") + 1]
-    probe = engine["healthcheck"]["test"]
-    assert probe[:3] == ["CMD", "python3", "-c"] and f"127.0.0.1:{port}/metrics" in probe[3]
     assert engine["ports"] == [port]  # published on an ephemeral host port per replica
 
 

@@ -9,9 +9,9 @@ from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.lengths import WINDOW, OutputLengths
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
-from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 from relstream_lab.common.runner import make_cost_model
 from relstream_lab.policies import make_sim_policy
 
@@ -118,6 +118,6 @@ def test_the_simulator_says_whether_each_deadline_was_met():
         relqueries.append(SimRelQuery(name, 0.0, 8, requests, deadline=deadline))
     for policy in ("relstream", "relstream-no-deadlines", "v1-fcfs"):
         built = make_sim_policy(policy, make_cost_model("online", profile))
-        run = SimulatedEngine(profile, built).run(relqueries)
+        run = Simulator(profile, built).run(relqueries)
         met = {outcome.relquery_id: outcome.deadline_met for outcome in run.outcomes}
         assert met == {"easy": True, "tight": False, "free": None}

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from relstream.engine.identity import ModelIdentity
-from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 
 pytest.importorskip("vllm")
@@ -44,7 +44,7 @@ class ScriptedLLM:
 def serve(endings: list[str], *relqueries: RelQuery):
     llm = ScriptedLLM(endings)
     settings = EngineSettings(answer_cache_bytes=1 << 20)
-    engine = RelQueryEngine(settings, llm, ScriptedTokenizer(), "model", IDENTITY)
+    engine = VllmRuntime(settings, llm, ScriptedTokenizer(), "model", IDENTITY)
 
     async def scenario():
         return [await (await engine.submit(relquery)).result() for relquery in relqueries]

@@ -5,7 +5,6 @@ engine started again loads and serves; one on the sim backend leaves none of its
 simulating children."""
 
 import contextlib
-import re
 import signal
 import subprocess
 import sys
@@ -16,25 +15,23 @@ import psutil
 import pytest
 
 from relstream.kafka.topics import Topics
+from relstream.launch import spawn_logged, wait_ready
 from relstream.sim.backend import SIM_PROCESSES
-from relstream.stream.launch import spawn_logged
 
 READY_SECONDS = 300  # a model load on a busy 2-core machine
 GONE_SECONDS = 10
-# What the engine logs once it serves (a line of vLLM's says "serving" long before).
-SERVING = re.compile(r"engine \(.+\) serving .+ as group")
 
 
 def start_engine(broker, topics: Topics, log, backend: str = "vllm") -> subprocess.Popen:
     command = [sys.executable, "-m", "relstream", "engine", "--backend", backend]
     command += ["--bootstrap", broker.bootstrap, "--broker-kind", broker.kind]
     command += ["--prefix", topics.prefix, "--group", f"kill-{uuid.uuid4().hex[:6]}"]
-    process = spawn_logged(command, log)
-    deadline = time.monotonic() + READY_SECONDS
-    while not SERVING.search(log.read_text(errors="replace")):
-        assert process.poll() is None, f"the engine exited:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"not ready:\n{log.read_text()[-3000:]}"
-        time.sleep(1)
+    ready = log.with_suffix(".ready")
+    process = spawn_logged([*command, "--ready-file", str(ready)], log)
+    try:
+        wait_ready([ready], [process], READY_SECONDS)
+    except RuntimeError as exc:
+        pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-3000:]}")
     return process
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ async def order_in_rows(handles) -> list[str]:
 
 async def serve(step_log) -> dict:
     settings = EngineSettings(policy="relstream", max_num_seqs=SEATS, step_log=step_log)
-    engine = await RelQueryEngine.start(settings)
+    engine = await VllmRuntime.start(settings)
     results: dict = {}
     try:
         # 1. BIG holds every seat with 20 more rows waiting; SMALL repeats BIG's last row.

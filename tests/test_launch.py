@@ -3,11 +3,12 @@ path beside the package: an installed relstream finds it as a checkout does."""
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from relstream.stream import launch
+from relstream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,10 +37,30 @@ def test_without_the_setting_or_faust_here_the_error_names_the_setting(monkeypat
 
 def test_an_interpreter_with_faust_runs_the_worker_itself(tmp_path):
     python = worker_bin() / "python"
-    code = "from relstream.stream.launch import relstream_command; print(relstream_command(True))"
+    code = "from relstream.launch import relstream_command; print(relstream_command(True))"
     env = {k: v for k, v in os.environ.items() if k != launch.STREAM_BIN}
     shown = subprocess.run(
         [str(python), "-c", code], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == str([str(python), "-m", "relstream"])
+
+
+def test_the_launcher_waits_for_ready_files_and_names_those_missing(tmp_path):
+    # A process says it is ready by its file, written whole (mark_ready renames it in).
+    late, never = tmp_path / "late.ready", tmp_path / "never.ready"
+    code = "import sys, time; from relstream.ready import mark_ready\n"
+    code += "time.sleep(0.5); mark_ready(sys.argv[1], 'up')"
+    writer = subprocess.Popen([sys.executable, "-c", code, str(late)])
+    launch.wait_ready([late], [writer], timeout=30)
+    assert late.read_text() == "up\n" and writer.wait(10) == 0
+    assert [path.name for path in tmp_path.iterdir()] == ["late.ready"]  # no temporary left
+    with pytest.raises(RuntimeError, match="exited with 0"):
+        launch.wait_ready([late, never], [writer], timeout=30)  # it exited without `never`
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(RuntimeError, match=f"not ready after 0.5 s: no {never}"):
+            launch.wait_ready([late, never], [sleeper], timeout=0.5)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -10,15 +10,22 @@ import pytest
 from helpers import stream_bin
 from readme import Session, blocks, commands, free_port, is_service
 
-# What each service prints once it is ready, by what its command contains.
-READY = {
-    "relstream broker": "ready:",
-    "relstream worker": "ready: windows",
-    "relstream engine": "serving",
-    "relstream serve": "HTTP door",
-    "--follow": None,
-}
+# The services that say they are ready by a ready file (`--ready-file`, added here), and
+# what the others print once they are, by what their command contains.
+READY_FILE = ("relstream worker", "relstream engine", "relstream serve")
+READY = {"relstream broker": "ready:", "--follow": None}
 CSV_KEYS = ("r1", "r2")  # the rows of the walkthrough's my_reviews.csv
+
+
+def start_service(session: Session, command: str) -> Path:
+    """Start a service of the README and wait until it is ready; its log."""
+    for name in READY_FILE:
+        if name in command:
+            ready_file = session.workdir / f"{name.split()[1]}.ready"
+            command = command.replace(name, f"{name} --ready-file {ready_file}")
+            return session.start(command, ready_file=ready_file)
+    (ready,) = [text for name, text in READY.items() if name in command]
+    return session.start(command, ready)
 
 
 def test_the_tested_blocks_are_the_walkthrough_the_snippets_and_http():
@@ -52,8 +59,7 @@ def walkthrough(session) -> dict[str, str]:
     for command in commands(session.here(blocks()["walkthrough"][1])):
         command = command.replace("relstream engine", "relstream engine --backend sim")
         if is_service(command):
-            (ready,) = [text for name, text in READY.items() if name in command]
-            log = session.start(command, ready)
+            log = start_service(session, command)
             if "--follow" in command:  # the user watches the results come in
                 for key in CSV_KEYS:
                     session.wait_for(log, f"{key}:", timeout=120)
@@ -85,7 +91,7 @@ def test_the_http_example_runs_as_pasted(session):
     outputs = []
     for command in commands(session.here(blocks()["http"][1])):
         if is_service(command):
-            session.start(command, READY["relstream serve"])
+            start_service(session, command)
         else:
             outputs.append(session.run(["bash", "-c", command]))
     answered = json.loads(outputs[1])

@@ -9,6 +9,7 @@ import relstream_lab
 from relstream.scheduler import POLICIES, VllmQueue, make_policy, policy_spec, static_priority
 from relstream.scheduler.registry import PolicySpec, register
 from relstream_lab.baselines import BASELINES
+from relstream_lab.policies import SIM_ONLY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +32,14 @@ def test_stock_vllm_decides_its_own_policies_and_the_plug_in_decides_the_rest(co
     # Policies the plug-in decides keep vLLM's plain FCFS queue underneath.
     assert {policy_spec(name).vllm_queue for name in plug_in} == {VllmQueue.FCFS}
     assert all(make_policy(name, cost).name == name for name in POLICIES)
+
+
+def test_each_policy_class_is_named_as_it_is_registered():
+    # `v1-fcfs` is V1Fcfs, `v0-sp-evict` V0SpEvict: the name a user types finds the class.
+    classes = {spec.name: spec.build for spec in POLICIES.values()} | SIM_ONLY
+    assert {name: policy.__name__.lower() for name, policy in classes.items()} == {
+        name: name.replace("-", "") for name in classes
+    }
 
 
 def test_static_priority_is_prompt_tokens_plus_the_output_budget():

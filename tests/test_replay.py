@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from relstream import launch
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.replay import LetterFilter, parse_time, plan_replay
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, RowMessage, encode, validate
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 RELSTREAM = (sys.executable, "-m", "relstream")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from kafka import KafkaAdminClient
 
+from relstream import launch
 from relstream.kafka.bounds import Span, extents, partitions
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.reset import Target, parse_target
 from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.schemas import RelQueryMessage, RowMessage, decode, encode
-from relstream.stream import launch
 
 ROWS = 10
 QUERY = "sentiment"

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from relstream import launch
 from relstream.client import RelstreamClient
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import free_port
@@ -28,7 +29,6 @@ from relstream.kafka.topics import Topics
 from relstream.schemas import ResultMessage, RowMessage, decode, encode
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 QUERY = (

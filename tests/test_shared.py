@@ -7,15 +7,15 @@ import os
 import subprocess
 import sys
 
-from relstream.answers import Sampling
 from relstream.engine.shared import (
     ENTRY_OVERHEAD_BYTES,
-    Answer,
     AnswerCache,
+    SharedOutcome,
     SharedRequests,
     request_key,
 )
 from relstream.model import RelQuery, Row, Template
+from relstream.outputs import Sampling
 
 GREEDY = Sampling()
 
@@ -68,11 +68,11 @@ def test_the_first_leads_and_the_others_get_its_answer():
         shared = SharedRequests()
         leader, follower = shared.role(key(5, 6)), shared.role(key(5, 6))
         waiting = asyncio.ensure_future(shared.answer_of(follower))
-        shared.settle(leader, Answer("text", 1))
+        shared.settle(leader, SharedOutcome("text", 1))
         answer = await waiting
         return leader.leads, follower.leads, answer, shared.followed, shared.role(key(5, 6)).leads
 
-    assert asyncio.run(scenario()) == (True, False, Answer("text", 1), 1, True)
+    assert asyncio.run(scenario()) == (True, False, SharedOutcome("text", 1), 1, True)
 
 
 def test_a_leader_that_does_not_finish_leaves_its_followers_to_run_alone():
@@ -102,25 +102,27 @@ def test_a_cancelled_follower_leaves_the_leader_running():
 def test_a_finished_answer_is_served_from_the_cache_without_its_step_times():
     async def scenario():
         shared = SharedRequests(AnswerCache(10_000))
-        shared.settle(shared.role(key(7)), Answer("seven", 2, times="step times"))
+        shared.settle(shared.role(key(7)), SharedOutcome("seven", 2, times="step times"))
         again = shared.role(key(7))
         return again.cached, again.leads, shared.cache.hits, shared.cache.misses
 
-    assert asyncio.run(scenario()) == (Answer("seven", 2), True, 1, 1)
+    assert asyncio.run(scenario()) == (SharedOutcome("seven", 2), True, 1, 1)
 
 
 def test_the_cache_evicts_the_least_recently_used_under_its_byte_cap():
     # Each entry: a 32-byte digest + its text + the overhead = 32 + 1 + 256.
     entry = 32 + 1 + ENTRY_OVERHEAD_BYTES
     cache = AnswerCache(max_bytes=2 * entry + 10)
-    cache.put(key(1).digest, Answer("a", 1))
-    cache.put(key(2).digest, Answer("b", 1))
+    cache.put(key(1).digest, SharedOutcome("a", 1))
+    cache.put(key(2).digest, SharedOutcome("b", 1))
     assert cache.get(key(1).digest) is not None  # 1 is now the more recently used
-    cache.put(key(3).digest, Answer("c", 1))  # over the cap: 2 goes
+    cache.put(key(3).digest, SharedOutcome("c", 1))  # over the cap: 2 goes
     assert cache.get(key(2).digest) is None
     assert cache.get(key(1).digest) and cache.get(key(3).digest)
     assert cache.bytes == 2 * entry <= cache.max_bytes
-    cache.put(key(4).digest, Answer("x" * 10_000, 1))  # larger than the whole cache: not kept
+    cache.put(
+        key(4).digest, SharedOutcome("x" * 10_000, 1)
+    )  # larger than the whole cache: not kept
     assert cache.get(key(4).digest) is None and cache.bytes == 2 * entry
 
 
@@ -133,13 +135,13 @@ def test_only_answers_this_engine_computed_are_passed_on():
 
     async def scenario():
         shared = SharedRequests(cache)
-        cache.put(key(1).digest, Answer("from the topic", 3))
-        shared.settle(shared.role(key(2)), Answer("computed", 2, times="step times"))
-        cache.remember(key(2).digest, Answer("computed", 2))  # held already
+        cache.put(key(1).digest, SharedOutcome("from the topic", 3))
+        shared.settle(shared.role(key(2)), SharedOutcome("computed", 2, times="step times"))
+        cache.remember(key(2).digest, SharedOutcome("computed", 2))  # held already
         return shared.role(key(1)).cached
 
-    assert asyncio.run(scenario()) == Answer("from the topic", 3)
-    assert heard == [(key(2).digest, Answer("computed", 2))]
+    assert asyncio.run(scenario()) == SharedOutcome("from the topic", 3)
+    assert heard == [(key(2).digest, SharedOutcome("computed", 2))]
 
 
 def test_settling_twice_keeps_the_first_outcome():
@@ -148,11 +150,11 @@ def test_settling_twice_keeps_the_first_outcome():
     async def scenario():
         shared = SharedRequests()
         leader, follower = shared.role(key(9)), shared.role(key(9))
-        shared.settle(leader, Answer("nine", 1))
+        shared.settle(leader, SharedOutcome("nine", 1))
         shared.settle(leader, None)
         return await shared.answer_of(follower)
 
-    assert asyncio.run(scenario()) == Answer("nine", 1)
+    assert asyncio.run(scenario()) == SharedOutcome("nine", 1)
 
 
 def test_a_follower_never_settles_its_leader():
@@ -161,17 +163,17 @@ def test_a_follower_never_settles_its_leader():
         leader, follower = shared.role(key(4)), shared.role(key(4))
         shared.settle(follower, None)  # a follower's task ended (its relQuery cancelled)
         still_running = not leader.future.done()
-        shared.settle(leader, Answer("four", 1))
+        shared.settle(leader, SharedOutcome("four", 1))
         return still_running, await shared.answer_of(follower)
 
-    assert asyncio.run(scenario()) == (True, Answer("four", 1))
+    assert asyncio.run(scenario()) == (True, SharedOutcome("four", 1))
 
 
 def test_a_json_schema_output_is_part_of_the_key_with_its_property_order():
     # Constrained decoding generates an object's properties in the schema's order, so
     # {reasoning, answer} and {answer, reasoning} get different answers: the schema is
     # kept as written, never sorted.
-    from relstream.answers import OutputSpec
+    from relstream.outputs import OutputSpec
 
     def keyed(properties: dict):
         schema = {"type": "object", "properties": properties, "required": list(properties)}
@@ -196,26 +198,28 @@ def test_an_aborted_output_is_neither_shared_nor_cached():
         shared = SharedRequests(AnswerCache(10_000))
         leader, follower = shared.role(key(8)), shared.role(key(8))
         waiting = asyncio.ensure_future(shared.answer_of(follower))
-        shared.settle(leader, Answer("half an ans", 3, finish_reason=ending))
+        shared.settle(leader, SharedOutcome("half an ans", 3, finish_reason=ending))
         return await waiting, shared.cache.bytes, shared.role(key(8)).cached
 
     for ending in ("abort", "error", "repetition", None):
         assert asyncio.run(scenario(ending)) == (None, 0, None)
-    assert asyncio.run(scenario("length"))[0] == Answer("half an ans", 3, finish_reason="length")
+    assert asyncio.run(scenario("length"))[0] == SharedOutcome(
+        "half an ans", 3, finish_reason="length"
+    )
     heard = []
     cache = AnswerCache(10_000, MODEL)
     cache.on_new = lambda digest, answer: heard.append(answer)
-    cache.remember(key(8).digest, Answer("half an ans", 3, finish_reason="abort"))
+    cache.remember(key(8).digest, SharedOutcome("half an ans", 3, finish_reason="abort"))
     assert heard == [] and len(cache) == 0
 
 
 def test_a_later_answer_replaces_the_earlier_one_and_drop_removes_it():
     # As the answers topic does: a later write under a key wins, a tombstone removes it.
     cache = AnswerCache(10_000, MODEL)
-    assert cache.put(key(1).digest, Answer("first", 1))
-    assert not cache.put(key(1).digest, Answer("first", 1))  # the same: nothing new
-    assert cache.put(key(1).digest, Answer("second, longer", 2))
-    assert cache.get(key(1).digest) == Answer("second, longer", 2)
-    assert cache.bytes == AnswerCache.entry_bytes(key(1).digest, Answer("second, longer", 2))
+    assert cache.put(key(1).digest, SharedOutcome("first", 1))
+    assert not cache.put(key(1).digest, SharedOutcome("first", 1))  # the same: nothing new
+    assert cache.put(key(1).digest, SharedOutcome("second, longer", 2))
+    assert cache.get(key(1).digest) == SharedOutcome("second, longer", 2)
+    assert cache.bytes == AnswerCache.entry_bytes(key(1).digest, SharedOutcome("second, longer", 2))
     assert cache.drop(key(1).digest) and not cache.drop(key(1).digest)
     assert cache.bytes == 0 and key(1).digest not in cache

@@ -5,10 +5,10 @@ import random
 import pytest
 
 from relstream.scheduler import POLICIES, make_policy
-from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.sharing import Sharing
+from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 from relstream_lab.baselines.dpu import DPUConfig
 from relstream_lab.baselines.v0 import RelServe
 
@@ -27,7 +27,7 @@ def relquery(name, arrival, rows, max_tokens, prompt=150, seed=0):
 
 
 def serve(policy, relqueries):
-    run = SimulatedEngine(PROFILE, policy).run(relqueries)
+    run = Simulator(PROFILE, policy).run(relqueries)
     return {outcome.relquery_id: outcome.latency for outcome in run.outcomes}
 
 
@@ -55,7 +55,7 @@ def test_static_priority_removes_waiting_head_of_line_blocking():
 
 def test_dpu_lowers_the_priority_of_a_half_finished_relquery():
     policy = RelServe(PROFILE.prior())
-    engine = SimulatedEngine(PROFILE, policy)
+    engine = Simulator(PROFILE, policy)
     engine.admit(relquery("A", 0.0, rows=60, max_tokens=5))
     plan = policy.plan(engine)
     initial = policy.dpu.priority["A"]
@@ -90,7 +90,7 @@ def test_starvation_threshold_bounds_the_worst_wait():
 
 def test_sarathi_mixes_prefill_chunks_into_decode_steps():
     relqueries = [relquery(f"q{i}", 0.2 * i, rows=20, max_tokens=50) for i in range(4)]
-    engine = SimulatedEngine(PROFILE, make_policy("sarathi", PROFILE.prior()))
+    engine = Simulator(PROFILE, make_policy("sarathi", PROFILE.prior()))
     run = engine.run(relqueries)
     assert (
         run.step_counts["mixed"] > 0 and run.step_counts["prefill"] + run.step_counts["mixed"] > 0
@@ -103,7 +103,7 @@ def test_online_cost_model_tracks_the_profile():
     wrong = CostModel(Linear(0.001, 0.1), Linear(0.001, 0.1))
     policy = make_policy("relserve", OnlineCostModel(wrong))
     relqueries = [relquery(f"q{i}", 0.5 * i, rows=30, max_tokens=50) for i in range(10)]
-    run = SimulatedEngine(PROFILE, policy).run(relqueries)
+    run = Simulator(PROFILE, policy).run(relqueries)
     truth = PROFILE.prior().coefficients()
     assert run.cost_coefficients["alpha_p"] == pytest.approx(truth["alpha_p"], rel=0.25)
     assert run.cost_coefficients["beta_d"] == pytest.approx(truth["beta_d"], rel=0.25)
@@ -130,7 +130,7 @@ def small_cache_profile(kv_tokens):
 def test_decodes_that_outgrow_the_cache_preempt_the_newest_and_still_finish():
     profile = small_cache_profile(16 * 60)  # 60 blocks: room for ~6 prompts and little output
     relqueries = [relquery(f"q{i}", 0.0, rows=8, max_tokens=100) for i in range(3)]
-    engine = SimulatedEngine(profile, make_policy("v0-fcfs", profile.prior()))
+    engine = Simulator(profile, make_policy("v0-fcfs", profile.prior()))
     run = engine.run(relqueries)
     assert run.preemptions > 0
     assert len(run.outcomes) == 3
@@ -144,7 +144,7 @@ def test_only_sp_evict_evicts_running_requests_for_a_better_ranked_newcomer():
     ]
     results = {}
     for name in ("v0-sp", "v0-sp-evict"):
-        engine = SimulatedEngine(profile, make_policy(name, profile.prior()))
+        engine = Simulator(profile, make_policy(name, profile.prior()))
         run = engine.run(workload)
         results[name] = (run.preemptions, {o.relquery_id: o.latency for o in run.outcomes})
     evictions_sp, latency_sp = results["v0-sp"]
@@ -164,7 +164,7 @@ def repeated(name, arrival, keys, output_length=4):
 
 
 def shared_run(sharing, relqueries):
-    engine = SimulatedEngine(PROFILE, make_policy("v1-fcfs", PROFILE.prior()), Sharing(**sharing))
+    engine = Simulator(PROFILE, make_policy("v1-fcfs", PROFILE.prior()), Sharing(**sharing))
     return engine.run(relqueries)
 
 
@@ -207,7 +207,7 @@ def test_a_small_relquery_repeating_a_waiting_row_runs_it_at_its_own_rank():
             repeated("small", 0.01, [600], output_length=20),
         ]
         policy_object = make_policy(policy, PROFILE.prior())
-        run = SimulatedEngine(PROFILE, policy_object, Sharing(dedup=True)).run(trace)
+        run = Simulator(PROFILE, policy_object, Sharing(dedup=True)).run(trace)
         assert run.requests_followed == 1 and run.prompt_tokens == 600 * 64
         latency[policy] = {o.relquery_id: o.latency.total for o in run.outcomes}
     ours, stock = latency["relstream"], latency["v1-fcfs"]

@@ -11,12 +11,12 @@ import sys
 import time
 import uuid
 
+from relstream import launch
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import RowMessage, encode
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 ROWS = 6
 VALUES = {f"k{i}": {"review": f"text {i}", "stars": i % 5} for i in range(ROWS)}

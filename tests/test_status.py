@@ -16,9 +16,9 @@ import pytest
 from engines import engine_process
 from helpers import stream_bin
 
+from relstream import launch
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
-from relstream.stream import launch
 
 STATUS_LIMIT_S = 10.0
 
@@ -138,11 +138,12 @@ def test_status_on_a_live_pipeline_is_right_and_returns(broker, tmp_path):
     worker = launch.start_worker(
         executable, broker, config, tmp_path / "worker.log", topics, app_id, ready
     )
-    engine = engine_process(broker, topics, engines, engine_log)
+    engine_ready = tmp_path / "engine.ready"
+    engine = engine_process(broker, topics, engines, engine_log, ready_file=engine_ready)
     stop = threading.Event()
     beats = threading.Thread(target=ask_every_second, args=(broker.bootstrap, prefix, stop))
     try:
-        launch.wait_ready(ready, engine_log, [worker, engine], 120)
+        launch.wait_ready([ready, engine_ready], [worker, engine], 120)
         beats.start()
         # 20 rows the worker takes; stopped, it leaves the next 50 behind: a lag of 50.
         produce(broker.bootstrap, rows_topic, range(20))

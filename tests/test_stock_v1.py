@@ -4,12 +4,12 @@ whole sequence fits and nothing was preempted, the last running request preempte
 
 from relstream.scheduler import EngineLimits, StepKind, make_policy
 from relstream.scheduler.view import PrefillChunk
-from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import LinearProfile
+from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 
 
-def engine(policy: str, budget: int, kv_tokens: int, seats: int = 8) -> SimulatedEngine:
+def engine(policy: str, budget: int, kv_tokens: int, seats: int = 8) -> Simulator:
     limits = EngineLimits(
         max_num_seqs=seats,
         max_num_batched_tokens=budget,
@@ -17,7 +17,7 @@ def engine(policy: str, budget: int, kv_tokens: int, seats: int = 8) -> Simulate
         block_size=4,
     )
     profile = LinearProfile("tiny", limits, 0.001, 0.01, 0.001, 0.01)
-    return SimulatedEngine(profile, make_policy(policy, profile.prior()))
+    return Simulator(profile, make_policy(policy, profile.prior()))
 
 
 def relquery(name: str, prompts: list[int], max_tokens: int, outputs: int, first_token: int):
@@ -29,7 +29,7 @@ def relquery(name: str, prompts: list[int], max_tokens: int, outputs: int, first
     return SimRelQuery(name, 0.0, max_tokens, requests)
 
 
-def step(sim: SimulatedEngine):
+def step(sim: Simulator):
     plan = sim.policy.plan(sim)
     sim.execute(plan)
     return plan

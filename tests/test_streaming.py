@@ -14,6 +14,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import encode_row, start_worker, stream_bin
 
+from relstream import launch
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
@@ -28,7 +29,6 @@ from relstream.schemas import (
 )
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -209,7 +209,7 @@ def test_streaming_path_with_the_real_engine(tmp_path):
     """Rows → Faust → relQueries → vLLM CPU (relserve) → results, each answer on its row,
     each row published as a partial result as it finishes, before its relQuery's result:
     France's short answer reaches Kafka well before the essay in its window is done."""
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
 
     capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo"}
     topics = Topics(prefix=f"v{uuid.uuid4().hex[:6]}.")
@@ -230,7 +230,7 @@ def test_streaming_path_with_the_real_engine(tmp_path):
         async def scenario():
             await create_topics(broker.bootstrap, topics.layout(("countries",)))
             worker = start_worker(broker, topics, config, tmp_path / "worker.log")
-            engine = await RelQueryEngine.start(EngineSettings(policy="relserve"))
+            engine = await VllmRuntime.start(EngineSettings(policy="relserve"))
             stop = asyncio.Event()
             service_config = ServiceConfig(
                 broker.bootstrap, topics, group_id=f"v-{uuid.uuid4().hex}", partial_results=True

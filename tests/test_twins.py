@@ -7,9 +7,9 @@ import asyncio
 
 from helpers import ScriptedView
 
-from relstream.answers import Sampling
-from relstream.engine.shared import Answer, SharedRequests, request_key
+from relstream.engine.shared import SharedOutcome, SharedRequests, request_key
 from relstream.model import RelQuery, RelQueryResult, Row, RowResult, RowStatus, Template
+from relstream.outputs import Sampling
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
@@ -115,10 +115,16 @@ def test_each_relquery_sends_the_request_and_the_first_answer_serves_all():
         big, big_again = shared.role(key, "big"), shared.role(key, "big")
         small = shared.role(key, "small")
         waiting = asyncio.ensure_future(shared.answer_of(big_again))
-        shared.settle(small, Answer("text", 1))  # SMALL's request finished first
+        shared.settle(small, SharedOutcome("text", 1))  # SMALL's request finished first
         return big.leads, big_again.leads, small.leads, big.future.result(), await waiting
 
-    assert asyncio.run(scenario()) == (True, False, True, Answer("text", 1), Answer("text", 1))
+    assert asyncio.run(scenario()) == (
+        True,
+        False,
+        True,
+        SharedOutcome("text", 1),
+        SharedOutcome("text", 1),
+    )
 
 
 def test_a_cancelled_twin_leaves_the_others_and_its_followers_lead_once_again():
@@ -131,7 +137,7 @@ def test_a_cancelled_twin_leaves_the_others_and_its_followers_lead_once_again():
         still_open = not other.future.done()
         shared.settle(other, None)  # O cancelled too: nothing of the key is left
         followers = [shared.role(key, "f") for _ in range(3)]
-        shared.settle(lead, Answer("late", 1))  # settled already: ignored
+        shared.settle(lead, SharedOutcome("late", 1))  # settled already: ignored
         return still_open, lead.future.result(), [role.leads for role in followers]
 
     # The last three rows of one relQuery: one request, two followers (not three requests).

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from relstream.answers import OutputSpec, Sampling
 from relstream.backend import run
-from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
+from relstream.outputs import OutputSpec, Sampling
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ async def serve(policy: str, step_log) -> dict:
         settings = replace(settings, answer_cache_bytes=1 << 20)
     if policy == "relserve":
         settings = replace(settings, cost_model="fixed", cost_prior=RELSERVE_PRIOR)
-    engine = await RelQueryEngine.start(settings)
+    engine = await VllmRuntime.start(settings)
     try:
         handles = [
             await engine.submit(rq)
@@ -271,7 +271,7 @@ def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():
     counting = RelQuery("K", Template("Count from 1 to {n}, separated by commas."), rows, 300)
 
     async def scenario():
-        engine = await RelQueryEngine.start(EngineSettings(policy="relstream"))
+        engine = await VllmRuntime.start(EngineSettings(policy="relstream"))
         try:
             handle = await engine.submit(counting)
             await asyncio.sleep(1.0)
@@ -333,7 +333,7 @@ def test_structured_outputs_hold_on_a_labelled_table():
     )
 
     async def scenario():
-        engine = await RelQueryEngine.start(EngineSettings(policy="relstream"))
+        engine = await VllmRuntime.start(EngineSettings(policy="relstream"))
         try:
             return await run(engine, labels), await run(engine, rated)
         finally:
@@ -354,7 +354,7 @@ def test_cancel_keeps_the_finished_rows_and_marks_the_rest_cancelled():
     counting = RelQuery("C", Template("Count from 1 to {n}, separated by commas."), rows, 300)
 
     async def scenario():
-        engine = await RelQueryEngine.start(EngineSettings(policy="relstream"))
+        engine = await VllmRuntime.start(EngineSettings(policy="relstream"))
         try:
             handle = await engine.submit(counting)
             first = await anext(handle.rows())  # the short count ends first
@@ -430,7 +430,7 @@ async def prompt_tokens_and_answers(caching: bool, step_log: Path) -> tuple[int,
     rows = [Row(f"p{i}", {"n": str(7 * i + 3)}) for i in range(4)]
     relquery = RelQuery("prefix", Template(PREFIX + "\nWhat is item {n}?"), rows, 8)
     settings = EngineSettings(policy="relstream", step_log=step_log, prefix_caching=caching)
-    engine = await RelQueryEngine.start(settings)
+    engine = await VllmRuntime.start(settings)
     try:
         result = await run(engine, relquery)
     finally:

@@ -19,10 +19,10 @@ import pytest
 from engines import engine_process
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from relstream import launch
 from relstream.client import RelstreamClient
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
-from relstream.stream import launch
 
 REPO = Path(__file__).resolve().parents[1]
 JSON_HEADER = ("content-type", b"application/json")

@@ -7,6 +7,7 @@ import os
 import click
 
 from relstream.cli.answers import answers
+from relstream.cli.broker import broker
 from relstream.cli.demo import demo
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
@@ -14,7 +15,7 @@ from relstream.cli.replay import replay
 from relstream.cli.reset import reset
 from relstream.cli.rows import deadletters, produce, results, sink
 from relstream.cli.status import status
-from relstream.cli.streaming import broker, worker
+from relstream.cli.worker import worker
 from relstream.extras import MissingExtra, extra_of, install_hint
 
 # What the Kafka clients (aiokafka, kafka-python) raise when no broker answers. Matched by

@@ -30,7 +30,7 @@ def purge(bootstrap: str, prefix: str, broker_kind: str | None, yes: bool, secur
     """Tombstone every answer on <prefix>answers: running engines drop them as they read
     the tombstones, restarted ones never load them, and compaction deletes them."""
     from relstream.kafka.topics import Topics
-    from relstream.service.answers import purge_answers
+    from relstream.service.answercache import purge_answers
 
     topic = Topics(prefix).answers
     if not yes:

@@ -26,16 +26,16 @@ from relstream.extras import require
 from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, produce
 from relstream.kafka.topics import Topics
-from relstream.scheduler import DEFAULT_POLICY
-from relstream.schemas import ResultMessage, RowMessage, encode
-from relstream.schemas.formats import decode_record
-from relstream.stream.launch import (
+from relstream.launch import (
     check_alive,
     relstream_command,
     spawn_logged,
     start_worker,
     wait_ready,
 )
+from relstream.scheduler import DEFAULT_POLICY
+from relstream.schemas import ResultMessage, RowMessage, encode
+from relstream.schemas.formats import decode_record
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_reviews.csv"
 QUERIES = """\
@@ -96,6 +96,8 @@ def run_demo(options: DemoOptions, console: Console) -> int:
                     "--policy",
                     options.policy,
                     *common,
+                    "--ready-file",
+                    str(workdir / "engine.ready"),
                 ],
                 workdir / "engine.log",
             )
@@ -105,7 +107,8 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         )
         with console.status("waiting for the worker and the engine (the model loads first)"):
             started = time.monotonic()
-            wait_ready(workdir / "worker.ready", workdir / "engine.log", processes, options.timeout)
+            ready_files = [workdir / "worker.ready", workdir / "engine.ready"]
+            wait_ready(ready_files, processes, options.timeout)
         console.print(f"worker and engine ready after {time.monotonic() - started:.1f} s")
         rows = list(read_rows(SAMPLE, "reviews", "review_id"))
         results = asyncio.run(_produce_and_follow(broker, rows, options, console, processes))

@@ -23,6 +23,7 @@ from relstream.cli.common import (
 )
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
+from relstream.ready import clear_ready, mark_ready
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
 BUILT_IN_BACKENDS = ("vllm", "sim")
@@ -116,6 +117,14 @@ _ENGINE_OPTIONS = (
     click.option("--metrics-port", default=None, type=click.IntRange(1, 65535)),
     click.option("--metrics-host", default="127.0.0.1", show_default=True),
     click.option(
+        "--ready-file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Written once the engine takes work (model loaded, its group joined; HTTP "
+        "only: its door listening), removed at start and stop: for launchers and "
+        "healthchecks.",
+    ),
+    click.option(
         "--answer-cache",
         type=click.Choice(["off", "memory", "topic"]),
         default="off",
@@ -200,6 +209,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
         reexec_with_tcmalloc()
     show_logs("relstream.engine")
     quiet_outages()  # a broker outage: one line per kind and period, with a count
+    clear_ready(opts["ready_file"])  # a restarted container keeps the last run's file
     try:
         asyncio.run(_serve(opts, http))
     except EngineFailure as exc:
@@ -207,11 +217,13 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
             f"engine failed: {exc}. Nothing was committed past the relQueries it was "
             "serving; a restarted engine answers them."
         ) from None
+    finally:
+        clear_ready(opts["ready_file"])
 
 
 def _answer_secret(opts: dict) -> bytes | None:
     """The engines' shared secret for `--answer-cache topic`; None for the other modes."""
-    from relstream.service.answers import AnswerSecretError, answer_secret
+    from relstream.service.answercache import AnswerSecretError, answer_secret
 
     if opts["answer_cache"] != "topic":
         return None
@@ -239,7 +251,7 @@ async def _start_backend(opts: dict):
         )
         await backend.start()
         return backend
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
 
     settings = EngineSettings(
         model=opts["model"],
@@ -249,7 +261,7 @@ async def _start_backend(opts: dict):
         tensor_parallel_size=opts["tensor_parallel_size"],
         answer_cache_bytes=0 if opts["answer_cache"] == "off" else opts["answer_cache_mb"] << 20,
     )
-    return await RelQueryEngine.start(settings)
+    return await VllmRuntime.start(settings)
 
 
 async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
@@ -288,6 +300,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             result_format=opts["result_format"],
             metrics_port=opts["metrics_port"],
             metrics_host=opts["metrics_host"],
+            ready_file=opts["ready_file"],
             security=opts["security"],
             answer_topic=opts["answer_cache"] == "topic",
             answer_secret=opts["answer_secret"],
@@ -296,7 +309,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves
     if door is not None:
-        doors.append(_http_door(backend, service, door, stop))
+        doors.append(_http_door(backend, service, door, stop, opts["ready_file"]))
     try:
         await asyncio.gather(*doors)
     finally:
@@ -318,7 +331,9 @@ def _listening(address: tuple[str, int]) -> socket.socket:
     return door
 
 
-async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event) -> None:
+async def _http_door(
+    backend, service, door: socket.socket, stop: asyncio.Event, ready_file: str | None
+) -> None:
     import uvicorn
 
     from relstream.service.http import build_http_app
@@ -336,6 +351,8 @@ async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event)
     # Said once it listens, so that a request sent on seeing this line is answered.
     host, port = door.getsockname()[:2]
     console.print(f"HTTP door on http://{host}:{port} (docs at /docs)")
+    if service is None and ready_file is not None:  # with Kafka, the service says it
+        mark_ready(ready_file, f"HTTP door on {host}:{port}")
     await stop.wait()
     server.should_exit = True
     await task

@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from relstream.answers import OutputKind
-from relstream.engine.shared import Answer, Role
+from relstream.engine.shared import Role, SharedOutcome
 from relstream.model import (
     LatencyBreakdown,
     RelQuery,
@@ -16,6 +15,7 @@ from relstream.model import (
     RowResult,
     RowStatus,
 )
+from relstream.outputs import OutputKind
 
 
 def seconds_left(relquery: RelQuery, taken_at: float) -> float | None:
@@ -56,7 +56,7 @@ def sampling_params(relquery: RelQuery, extra_args: dict):
 def answered_row(
     relquery: RelQuery,
     request: RowRequest,
-    answer: Answer,
+    answer: SharedOutcome,
     cached: bool = False,
     shared: bool = False,
 ) -> RowResult:

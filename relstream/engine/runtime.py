@@ -1,4 +1,4 @@
-"""An asyncio relQuery engine over vLLM's AsyncLLM.
+"""The vLLM runtime (`VllmRuntime`): relQueries over vLLM's AsyncLLM, in asyncio.
 
 Submit a RelQuery, then await its result, iterate its rows as they finish, or cancel it.
 Rows are rendered through the model's chat template and tagged with their relQuery so
@@ -32,7 +32,7 @@ from relstream.engine.requests import (
     sampling_params,
     seconds_left,
 )
-from relstream.engine.shared import Answer, AnswerCache, Role, SharedRequests, request_key
+from relstream.engine.shared import AnswerCache, Role, SharedOutcome, SharedRequests, request_key
 from relstream.model import (
     RelQuery,
     RelQueryResult,
@@ -88,7 +88,7 @@ class EngineHandle:
 
     relquery: RelQuery
     submitted_at: float
-    _engine: RelQueryEngine
+    _engine: VllmRuntime
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _finished: asyncio.Queue = field(default_factory=asyncio.Queue)  # RowResult | EngineFailure
 
@@ -124,7 +124,7 @@ class EngineHandle:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-class RelQueryEngine:
+class VllmRuntime:
     def __init__(
         self, settings: EngineSettings, llm, tokenizer, model_name: str, identity: ModelIdentity
     ) -> None:
@@ -139,7 +139,7 @@ class RelQueryEngine:
         self._shared = SharedRequests(cache, holds_twins(settings.policy))
 
     @classmethod
-    async def start(cls, settings: EngineSettings) -> RelQueryEngine:
+    async def start(cls, settings: EngineSettings) -> VllmRuntime:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -175,7 +175,7 @@ class RelQueryEngine:
         identity = engine_identity(llm, tokenizer, model_id, model)
         return cls(settings, llm, tokenizer, model.rstrip("/").rsplit("/", 1)[-1], identity)
 
-    async def __aenter__(self) -> RelQueryEngine:
+    async def __aenter__(self) -> VllmRuntime:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -369,7 +369,7 @@ class RelQueryEngine:
             answer = None
             if final is not None and final.finished:
                 completion = final.outputs[0]
-                answer = Answer(
+                answer = SharedOutcome(
                     completion.text,
                     len(completion.token_ids),
                     row_times(final),

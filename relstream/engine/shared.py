@@ -27,8 +27,8 @@ from typing import Any
 
 import msgspec
 
-from relstream.answers import OutputSpec, Sampling
 from relstream.model import RelQuery
+from relstream.outputs import OutputSpec, Sampling
 
 ENTRY_OVERHEAD_BYTES = 256  # a cache entry's table slot and objects, beyond its data
 
@@ -59,7 +59,7 @@ CACHEABLE_ENDINGS = frozenset({"stop", "length"})
 
 
 @dataclass(frozen=True)
-class Answer:
+class SharedOutcome:
     """A finished request's answer, and its step times when it ran (None from the cache).
     `finish_reason` is vLLM's: only "stop" and "length" answers are shared and kept."""
 
@@ -82,7 +82,7 @@ class Role:
     key: RequestKey | None
     leads: bool = True
     future: asyncio.Future | None = None
-    cached: Answer | None = None
+    cached: SharedOutcome | None = None
     relquery_id: str = ""
     settled: bool = False  # a leader that has given its outcome
 
@@ -134,11 +134,11 @@ class AnswerCache:
         self.identity = identity or model  # whose answers it holds (the topic skips others)
         self.bytes = 0
         self.hits = self.misses = 0
-        self.on_new: Callable[[bytes, Answer], None] | None = None
-        self._entries: OrderedDict[bytes, Answer] = OrderedDict()
+        self.on_new: Callable[[bytes, SharedOutcome], None] | None = None
+        self._entries: OrderedDict[bytes, SharedOutcome] = OrderedDict()
 
     @staticmethod
-    def entry_bytes(digest: bytes, answer: Answer) -> int:
+    def entry_bytes(digest: bytes, answer: SharedOutcome) -> int:
         return len(digest) + len(answer.text.encode()) + ENTRY_OVERHEAD_BYTES
 
     def __len__(self) -> int:
@@ -147,7 +147,7 @@ class AnswerCache:
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._entries  # a look, not a use: no hit, no recency
 
-    def get(self, digest: bytes) -> Answer | None:
+    def get(self, digest: bytes) -> SharedOutcome | None:
         answer = self._entries.get(digest)
         if answer is None:
             self.misses += 1
@@ -156,11 +156,11 @@ class AnswerCache:
         self._entries.move_to_end(digest)
         return answer
 
-    def put(self, digest: bytes, answer: Answer) -> bool:
+    def put(self, digest: bytes, answer: SharedOutcome) -> bool:
         """Keep `answer` (without step times: none ran for a row it serves), replacing an
         earlier one under `digest`; False when that same answer was there already or it
         alone exceeds the cap."""
-        kept = Answer(answer.text, answer.output_tokens)
+        kept = SharedOutcome(answer.text, answer.output_tokens)
         size = self.entry_bytes(digest, kept)
         if size > self.max_bytes or self._entries.get(digest) == kept:
             return False
@@ -180,13 +180,13 @@ class AnswerCache:
         self.bytes -= self.entry_bytes(digest, old)
         return True
 
-    def remember(self, digest: bytes, answer: Answer) -> None:
+    def remember(self, digest: bytes, answer: SharedOutcome) -> None:
         """Keep an answer this engine computed, and pass it to `on_new`; an answer that
         did not end by stop or length is neither."""
         if not answer.complete:
             return
         if self.put(digest, answer) and self.on_new is not None:
-            self.on_new(digest, Answer(answer.text, answer.output_tokens))
+            self.on_new(digest, SharedOutcome(answer.text, answer.output_tokens))
 
 
 class SharedRequests:
@@ -222,7 +222,7 @@ class SharedRequests:
         twins.requests[relquery_id] += 1
         return Role(key, future=twins.future, relquery_id=relquery_id)
 
-    def settle(self, role: Role, answer: Answer | None) -> None:
+    def settle(self, role: Role, answer: SharedOutcome | None) -> None:
         """A leader's outcome: its answer (the key's, kept in the cache), or None if it
         did not finish. An answer that ended otherwise than by stop or length (aborted,
         an error) counts as not finished: the cache never holds it. When no request of
@@ -248,7 +248,7 @@ class SharedRequests:
             del self._twins[role.key]
             role.future.set_result(None)
 
-    async def answer_of(self, role: Role) -> Answer | None:
+    async def answer_of(self, role: Role) -> SharedOutcome | None:
         """The key's answer, or None when no request of it finished. Cancelling the
         follower (its own relQuery cancelled) leaves the others running."""
         answer = await asyncio.shield(role.future)

@@ -315,13 +315,17 @@ async def commit_assigned(consumer, offsets: dict) -> dict:
 
 
 class RevocationListener(ConsumerRebalanceListener):
-    """Calls `on_revoked(partitions)` before partitions are taken away."""
+    """Calls `on_revoked(partitions)` before partitions are taken away, and sets `joined`
+    once the consumer has joined its group (given its partitions, maybe none): from then
+    on it takes its share of the work, so its process may say it is ready."""
 
     def __init__(self, on_revoked: Callable[[set], Awaitable[None]]) -> None:
         self._on_revoked = on_revoked
+        self.joined = asyncio.Event()
 
     async def on_partitions_revoked(self, revoked) -> None:
         await self._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned) -> None:
-        """New partitions start from their committed offsets: nothing to do."""
+        """New partitions start from their committed offsets: nothing else to do."""
+        self.joined.set()

@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.relstream import Relstream
-from relstream.scheduler.stock_v1 import MODELLED_VLLM, StockV1FCFS, StockV1Priority
+from relstream.scheduler.stock_v1 import MODELLED_VLLM, V1Fcfs, V1Priority
 
 
 class VllmQueue(StrEnum):
@@ -46,8 +46,8 @@ class PolicySpec:
 
 
 _SPECS = (
-    PolicySpec(StockV1FCFS.name, StockV1FCFS, VllmQueue.FCFS),
-    PolicySpec(StockV1Priority.name, StockV1Priority, VllmQueue.PRIORITY),
+    PolicySpec(V1Fcfs.name, V1Fcfs, VllmQueue.FCFS),
+    PolicySpec(V1Priority.name, V1Priority, VllmQueue.PRIORITY),
     PolicySpec(Relstream.name, Relstream),
 )
 POLICIES: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}

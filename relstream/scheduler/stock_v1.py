@@ -37,7 +37,7 @@ from relstream.scheduler.view import EngineView, SeqInfo, StepPlan
 MODELLED_VLLM = (0, 32)  # the release installed here, whose real runs the simulator replays
 
 
-class StockV1FCFS(Policy):
+class V1Fcfs(Policy):
     """vLLM V1 with `scheduling_policy="fcfs"` (its default), as release `vllm_version`
     (major, minor) schedules."""
 
@@ -70,7 +70,7 @@ class StockV1FCFS(Policy):
         return iter(view.tracker.waiting.values())
 
 
-class StockV1Priority(StockV1FCFS):
+class V1Priority(V1Fcfs):
     """vLLM V1 with `scheduling_policy="priority"`, each request carrying its relQuery's
     static priority (`static_priority`, smaller first), as relstream submits them."""
 

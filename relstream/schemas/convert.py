@@ -6,7 +6,6 @@ import hashlib
 import time
 from collections import Counter
 
-from relstream.answers import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.model import (
     LatencyBreakdown,
     RelQuery,
@@ -16,6 +15,7 @@ from relstream.model import (
     Template,
     TemplateError,
 )
+from relstream.outputs import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.schemas.codec import MessageError
 from relstream.schemas.messages import (
     DeadLetterMessage,

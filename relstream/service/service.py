@@ -56,11 +56,12 @@ from relstream.kafka.delivery import (
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult, with_queued
+from relstream.ready import mark_ready_when
 from relstream.schemas import Message, MessageError, decode_relquery_stepwise
 from relstream.schemas.convert import partial_result_message
 from relstream.schemas.formats import Format, encode_as, headers_for, wire_format
 from relstream.service import backlog, offloop
-from relstream.service.answers import start_answer_topic
+from relstream.service.answercache import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
 from relstream.service.control import follow_control
 from relstream.service.loadreport import report_load
@@ -89,6 +90,7 @@ class ServiceConfig:
     result_format: Format = "msgpack"  # for relQueries that set no `result_format`
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    ready_file: str | os.PathLike | None = None  # written once it takes work (`ready`)
     security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
     answer_topic: bool = False  # back the backend's answer cache with the answers topic
     answer_secret: bytes | None = None  # the engines' shared secret, signing answers
@@ -136,9 +138,8 @@ class EngineService:
             security=config.security,
             group_id=config.group_id,
         )
-        self._consumer.subscribe(
-            [self.config.topics.relqueries], listener=RevocationListener(self._on_revoked)
-        )
+        rebalances = RevocationListener(self._on_revoked)  # `joined`: it takes work
+        self._consumer.subscribe([self.config.topics.relqueries], listener=rebalances)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         await start_all(self._producer, self._consumer)
@@ -162,6 +163,7 @@ class EngineService:
         report = report_load(self.backend, self._consumer, self._producer, config, self.engine_name)
         followers.append(asyncio.create_task(report))  # its load, for placement, if asked
         try:
+            self._spawn(mark_ready_when(rebalances.joined, config.ready_file, self.engine_name))
             while not stop.is_set() and self._failure is None:
                 await self._poll_once()
                 await self._commit()

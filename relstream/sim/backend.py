@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from relstream.answers import OutputKind
 from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for, template_id
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
@@ -44,10 +43,11 @@ from relstream.model import (
     cancelled_result,
     prepare_row,
 )
+from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
-from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
+from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 
 RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_requests`)
 RECENT_TEMPLATES = 8  # templates a load report names
@@ -103,7 +103,7 @@ def simulated_latency(job: LatencyJob) -> LatencyBreakdown:
                     job.max_output_tokens,
                 )
             )
-    engine = SimulatedEngine(profile, make_policy(job.policy, profile.prior()))
+    engine = Simulator(profile, make_policy(job.policy, profile.prior()))
     simulated = SimRelQuery(
         job.relquery_id, 0.0, job.max_output_tokens, requests, deadline=job.deadline
     )

@@ -25,6 +25,7 @@ import platformdirs
 from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
+from relstream.ready import mark_ready
 from relstream.stream.registrations import QueryRegistration, worker_group
 from relstream.stream.stage import StageSettings, WindowStage
 
@@ -45,7 +46,8 @@ def build_app(
     data_dir: Path | None = None,
 ) -> faust.App:
     """The worker's Faust app: one window stage per registration. Once every stage reads
-    its rows topic, `ready_file` (if given) is written, for a container's healthcheck.
+    its rows topic (its group joined), `ready_file` (if given) is written
+    (`relstream.ready`), for launchers and a container's healthcheck.
     Faust keeps its (here empty) state under `data_dir` / `app_id`: by default the user
     data dir, never the current directory (Faust's own default)."""
     topics = topics or Topics()
@@ -86,7 +88,7 @@ def build_app(
         ready = asyncio.gather(*(stage.ready.wait() for stage in stages))
         await asyncio.wait([runs, ready], return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready_file is not None:
-            ready_file.write_text(f"{len(stages)} window stages ready\n")
+            mark_ready(ready_file, f"{len(stages)} window stages ready")
         ready.cancel()
         await runs
 

@@ -36,8 +36,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from relstream.answers import OutputSpec, OutputSpecError, Sampling
 from relstream.model import Template, TemplateError
+from relstream.outputs import OutputSpec, OutputSpecError, Sampling
 from relstream.schemas.codec import MessageError, convert
 from relstream.schemas.messages import (
     MAX_RELQUERY_ROWS,

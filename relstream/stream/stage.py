@@ -70,7 +70,8 @@ class WindowStage:
         # last), kept across a rebalance so a replay cuts them the same (`windowing`).
         self._published: dict[int, dict[int, int]] = {}
         self.rows_seen = 0
-        self.ready = asyncio.Event()  # set once it reads its rows topic
+        self._rebalances = RevocationListener(self._forget)
+        self.ready = self._rebalances.joined  # set once it has joined its group
 
     async def run(self) -> None:
         """Window rows until cancelled."""
@@ -84,12 +85,12 @@ class WindowStage:
         )
         self._consumer.subscribe(
             [settings.topics.rows(self.registration.table)],
-            listener=RevocationListener(self._forget),
+            listener=self._rebalances,
         )
         self._producer = new_producer(settings.bootstrap, settings.security, linger_ms=5)
         await start_all(self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
-        log.info("query %s ready: windows of %s", self.registration.name, rows_topic)
+        log.info("query %s: windows of %s", self.registration.name, rows_topic)
         self.ready.set()
         try:
             while True:

@@ -8,19 +8,19 @@ from __future__ import annotations
 from relstream.scheduler.registry import PolicySpec
 from relstream.scheduler.registry import register as register_spec
 from relstream_lab.baselines.v0 import (
-    FCFS,
     RelServe,
     RelServeDP,
     RelServePP,
     Sarathi,
-    StaticPriority,
-    StaticPriorityEvicting,
+    V0Fcfs,
+    V0Sp,
+    V0SpEvict,
 )
 
 BASELINES = (
-    FCFS,
-    StaticPriority,
-    StaticPriorityEvicting,
+    V0Fcfs,
+    V0Sp,
+    V0SpEvict,
     Sarathi,
     RelServe,
     RelServePP,

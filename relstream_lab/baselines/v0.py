@@ -36,7 +36,7 @@ def _prefill_or_decode(
     return StepPlan(decode=decode) if decode else IDLE
 
 
-class FCFS(Policy):
+class V0Fcfs(Policy):
     """vLLM V0's default: requests in arrival order, prefill prioritised, never mixed."""
 
     name = "v0-fcfs"
@@ -46,7 +46,7 @@ class FCFS(Policy):
         return _prefill_or_decode(view, chunks)
 
 
-class StaticPriority(Policy):
+class V0Sp(Policy):
     """vLLM-SP: Prio(R) = Σ_{r∈R} tok(r) + OL(r), fixed when R is first seen (paper eq.
     request_priority with identity L1, L2); prefill first as in vLLM. Like RelServe, whose
     code base the paper's vLLM-SP shares, it never evicts a running request to admit one."""
@@ -90,7 +90,7 @@ class StaticPriority(Policy):
                 yield from info.waiting.values()
 
 
-class StaticPriorityEvicting(StaticPriority):
+class V0SpEvict(V0Sp):
     """Static priority on vLLM V0's priority policy, which also evicts (by recompute)
     running requests ranked below a waiting one that cannot be admitted."""
 

@@ -20,8 +20,8 @@ import click
 
 from relstream.scheduler import CostModel, Policy
 from relstream.scheduler.relstream import Relstream
-from relstream.sim.engine import SimulatedEngine
 from relstream.sim.profiles import profile_from_document
+from relstream.sim.simulator import Simulator
 from relstream_lab.campaign.checkpoint import Checkpoint
 from relstream_lab.common.runner import make_cost_model, summarize
 from relstream_lab.common.workload import (
@@ -62,7 +62,7 @@ def ceiling(out: Path, datasets_dir: Path | None, load: float, seeds: list[int])
             means = {}
             for variant, build in VARIANTS.items():
                 policy = build(make_cost_model("online", profile))
-                run = SimulatedEngine(profile, policy).run(relqueries)
+                run = Simulator(profile, policy).run(relqueries)
                 means[variant] = summarize(variant, load, run).mean
             records.append({"epoch": epoch.number, "seed": seed, "load": load, "mean": means})
     return records

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
-from relstream.sim.engine import SimRun, SimulatedEngine
+from relstream.sim.simulator import SimRun, Simulator
 from relstream.sim.profiles import profile_from_document
 from relstream_lab.common.runner import make_cost_model
 from relstream_lab.common.workload import (
@@ -38,7 +38,7 @@ def run(profile, relqueries, policy: str, stretch: float | None = None) -> SimRu
     built = make_sim_policy(policy, cost)
     if stretch is not None:
         built = Relstream(built.cost, RelstreamConfig(stretch=stretch))
-    return SimulatedEngine(profile, built).run(relqueries)
+    return Simulator(profile, built).run(relqueries)
 
 
 def mean(run: SimRun) -> float:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from relstream.backend import RelQueryBackend
-from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream.sim.profiles import fit_line, profile_from_document
 from relstream_lab.campaign.checkpoint import (
@@ -169,7 +169,7 @@ async def _serve_policy(
     settings = EngineSettings(model=options.model, policy=policy, step_log=log)
     if cost_prior:
         settings = replace(settings, cost_model="fixed", cost_prior=cost_prior)
-    engine = await RelQueryEngine.start(settings)
+    engine = await VllmRuntime.start(settings)
     try:
         await replay(engine, entries[:2], None)  # warm-up: first steps pay one-off costs
         check_speed(reference, read_step_log(log)[1])
@@ -188,7 +188,7 @@ async def _find_epoch(
     entries = generate_relqueries(trace, load_datasets(options.datasets_dir))
     log = checkpoint.capacity_log_path(len(epochs))
     discard_step_log(log)  # an interrupted attempt's; the engine appends
-    engine = await RelQueryEngine.start(
+    engine = await VllmRuntime.start(
         EngineSettings(model=options.model, policy="v1-fcfs", step_log=log)
     )
     try:

@@ -12,8 +12,8 @@ import numpy as np
 
 from relstream.model import LatencyBreakdown
 from relstream.scheduler import CostModel, cost_model_of
-from relstream.sim.engine import SimRun, SimulatedEngine
 from relstream.sim.profiles import CostProfile
+from relstream.sim.simulator import SimRun, Simulator
 from relstream_lab.common.workload import TokenizedTrace
 from relstream_lab.policies import make_sim_policy
 
@@ -124,7 +124,7 @@ def run_grid(
         relqueries = trace.at_rate(rate, profile.limits.block_size)
         for name in policies:
             policy = make_sim_policy(name, make_cost_model(cost_model, profile, prior))
-            run = SimulatedEngine(profile, policy).run(relqueries)
+            run = Simulator(profile, policy).run(relqueries)
             summary = summarize(name, rate, run)
             summaries.append(summary)
             if on_done:

@@ -11,8 +11,8 @@ from pathlib import Path
 from relstream.connectors.tables import Table, load_csv
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import RelQuery, Template
-from relstream.sim.engine import SimRelQuery, SimRequest
 from relstream.sim.kvcache import block_hashes
+from relstream.sim.simulator import SimRelQuery, SimRequest
 from relstream_lab.common.templates import (
     BUNDLED_DATASET,
     MAX_TOKENS,

@@ -34,8 +34,8 @@ from relstream.kafka.clients import (
     running,
 )
 from relstream.kafka.topics import Topics
+from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode
-from relstream.stream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 
 TABLE = "reviews"
 QUERY = '[[query]]\nname = "flood"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
@@ -268,6 +268,8 @@ def run_flood(
             *common,
             "--broker-kind",
             broker.kind,
+            "--ready-file",
+            str(workdir / "engine.ready"),
         ],
         workdir / "engine.log",
     )
@@ -278,7 +280,8 @@ def run_flood(
     report = FloodReport()
     sampler = None
     try:
-        wait_ready(workdir / "worker.ready", workdir / "engine.log", (engine, worker), timeout)
+        ready_files = [workdir / "worker.ready", workdir / "engine.ready"]
+        wait_ready(ready_files, (engine, worker), timeout)
         bad = flood_messages(count, big_each, seed)
         good_rows, adhoc = valid_work(valid_relqueries, valid_rows, large, large_rows)
         report.sent = Counter(kind.name for kind, _, _ in bad)

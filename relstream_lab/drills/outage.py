@@ -35,8 +35,8 @@ from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import Subscription, metadata_ok, new_producer
 from relstream.kafka.delivery import quiet_outages
 from relstream.kafka.topics import Topics
+from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode
-from relstream.stream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 
 TABLE = "reviews"
 QUERY = '[[query]]\nname = "outage"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
@@ -196,7 +196,7 @@ def run_outage(
         common = ["--bootstrap", broker.bootstrap, "--prefix", topics.prefix]
         engine = spawn_logged(
             [*relstream_command(False), "engine", "--backend", "sim", "--sim-time-scale", "1",
-             *common, "--broker-kind", broker.kind],
+             *common, "--broker-kind", broker.kind, "--ready-file", str(workdir / "engine.ready")],
             logs["engine"],
         )  # fmt: skip
         worker = start_worker(
@@ -204,7 +204,8 @@ def run_outage(
             ready_file=workdir / "worker.ready",
         )  # fmt: skip
         try:
-            wait_ready(workdir / "worker.ready", logs["engine"], (engine, worker), timeout)
+            ready_files = [workdir / "worker.ready", workdir / "engine.ready"]
+            wait_ready(ready_files, (engine, worker), timeout)
             asyncio.run(
                 _stream(broker, topics, report, random.Random(seed), logs, workdir,
                         outage_s, rate, before_s, after_s, burst, bad_every, timeout)

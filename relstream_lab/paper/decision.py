@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 
 from relstream.scheduler import DEFAULT_POLICY, EngineLimits, make_policy
 from relstream.scheduler.view import StepKind
-from relstream.sim.engine import SimRelQuery, SimRequest, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import RooflineProfile, get_profile
+from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 from relstream_lab.common.runner import percentile
 
 
@@ -62,7 +62,7 @@ def run_decision_benchmark(
         max_num_seqs=256, max_num_batched_tokens=8192, kv_capacity_tokens=256 * 320, block_size=16
     )
     profile = RooflineProfile(**{**base.__dict__, "limits": limits})
-    engine = SimulatedEngine(profile, make_policy(policy_name, base.prior()))
+    engine = Simulator(profile, make_policy(policy_name, base.prior()))
     for relquery in _crowd(relqueries, rows, seed, limits.block_size):
         engine.admit(relquery)
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """`relstream-lab bench placement`: E simulated engines behind hash or load-aware placement.
 
-Each engine is a `SimulatedEngine` running relstream's policy and owns one partition. A
+Each engine is a `Simulator` running relstream's policy and owns one partition. A
 relQuery arriving is placed by the key's hash (`hash`, what a consumer group gives
 today) or by `scheduler.placement.Placement` (`load`), fed every `report_s` seconds by
 each engine's own report (its policy's outstanding work and prices), as the metrics
@@ -21,8 +21,8 @@ from pathlib import Path
 from relstream.scheduler.placement import EngineLoad, Placement, hash_partition
 from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.view import StepKind
-from relstream.sim.engine import RelQueryOutcome, SimRelQuery, SimulatedEngine
 from relstream.sim.profiles import CostProfile, get_profile
+from relstream.sim.simulator import RelQueryOutcome, SimRelQuery, Simulator
 from relstream_lab.common.runner import make_cost_model
 from relstream_lab.common.workload import (
     TraceConfig,
@@ -59,7 +59,7 @@ def serve_placed(
 ) -> tuple[list[RelQueryOutcome], float]:
     """Serve `relqueries` on `engines` engines; the outcomes and the makespan."""
     sims = [
-        SimulatedEngine(profile, Relstream(make_cost_model("online", profile)))
+        Simulator(profile, Relstream(make_cost_model("online", profile)))
         for _ in range(engines)
     ]
     placer = Placement(partitions=engines)
@@ -93,7 +93,7 @@ def serve_placed(
     return outcomes, max(sim.clock for sim in sims if math.isfinite(sim.clock))
 
 
-def _report(index: int, sim: SimulatedEngine, now: float) -> EngineLoad:
+def _report(index: int, sim: Simulator, now: float) -> EngineLoad:
     assert isinstance(sim.policy, Relstream)
     outstanding, per_prompt, per_output = sim.policy.load()
     return EngineLoad(str(index), (index,), outstanding, now, (), per_prompt, per_output)
@@ -102,7 +102,7 @@ def _report(index: int, sim: SimulatedEngine, now: float) -> EngineLoad:
 def _place(
     placement: str,
     placer: Placement,
-    sims: list[SimulatedEngine],
+    sims: list[Simulator],
     relquery: SimRelQuery,
     now: float,
 ) -> int:
@@ -135,7 +135,7 @@ def run_placement(options: PlacementOptions) -> list[dict]:
                     seed=seed,
                 )
                 trace = tokenize_trace(generate_relqueries(config, tables), config)
-                alone = SimulatedEngine(
+                alone = Simulator(
                     profile, make_sim_policy("v1-fcfs", make_cost_model("online", profile))
                 ).run(trace.at_rate(ALL_AT_ONCE, block))
                 capacity = engines * len(trace.entries) / alone.makespan

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from relstream.backend import run
-from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Template
 from relstream_lab.campaign.checkpoint import read_step_log
 from relstream_lab.common.report import machine_description, write_readme
@@ -38,7 +38,7 @@ def window_relqueries(dataset: LoadedDataset, query_type: str, rows: int) -> dic
 
 
 async def measure(datasets: list[LoadedDataset], rows: int, log: Path, say=print) -> list[dict]:
-    engine = await RelQueryEngine.start(EngineSettings(step_log=log))
+    engine = await VllmRuntime.start(EngineSettings(step_log=log))
     records = []
     logged = 0  # steps in the log before the relQuery being measured
     try:

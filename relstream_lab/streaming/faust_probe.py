@@ -134,7 +134,7 @@ def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
 
     from relstream.kafka.clients import Subscription, create_topics
     from relstream.kafka.topics import Topics
-    from relstream.stream.launch import start_worker
+    from relstream.launch import start_worker
     from relstream_lab.streaming import run as streambench
 
     topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")

@@ -196,7 +196,7 @@ def window_throughput(broker, rows: int, stream_command: list[str], workdir: Pat
     from the first row produced to the broker timestamp of the relQuery that completes
     the count, so it counts the worker's fetching, decoding, windowing and producing,
     and is bounded by this process's producer where that is slower."""
-    from relstream.stream.launch import start_worker
+    from relstream.launch import start_worker
 
     topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
     window_rows = THROUGHPUT_WINDOW_ROWS * topics.partitions
@@ -284,8 +284,8 @@ def run_stream_benchmark(
 ) -> dict:
     """The whole benchmark; `on_load` gets the document after each load, so an
     interrupted benchmark still leaves the loads it finished."""
-    from relstream.engine.runtime import EngineSettings, RelQueryEngine
-    from relstream.stream.launch import relstream_command
+    from relstream.engine.runtime import EngineSettings, VllmRuntime
+    from relstream.launch import relstream_command
 
     entries = generate_relqueries(options.trace, load_datasets(options.datasets_dir))
     options.out_dir.mkdir(parents=True, exist_ok=True)
@@ -312,7 +312,7 @@ def run_stream_benchmark(
     with EmbeddedBroker(options.broker, data_dir=workdir / "broker-latency") as broker:
 
         async def latency_runs():
-            engine = await RelQueryEngine.start(
+            engine = await VllmRuntime.start(
                 EngineSettings(model=options.model, policy=options.policy)
             )
             try:

@@ -16,8 +16,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from relstream.sim.engine import SimRelQuery, SimRun, SimulatedEngine
 from relstream.sim.profiles import CostProfile
+from relstream.sim.simulator import SimRelQuery, SimRun, Simulator
 from relstream_lab.common.runner import make_cost_model
 from relstream_lab.policies import make_sim_policy
 
@@ -27,7 +27,7 @@ def alone_latencies(relqueries: Sequence[SimRelQuery], profile: CostProfile) -> 
     latencies = {}
     for relquery in relqueries:
         policy = make_sim_policy("v1-fcfs", make_cost_model("online", profile))
-        run = SimulatedEngine(profile, policy).run([replace(relquery, arrival_time=0.0)])
+        run = Simulator(profile, policy).run([replace(relquery, arrival_time=0.0)])
         latencies[relquery.relquery_id] = run.outcomes[0].latency.total
     return latencies
 

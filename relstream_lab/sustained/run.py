@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
-from relstream.sim.engine import SimRun, SimulatedEngine
 from relstream.sim.profiles import PROFILE_NAMES, CostProfile, get_profile, profile_from_document
+from relstream.sim.simulator import SimRun, Simulator
 from relstream_lab.common.runner import make_cost_model, run_pooled, summarize
 from relstream_lab.common.workload import (
     TokenizedTrace,
@@ -124,7 +124,7 @@ def run_cell(cell: Cell, trace: TokenizedTrace, options: SustainedOptions) -> di
         relqueries = trace.at_rate(rate, block)
         if alone is not None:
             relqueries = with_deadlines(relqueries, alone, options.deadlines)
-        return SimulatedEngine(profile, built).run(relqueries)
+        return Simulator(profile, built).run(relqueries)
 
     alone = None
     if options.deadlines is not None:  # once per trace and profile, for every load

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from itertools import accumulate
 
-from relstream.engine.runtime import EngineSettings, RelQueryEngine
+from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 from relstream_lab.common.report import write_readme
 from relstream_lab.common.runner import percentile
@@ -61,7 +61,7 @@ async def serve(
     settings: EngineSettings, relqueries: list[RelQuery], arrivals: list[float] | None
 ) -> dict:
     """Submit each window at its arrival (all at once for None); latencies and answers."""
-    engine = await RelQueryEngine.start(settings)
+    engine = await VllmRuntime.start(settings)
     try:
         started = time.monotonic()
 

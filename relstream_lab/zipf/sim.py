@@ -23,10 +23,10 @@ from pathlib import Path
 
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import Template
-from relstream.sim.engine import SimRelQuery, SimRequest, SimRun, SimulatedEngine
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import CostProfile
 from relstream.sim.sharing import Sharing
+from relstream.sim.simulator import SimRelQuery, SimRequest, SimRun, Simulator
 from relstream_lab.common.runner import make_cost_model, percentile, run_pooled
 from relstream_lab.common.workload import TraceConfig, unit_gaps
 from relstream_lab.policies import make_sim_policy
@@ -166,7 +166,7 @@ def run_seed(job: tuple[str, int, ZipfOptions]) -> list[dict]:
         arrivals = [t / rate for t in unit_arrivals]
         trace = trace_at_rate(windows, prompts, lengths, arrivals, block, variant.prompt_order)
         policy = make_sim_policy(variant.policy, make_cost_model("online", profile))
-        return SimulatedEngine(profile, policy, variant.sharing).run(trace)
+        return Simulator(profile, policy, variant.sharing).run(trace)
 
     capacity = options.relqueries / serve(VARIANTS["v1-fcfs"], ALL_AT_ONCE).makespan
     rate = options.load * capacity

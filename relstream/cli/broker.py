@@ -1,26 +1,17 @@
-"""`relstream broker | worker`: the broker and the Faust worker of the streaming path
-(the engine is in `cli.engine`)."""
+"""`relstream broker`: an embedded Kafka-protocol broker for trying relstream on one
+machine."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from relstream.cli.common import (
-    bootstrap_option,
-    broker_kind_option,
-    console,
-    prefix_option,
-    security_options,
-    show_logs,
-)
-from relstream.extras import MissingExtra, require
+from relstream.cli.common import console, prefix_option
+from relstream.extras import require
 from relstream.kafka.brokers import BROKERS, STORED_BROKER
-from relstream.kafka.security import KafkaSecurity
 
 
 @click.command()
@@ -98,83 +89,3 @@ def _broker_kind(kind: str, memory: bool, data_dir: Path | None) -> str:
     if kind == "tansu" and data_dir is not None:
         raise click.UsageError("tansu keeps its topics in memory only: --data-dir is for noida-db")
     return kind
-
-
-@click.command()
-@bootstrap_option
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TOML file of [[query]] registrations.",
-)
-@prefix_option
-@broker_kind_option
-@click.option("--app-id", default="relstream-worker", show_default=True)
-@click.option(
-    "--ready-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Written once every query reads its rows (removed at start): for healthchecks.",
-)
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where Faust keeps the worker's data, under a folder named by --app-id. Default: "
-    "the user data dir, e.g. ~/.local/share/relstream/worker.",
-)
-@click.option(
-    "--agents",
-    "agents_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="A Python file whose agents(app, topics) adds your own Faust agents to the "
-    "worker's app, e.g. to filter or enrich rows before they are windowed.",
-)
-@security_options
-def worker(
-    config_path: Path,
-    bootstrap: str,
-    prefix: str,
-    broker_kind: str | None,
-    app_id: str,
-    ready_file: Path | None,
-    data_dir: Path | None,
-    agents_path: Path | None,
-    security: KafkaSecurity,
-) -> None:
-    """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
-    from relstream.kafka.clients import create_topics
-    from relstream.kafka.topics import Topics
-    from relstream.stream.registrations import RegistrationError, load_registrations
-
-    try:
-        registrations = load_registrations(config_path)
-    except RegistrationError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:
-        from faust.worker import Worker
-
-        from relstream.stream.app import AgentsError, add_agents, build_app
-    except ImportError:
-        raise MissingExtra(["stream"]) from None
-    topics = Topics(prefix)
-    tables = tuple({r.table for r in registrations})
-    asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
-    if ready_file is not None:  # a restarted container keeps the last run's file
-        ready_file.unlink(missing_ok=True)
-    app = build_app(
-        bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir
-    )
-    if agents_path is not None:
-        try:
-            add_agents(app, topics, agents_path)
-        except AgentsError as exc:
-            raise click.ClickException(str(exc)) from None
-    show_logs("relstream.worker")
-    from relstream.kafka.delivery import quiet_outages
-
-    quiet_outages()  # a broker outage: one line per kind and period, with a count
-    Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

@@ -4,8 +4,8 @@ field, an answer that does not hold is a row's error, and the wire carries both.
 import msgpack
 import pytest
 
-from relstream.answers import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.model import RelQuery, Row, Template
+from relstream.outputs import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.schemas import MessageError, RelQueryMessage, decode, encode
 from relstream.schemas.convert import relquery_from_message, relquery_message
 

@@ -1,6 +1,7 @@
-"""Starting relstream's own processes: the Faust worker from its environment, and any
-`relstream` command with its output in a log file. The demo, the streaming benchmark and
-the tests all start processes through here."""
+"""Starting relstream's own processes and waiting until they serve: the Faust worker from
+its environment, any `relstream` command with its output in a log file, and their ready
+files (`relstream.ready`), never their log text. The CLI's demo, the lab and the tests
+all start and await processes through here."""
 
 from __future__ import annotations
 
@@ -98,14 +99,16 @@ def check_alive(processes: Sequence[subprocess.Popen]) -> None:
 
 
 def wait_ready(
-    ready_file: Path, engine_log: Path, processes: Sequence[subprocess.Popen], timeout: float
+    ready_files: Sequence[Path], processes: Sequence[subprocess.Popen], timeout: float
 ) -> None:
-    """Until the worker has written `ready_file` (every query reads its rows) and the
-    engine's log says it serves: work sent earlier would count the model's loading as time
-    queued in Kafka. RuntimeError if a process exits or `timeout` passes first."""
+    """Until every process has written its ready file (`--ready-file`: the worker once
+    every query reads its rows, the engine once it takes work): work sent earlier would
+    count the model's loading as time queued in Kafka. RuntimeError naming the files not
+    written if a process exits or `timeout` passes first."""
     deadline = time.monotonic() + timeout
-    while not ready_file.exists() or "serving" not in engine_log.read_text(errors="replace"):
+    while not all(path.exists() for path in ready_files):
         check_alive(processes)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the worker or the engine not ready after {timeout:g} s")
+            missing = ", ".join(str(path) for path in ready_files if not path.exists())
+            raise RuntimeError(f"not ready after {timeout:g} s: no {missing}")
         time.sleep(0.2)

@@ -1,4 +1,4 @@
-"""Discrete-event simulated engine: executes a policy's StepPlans on a virtual clock.
+"""The simulator: executes a policy's StepPlans on a virtual clock, step by step.
 
 It is an EngineView like the vLLM adapter, so every policy decision it runs is the
 production code path; only execution is modelled: step durations come from a named
@@ -87,7 +87,7 @@ class SimulationStalled(RuntimeError):
     pass
 
 
-class SimulatedEngine(EngineView):
+class Simulator(EngineView):
     def __init__(
         self, profile: CostProfile, policy: Policy, sharing: Sharing | None = None
     ) -> None:

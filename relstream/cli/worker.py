@@ -1,0 +1,102 @@
+"""`relstream worker`: the Faust worker, which windows rows into relQueries."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from relstream.cli.common import (
+    bootstrap_option,
+    broker_kind_option,
+    prefix_option,
+    security_options,
+    show_logs,
+)
+from relstream.extras import MissingExtra
+from relstream.kafka.security import KafkaSecurity
+from relstream.ready import clear_ready
+
+
+@click.command()
+@bootstrap_option
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML file of [[query]] registrations.",
+)
+@prefix_option
+@broker_kind_option
+@click.option("--app-id", default="relstream-worker", show_default=True)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Written once every query reads its rows (its group joined), removed at start "
+    "and stop: for launchers and healthchecks.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where Faust keeps the worker's data, under a folder named by --app-id. Default: "
+    "the user data dir, e.g. ~/.local/share/relstream/worker.",
+)
+@click.option(
+    "--agents",
+    "agents_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A Python file whose agents(app, topics) adds your own Faust agents to the "
+    "worker's app, e.g. to filter or enrich rows before they are windowed.",
+)
+@security_options
+def worker(
+    config_path: Path,
+    bootstrap: str,
+    prefix: str,
+    broker_kind: str | None,
+    app_id: str,
+    ready_file: Path | None,
+    data_dir: Path | None,
+    agents_path: Path | None,
+    security: KafkaSecurity,
+) -> None:
+    """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
+    from relstream.kafka.clients import create_topics
+    from relstream.kafka.topics import Topics
+    from relstream.stream.registrations import RegistrationError, load_registrations
+
+    try:
+        registrations = load_registrations(config_path)
+    except RegistrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        from faust.worker import Worker
+
+        from relstream.stream.app import AgentsError, add_agents, build_app
+    except ImportError:
+        raise MissingExtra(["stream"]) from None
+    topics = Topics(prefix)
+    tables = tuple({r.table for r in registrations})
+    asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
+    clear_ready(ready_file)  # a restarted container keeps the last run's file
+    app = build_app(
+        bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir
+    )
+    if agents_path is not None:
+        try:
+            add_agents(app, topics, agents_path)
+        except AgentsError as exc:
+            raise click.ClickException(str(exc)) from None
+    show_logs("relstream.worker")
+    from relstream.kafka.delivery import quiet_outages
+
+    quiet_outages()  # a broker outage: one line per kind and period, with a count
+    try:
+        Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+    finally:
+        clear_ready(ready_file)
