@@ -19,9 +19,8 @@ de-duplicate on it.
 - **An engine failure** (`EngineFailure`) is nobody's row error: the service publishes
   nothing more, commits nothing past the relQueries it was serving, and `run` raises, so
   the process exits non-zero and a restarted engine answers them.
-- **Observability.** Each answered relQuery also gets a `metrics` message (latency
-  breakdown, rows by status, tokens) on the metrics topic; Prometheus gauges give the
-  backlog and the consumer lag.
+- **Observability.** Each answered relQuery gets a `metrics` message (latency, rows by
+  status, tokens); Prometheus gauges give the backlog and the consumer lag.
 - **Rebalances.** On revocation the service commits what finished in those partitions,
   stops taking their work and forgets them; relQueries of theirs already being served
   may still publish (results are keyed by id).
@@ -157,11 +156,11 @@ class EngineService:
             config.bootstrap, config.topics.control, self.cancel, self._dead_letter,
             config.broker, config.security,
         )  # fmt: skip
-        followers = [asyncio.create_task(control), asyncio.create_task(self.loop_lag.run())]
+        report = report_load(self.backend, self._consumer, self._producer, config, self.engine_name)
+        tasks = [control, self.loop_lag.run(), report]  # report: its load, for placement
+        followers = [asyncio.create_task(task) for task in tasks]
         if answers is not None:
             followers.append(asyncio.create_task(answers.follow()))
-        report = report_load(self.backend, self._consumer, self._producer, config, self.engine_name)
-        followers.append(asyncio.create_task(report))  # its load, for placement, if asked
         try:
             self._spawn(mark_ready_when(rebalances.joined, config.ready_file, self.engine_name))
             while not stop.is_set() and self._failure is None:

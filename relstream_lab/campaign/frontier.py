@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
-from relstream.sim.simulator import SimRun, Simulator
 from relstream.sim.profiles import profile_from_document
+from relstream.sim.simulator import SimRun, Simulator
 from relstream_lab.common.runner import make_cost_model
 from relstream_lab.common.workload import (
     TraceConfig,
