@@ -57,6 +57,23 @@ def describe(processes: list[psutil.Process]) -> list[str]:
     return described
 
 
+def kill_and_find_gone(engine: subprocess.Popen, descendants: list[psutil.Process]) -> None:
+    """SIGKILL the engine; every one of `descendants` must be gone `GONE_SECONDS` later."""
+    try:
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        deadline = time.monotonic() + GONE_SECONDS
+        while running(descendants) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = describe(running(descendants))
+        assert not left, f"alive {GONE_SECONDS} s after the engine was killed: {left}"
+    finally:
+        for process in running(descendants):  # only on failure: nothing is left behind
+            process.kill()
+        engine.kill()
+        engine.wait(10)
+
+
 PARENT = """
 import multiprocessing, sys, threading, time
 from relstream.engine.lifetime import children_die_with_this_process
@@ -119,20 +136,8 @@ def test_the_simulating_children_die_with_a_killed_sim_engine(broker, tmp_path):
     topics = Topics(prefix=f"k{uuid.uuid4().hex[:6]}.")
     engine = start_engine(broker, topics, tmp_path / "engine.log", backend="sim")
     children = psutil.Process(engine.pid).children(recursive=True)
-    try:
-        assert len(children) >= SIM_PROCESSES, describe(children)
-        engine.send_signal(signal.SIGKILL)
-        engine.wait(10)
-        deadline = time.monotonic() + GONE_SECONDS
-        while running(children) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = describe(running(children))
-        assert not left, f"alive {GONE_SECONDS} s after the engine was killed: {left}"
-    finally:
-        for process in running(children):  # only on failure: nothing is left behind
-            process.kill()
-        engine.kill()
-        engine.wait(10)
+    assert len(children) >= SIM_PROCESSES, describe(children)
+    kill_and_find_gone(engine, children)
 
 
 @pytest.mark.slow
@@ -143,20 +148,8 @@ def test_vllm_dies_with_a_killed_engine_and_a_restart_loads(broker, tmp_path):
     log = tmp_path / "engine.log"
     engine = start_engine(broker, topics, log)
     descendants = psutil.Process(engine.pid).children(recursive=True)
-    try:
-        assert any("EngineCor" in name for name in describe(descendants)), describe(descendants)
-        engine.send_signal(signal.SIGKILL)
-        engine.wait(10)
-        deadline = time.monotonic() + GONE_SECONDS
-        while running(descendants) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = describe(running(descendants))
-        assert not left, f"alive {GONE_SECONDS} s after the engine was killed: {left}"
-    finally:
-        for process in running(descendants):  # only on failure: nothing is left behind
-            process.kill()
-        engine.kill()
-        engine.wait(10)
+    assert any("EngineCor" in name for name in describe(descendants)), describe(descendants)
+    kill_and_find_gone(engine, descendants)
 
     restarted = start_engine(broker, topics, tmp_path / "restarted.log")
     children = psutil.Process(restarted.pid).children(recursive=True)
