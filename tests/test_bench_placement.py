@@ -1,5 +1,6 @@
 """The multi-engine simulator behind placement: one engine behind it is the simulator
-itself, and every relQuery is answered once whatever the placement."""
+itself, every relQuery is answered once whatever the placement, and the pooled ideal
+hands its queue's head to the first free engine with the least work."""
 
 from dataclasses import replace
 
