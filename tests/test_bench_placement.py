@@ -1,5 +1,8 @@
 """The multi-engine simulator behind placement: one engine behind it is the simulator
-itself, and every relQuery is answered once whatever the placement."""
+itself, every relQuery is answered once whatever the placement, and the pooled ideal
+hands its queue's head to the first free engine with the least work."""
+
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +16,7 @@ from relstream_lab.common.workload import (
     load_datasets,
     tokenize_trace,
 )
-from relstream_lab.placement.run import PLACEMENTS, serve_placed
+from relstream_lab.placement.run import PLACEMENTS, pooled_choice, serve_placed, serve_pooled
 
 PROFILE = get_profile("a100-opt13b")
 
@@ -37,3 +40,24 @@ def test_every_relquery_is_answered_once_on_three_engines(placement):
     relqueries = trace(40)
     outcomes, _ = serve_placed(PROFILE, relqueries, engines=3, placement=placement)
     assert sorted(o.relquery_id for o in outcomes) == sorted(r.relquery_id for r in relqueries)
+
+
+def test_pooled_head_goes_to_the_first_free_engine_with_least_work():
+    # (clock, can start, outstanding): engine 2's queue is full, engine 0 is free first
+    engines = [(1.0, True, 5.0), (2.0, True, 0.0), (0.5, False, 0.0)]
+    assert pooled_choice(engines, arrived=0.0) == (1.0, 0)
+    # arriving at 3.0 both free engines can start it: the lighter one takes it
+    assert pooled_choice(engines, arrived=3.0) == (3.0, 1)
+    # equal work: the lower index
+    assert pooled_choice([(0.0, True, 1.0), (0.0, True, 1.0)], arrived=0.5) == (0.5, 0)
+    assert pooled_choice([(0.0, False, 0.0)], arrived=0.0) is None
+
+
+def test_pooled_one_engine_with_room_is_the_simulator_itself():
+    relqueries = trace(20)
+    spaced = [replace(rq, arrival_time=index * 60.0) for index, rq in enumerate(relqueries)]
+    alone = Simulator(PROFILE, Relstream(make_cost_model("online", PROFILE))).run(spaced)
+    outcomes, makespan = serve_pooled(PROFILE, spaced, engines=1)
+    assert makespan == pytest.approx(alone.makespan)
+    by_id = {o.relquery_id: o.latency.total for o in alone.outcomes}
+    assert {o.relquery_id: o.latency.total for o in outcomes} == pytest.approx(by_id)

@@ -1,4 +1,4 @@
-"""`relstream-lab bench placement`: hash against load-aware placement over simulated engines."""
+"""`relstream-lab bench placement`: hash, load-aware and pooled placement over simulated engines."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from relstream_lab.common.options import datasets_option, typed_command
     show_default=True,
 )
 def placement(engines, arrivals, seeds, loads, per_engine, profile, report_s, datasets, out):
-    """Place relQueries on E simulated engines by hash and by reported load."""
+    """Place relQueries on E simulated engines by hash, by reported load and from one pool."""
     from relstream_lab.common.report import machine_description
     from relstream_lab.placement.run import PlacementOptions, markdown, run_placement
 
