@@ -1,7 +1,7 @@
 """Placement by load on a real broker: three simulated engines in one group report their
-load; one is four times slower, so relQueries submitted through the Python client go
-mostly to the other two; one engine SIGKILLed mid-stream loses nothing and doubles
-nothing."""
+load; one is four times slower, so relQueries submitted through the Python client, and
+the worker's windows, go mostly to the other two; one engine SIGKILLed mid-stream loses
+nothing and doubles nothing."""
 
 import asyncio
 import collections
@@ -10,6 +10,7 @@ import time
 import uuid
 
 from engines import answers_by, engine_process, wait_for
+from helpers import encode_row, start_worker
 
 from relstream.client import RelstreamClient
 from relstream.connectors.sinks import JsonlSink
@@ -151,3 +152,75 @@ def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(b
     assert len(engines) == 1
     # One engine owns all three partitions; its relQueries go round them.
     assert placed == [0, 1, 2, 0, 1, 2]
+
+
+def test_the_worker_places_its_windows_by_the_engines_load(tmp_path):
+    # The worker's relQueries (windows of 8 rows) go where the client's do: mostly to the
+    # two engines at full speed, each window written once.
+    topics = Topics(prefix=f"pw{uuid.uuid4().hex[:6]}.", partitions=PARTITIONS)
+    group = f"engine-{uuid.uuid4().hex[:6]}"
+    log = tmp_path / "engines.log"
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "place"\ntable = "cities"\ntemplate = "Describe {city}."\n'
+        "window_seconds = 30.0\nmax_rows = 8\nmax_output_tokens = 16\n"
+    )
+    windows = 48
+    with EmbeddedBroker("tansu") as broker:
+        asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+        engines = [
+            engine_process(
+                broker, topics, group, log, budget_rows=4000,
+                extra=["--load-reports", "--sim-speed", speed],
+            )
+            for speed in ("1", "1", "0.25")
+        ]  # fmt: skip
+        slow = engines[2]
+        reader = LoadReader(broker.bootstrap, topics)
+        worker = None
+        try:
+            settled = wait_for(lambda: len(reader.engines()) == 3, 120)
+            assert settled, f"engines reporting: {reader.engines()}\n{log.read_text()[-3000:]}"
+            worker = start_worker(broker, topics, config, tmp_path / "worker.log")
+            for window in range(windows):  # one rows partition: windows close at 8 rows
+                rows = [
+                    encode_row({"version": 1, "table": "cities", "key": f"w{window}-{k}",
+                                "values": {"city": f"city-{window}-{k}"}})
+                    for k in range(8)
+                ]  # fmt: skip
+                asyncio.run(produce_to(broker, topics.rows("cities"), rows))
+                time.sleep(EVERY_S * 1.5)
+            done = wait_for(lambda: len(keys_read(broker, topics.results)) >= windows, 240)
+            assert done, (tmp_path / "worker.log").read_text()[-3000:]
+            written = asyncio.run(keys_written(broker, topics.relqueries))
+        finally:
+            reader.close()
+            if worker is not None:
+                worker.terminate()
+                worker.wait(30)
+            for engine in engines:
+                engine.terminate()
+                engine.wait(30)
+        answers = answers_by(broker, topics)
+    assert len(written) == windows and set(written.values()) == {1}, written
+    by_engine = collections.Counter(pid for pid, _ in answers)
+    share = by_engine[slow.pid] / windows
+    assert share < 1 / 6, f"the slow engine served {share:.0%} of the windows: {by_engine}"
+
+
+async def produce_to(broker, topic: str, values: list[bytes]) -> None:
+    """`values` to partition 0 of `topic`, in order."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value, partition=0)
+    finally:
+        await producer.stop()
+
+
+def keys_read(broker, topic) -> set[str]:
+    """The keys written to `topic` so far."""
+    return set(asyncio.run(keys_written(broker, topic)))

@@ -25,6 +25,7 @@ import platformdirs
 from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
+from relstream.placer import AsyncLoadReader, placement_of
 from relstream.ready import mark_ready
 from relstream.stream.registrations import QueryRegistration, worker_group
 from relstream.stream.stage import StageSettings, WindowStage
@@ -72,6 +73,9 @@ def build_app(
         broker_credentials=security.faust_credentials(),
         **settings,
     )
+    # Each window's relQuery goes to the least loaded engine while engines report their
+    # load, else by its key's hash (README, Scale-out); RELSTREAM_PLACEMENT=hash: always.
+    by_load = placement_of(None) == "load"
     stages = [
         WindowStage(
             registration,
@@ -84,13 +88,23 @@ def build_app(
 
     @app.task
     async def window_stages() -> None:
+        placer = None
+        if by_load:  # its consumer needs the running loop
+            placer = AsyncLoadReader(bootstrap, topics, broker_kind, security)
+            await placer.start()
+            for stage in stages:
+                stage.placer = placer
         runs = asyncio.gather(*(stage.run() for stage in stages))
         ready = asyncio.gather(*(stage.ready.wait() for stage in stages))
         await asyncio.wait([runs, ready], return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready_file is not None:
             mark_ready(ready_file, f"{len(stages)} window stages ready")
         ready.cancel()
-        await runs
+        try:
+            await runs
+        finally:
+            if placer is not None:
+                await placer.stop()
 
     return app
 

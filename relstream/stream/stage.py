@@ -34,6 +34,7 @@ from relstream.kafka.clients import (
 from relstream.kafka.delivery import publish_acked, send_dead_letter
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
+from relstream.placer import AsyncLoadReader
 from relstream.schemas import RelQueryMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import (
@@ -64,6 +65,8 @@ class WindowStage:
     def __init__(self, registration: QueryRegistration, settings: StageSettings) -> None:
         self.registration = registration
         self.settings = settings
+        # Where engines' load reports place relQueries (set by the app; None: the hash).
+        self.placer: AsyncLoadReader | None = None
         self._cutters: dict[TopicPartition, PartitionWindows] = {}
         self._committed: dict[TopicPartition, int] = {}
         # Per partition: windows published and not yet committed past (first offset ->
@@ -160,7 +163,10 @@ class WindowStage:
         log.info("window %s: %d rows", message.id, len(message.rows))
         topic, what = self.settings.topics.relqueries, f"relQuery {message.id}"
         key = message.id.encode()
-        return lambda stalled: publish_acked(self._producer, topic, value, key, what, stalled)
+        partition = None if self.placer is None else self.placer.partition_for(message)
+        return lambda stalled: publish_acked(
+            self._producer, topic, value, key, what, stalled, partition=partition
+        )
 
     def _dead_letter(self, record, reason: str) -> Callable[[Callable[[], None]], Awaitable]:
         """The row's dead letter, to send until the broker has it (`send_dead_letter`): a
