@@ -17,7 +17,7 @@ from kafka import KafkaAdminClient
 from relstream import launch
 from relstream.kafka.bounds import Span, extents, partitions
 from relstream.kafka.clients import create_topics, produce
-from relstream.kafka.reset import Target, parse_target
+from relstream.kafka.reset import ResetTarget, parse_target
 from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.schemas import RelQueryMessage, RowMessage, decode, encode
@@ -27,10 +27,10 @@ QUERY = "sentiment"
 
 
 def test_targets_are_words_offsets_or_iso_times():
-    assert parse_target("Earliest") == Target("earliest")
-    assert parse_target("latest") == Target("latest")
-    assert parse_target("42") == Target("offset", 42)
-    assert parse_target("2025-11-25T10:00:00+00:00") == Target("time", 1764064800.0)
+    assert parse_target("Earliest") == ResetTarget("earliest")
+    assert parse_target("latest") == ResetTarget("latest")
+    assert parse_target("42") == ResetTarget("offset", 42)
+    assert parse_target("2025-11-25T10:00:00+00:00") == ResetTarget("time", 1764064800.0)
     with pytest.raises(ValueError, match="not earliest, latest, an offset"):
         parse_target("yesterday")
 

@@ -27,7 +27,7 @@ EARLIEST, LATEST = "earliest", "latest"
 
 
 @dataclass(frozen=True)
-class Target:
+class ResetTarget:
     """Where to move: `earliest`, `latest`, `time` (seconds since the epoch) or `offset`."""
 
     kind: str
@@ -37,15 +37,15 @@ class Target:
         return self.kind if self.value is None else f"{self.kind} {self.value}"
 
 
-def parse_target(text: str) -> Target:
+def parse_target(text: str) -> ResetTarget:
     """earliest, latest, an offset (a whole number) or an ISO 8601 time."""
     word = text.strip().lower()
     if word in (EARLIEST, LATEST):
-        return Target(word)
+        return ResetTarget(word)
     if word.isdigit():
-        return Target("offset", int(word))
+        return ResetTarget("offset", int(word))
     try:
-        return Target("time", parse_time(text))
+        return ResetTarget("time", parse_time(text))
     except ValueError:
         raise ValueError(
             f"{text!r} is not earliest, latest, an offset (a whole number) or an ISO 8601 "
@@ -89,7 +89,7 @@ def committed_topics(admin, group: str, prefix: str) -> list[str]:
     return sorted({p.topic for p in committed if p.topic.startswith(f"{prefix}rows.")})
 
 
-def plan_moves(consumer, admin, group: str, topic: str, target: Target) -> list[Move]:
+def plan_moves(consumer, admin, group: str, topic: str, target: ResetTarget) -> list[Move]:
     """Where each partition of `topic` would move; `consumer` joins no group."""
     parts = partitions(consumer, [topic])
     if not parts:
