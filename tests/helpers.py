@@ -3,8 +3,10 @@ another."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -12,9 +14,11 @@ import pytest
 
 from relstream import launch
 from relstream.backend import EngineFailure
+from relstream.connectors.sinks import JsonlSink
+from relstream.kafka.clients import read_messages
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
-from relstream.schemas import RowMessage, encode, validate
+from relstream.schemas import ResultMessage, RowMessage, decode, encode, validate
 from relstream.sim.backend import SimRelQueryBackend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +50,26 @@ def start_worker(
     executable = [str(stream_bin() / "relstream")]
     app_id = app_id or f"worker-{uuid.uuid4().hex[:8]}"
     return launch.start_worker(executable, broker, config, log, topics, app_id)
+
+
+def sink_results(broker, topics, sent: list[str], path: Path, wait_s: float, within_s: float):
+    """Read the results topic into a JSONL sink at `path` until every id of `sent` is
+    answered or `within_s` passed (each read waits up to `wait_s`); the ids answered."""
+    sink = JsonlSink(path)
+    answered: set[str] = set()
+    wanted = len(sent)
+    deadline = time.monotonic() + within_s
+    while len(answered) < len(sent) and time.monotonic() < deadline:
+        messages = asyncio.run(
+            read_messages(broker.bootstrap, topics.results, wanted, broker.kind, wait_s)
+        )
+        for message in messages:
+            result = decode(ResultMessage, message.value)
+            sink.write(result)
+            answered.add(result.id)
+        wanted = len(messages) + 1
+    sink.close()
+    return answered
 
 
 class FaultyBackend(SimRelQueryBackend):

@@ -10,7 +10,7 @@ import uuid
 import msgpack
 from aiokafka import AIOKafkaProducer
 from engines import answers_by, engine_process, scrape, served_by, wait_for
-from helpers import encode_row, relquery, start_worker
+from helpers import encode_row, relquery, sink_results, start_worker
 
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker, free_port
@@ -206,19 +206,7 @@ def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
             engines[0].kill()
             engines[0].wait()
             asyncio.run(produce_slowly(sent[32:]))
-            sink = JsonlSink(tmp_path / "results.jsonl")
-            answered: set[str] = set()
-            wanted = len(sent)
-            while len(answered) < len(sent):
-                messages = asyncio.run(
-                    read_messages(broker.bootstrap, topics.results, wanted, broker.kind, 120)
-                )
-                for message in messages:
-                    result = decode(ResultMessage, message.value)
-                    sink.write(result)
-                    answered.add(result.id)
-                wanted = len(messages) + 1
-            sink.close()
+            sink_results(broker, topics, sent, tmp_path / "results.jsonl", 120, 600)
             survivors = [engine.poll() for engine in engines[1:]]
         finally:
             for engine in engines:

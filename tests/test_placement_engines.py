@@ -10,15 +10,14 @@ import time
 import uuid
 
 from engines import answers_by, engine_process, wait_for
-from helpers import encode_row, start_worker
+from helpers import encode_row, sink_results, start_worker
 
 from relstream.client import RelstreamClient
-from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription, create_topics, read_messages
+from relstream.kafka.clients import Subscription, create_topics
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, LoadReader
-from relstream.schemas import RelQueryMessage, RelQueryRow, ResultMessage, decode
+from relstream.schemas import RelQueryMessage, RelQueryRow
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
@@ -74,20 +73,7 @@ def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
             killed.wait()
             after += submit(client, AFTER_KILL - AFTER_KILL // 2, BEFORE_KILL + AFTER_KILL // 2)
             sent = before + after
-            sink = JsonlSink(tmp_path / "results.jsonl")
-            answered: set[str] = set()
-            wanted = len(sent)
-            deadline = time.monotonic() + 240
-            while len(answered) < len(sent) and time.monotonic() < deadline:
-                messages = asyncio.run(
-                    read_messages(broker.bootstrap, topics.results, wanted, broker.kind, 60)
-                )
-                for message in messages:
-                    result = decode(ResultMessage, message.value)
-                    sink.write(result)
-                    answered.add(result.id)
-                wanted = len(messages) + 1
-            sink.close()
+            answered = sink_results(broker, topics, sent, tmp_path / "results.jsonl", 60, 240)
             survivors = [engine.poll() for engine in engines[1:]]
             written = asyncio.run(keys_written(broker, topics.relqueries))
         finally:
