@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from typing import NamedTuple
 
 from aiokafka.errors import KafkaError
 
@@ -73,6 +74,25 @@ def prompt_tokens(message: RelQueryMessage) -> int:
     return chars // CHARS_PER_TOKEN
 
 
+class Demand(NamedTuple):
+    """What placing a relQuery weighs: its key, its size in prompt and output tokens, and
+    its template."""
+
+    key: bytes
+    prompt_tokens: int
+    output_tokens: int
+    template: str
+
+
+def demand_of(message: RelQueryMessage) -> Demand:
+    """A relQuery's demand: a walk over every row, so an event loop computes it in a
+    thread (a window may hold 100,000 rows)."""
+    output_tokens = message.max_output_tokens * len(message.rows)
+    return Demand(
+        message.id.encode(), prompt_tokens(message), output_tokens, template_id(message.template)
+    )
+
+
 class LoadBook:
     """The latest report of each engine serving `topic`, and the partition for a
     relQuery chosen from them. Not thread-safe: a reader guards it."""
@@ -115,12 +135,16 @@ class LoadBook:
     def partition_for(self, message: RelQueryMessage) -> int | None:
         """The partition for this relQuery, counted as sent there; None with no fresh
         report (send it by its key's hash)."""
+        return self.place(demand_of(message))
+
+    def place(self, demand: Demand) -> int | None:
+        """`partition_for`, its demand already computed."""
         now = self.clock()
         if not self._placement.fresh(now):
             return None
-        output_tokens = message.max_output_tokens * len(message.rows)
-        key, template = message.id.encode(), template_id(message.template)
-        return self._placement.choose(key, prompt_tokens(message), output_tokens, now, template)
+        return self._placement.choose(
+            demand.key, demand.prompt_tokens, demand.output_tokens, now, demand.template
+        )
 
 
 def _start_offsets(starts: dict, ends: dict) -> dict:
@@ -190,7 +214,8 @@ class LoadReader:
 
 class AsyncLoadReader:
     """Follows the metrics topic with aiokafka (no consumer group) into a LoadBook, for
-    asyncio programs: `await start()`, then `partition_for` between awaits; `stop()`."""
+    asyncio programs: `await start()`, then `place(demand_of(relquery))` between awaits,
+    the demand computed off the loop; `stop()`."""
 
     def __init__(
         self,
@@ -202,13 +227,19 @@ class AsyncLoadReader:
     ) -> None:
         self.book = LoadBook(topics.relqueries, expiry)
         self._topic = topics.metrics
-        self._consumer = new_consumer(bootstrap, broker_kind=broker_kind, security=security)
+        self._client = (bootstrap, broker_kind, security)
+        self._consumer = None
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
+        """Read the metrics topic from a little before its end (its consumer is made here:
+        aiokafka's needs the running loop)."""
         from aiokafka import TopicPartition
 
-        consumer = self._consumer
+        bootstrap, broker_kind, security = self._client
+        consumer = self._consumer = new_consumer(
+            bootstrap, broker_kind=broker_kind, security=security
+        )
         await consumer.start()
         await consumer.topics()  # fetches the metadata partitions_for_topic reads
         numbers = sorted(consumer.partitions_for_topic(self._topic) or ())
@@ -231,12 +262,13 @@ class AsyncLoadReader:
                 for record in records:
                     self.book.take(record.value, record.headers)
 
-    def partition_for(self, message: RelQueryMessage) -> int | None:
-        return self.book.partition_for(message)
+    def place(self, demand: Demand) -> int | None:
+        return self.book.place(demand)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._consumer.stop()
+        if self._consumer is not None:
+            await self._consumer.stop()

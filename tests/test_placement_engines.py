@@ -114,7 +114,7 @@ def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(b
         await create_topics(broker.bootstrap, topics.layout())
         reader = AsyncLoadReader(broker.bootstrap, topics, broker.kind)
         await reader.start()
-        before = reader.partition_for(message)  # nobody reports yet: the hash
+        before = reader.book.partition_for(message)  # nobody reports yet: the hash
         config = ServiceConfig(
             broker.bootstrap, topics, f"g{uuid.uuid4().hex[:6]}", broker=broker.kind,
             load_report_s=0.2,
@@ -126,7 +126,7 @@ def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(b
             async with asyncio.timeout(60):
                 while not reader.book.engines():
                     await asyncio.sleep(0.2)
-            placed = [reader.partition_for(message) for _ in range(6)]
+            placed = [reader.book.partition_for(message) for _ in range(6)]
         finally:
             stop.set()
             await task

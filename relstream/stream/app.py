@@ -75,25 +75,24 @@ def build_app(
     )
     # Each window's relQuery goes to the least loaded engine while engines report their
     # load, else by its key's hash (README, Scale-out); RELSTREAM_PLACEMENT=hash: always.
-    by_load = placement_of(None) == "load"
+    placer = None
+    if placement_of(None) == "load":
+        placer = AsyncLoadReader(bootstrap, topics, broker_kind, security)
     stages = [
         WindowStage(
             registration,
             StageSettings(
                 bootstrap, topics, worker_group(app_id, registration.name), broker_kind, security
             ),
+            placer,
         )
         for registration in registrations
     ]
 
     @app.task
     async def window_stages() -> None:
-        placer = None
-        if by_load:  # its consumer needs the running loop
-            placer = AsyncLoadReader(bootstrap, topics, broker_kind, security)
+        if placer is not None:
             await placer.start()
-            for stage in stages:
-                stage.placer = placer
         runs = asyncio.gather(*(stage.run() for stage in stages))
         ready = asyncio.gather(*(stage.ready.wait() for stage in stages))
         await asyncio.wait([runs, ready], return_when=asyncio.FIRST_COMPLETED)

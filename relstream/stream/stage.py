@@ -34,7 +34,7 @@ from relstream.kafka.clients import (
 from relstream.kafka.delivery import publish_acked, send_dead_letter
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.placer import AsyncLoadReader
+from relstream.placer import AsyncLoadReader, Demand, demand_of
 from relstream.schemas import RelQueryMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import (
@@ -62,11 +62,15 @@ class StageSettings:
 
 
 class WindowStage:
-    def __init__(self, registration: QueryRegistration, settings: StageSettings) -> None:
+    def __init__(
+        self,
+        registration: QueryRegistration,
+        settings: StageSettings,
+        placer: AsyncLoadReader | None = None,
+    ) -> None:
         self.registration = registration
         self.settings = settings
-        # Where engines' load reports place relQueries (set by the app; None: the hash).
-        self.placer: AsyncLoadReader | None = None
+        self.placer = placer  # where engines' load reports place relQueries (None: the hash)
         self._cutters: dict[TopicPartition, PartitionWindows] = {}
         self._committed: dict[TopicPartition, int] = {}
         # Per partition: windows published and not yet committed past (first offset ->
@@ -157,13 +161,17 @@ class WindowStage:
         return cutter
 
     async def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
-        """The window's relQuery, to send until the broker has it (`publish_acked`); built
-        and encoded off the event loop (a window may hold 100,000 rows)."""
-        message, value = await asyncio.to_thread(_encoded, self.registration, window)
+        """The window's relQuery, to send until the broker has it (`publish_acked`); built,
+        encoded and, where it is placed by load, sized off the event loop (a window may
+        hold 100,000 rows)."""
+        placed = self.placer is not None
+        message, value, demand = await asyncio.to_thread(
+            _encoded, self.registration, window, placed
+        )
         log.info("window %s: %d rows", message.id, len(message.rows))
         topic, what = self.settings.topics.relqueries, f"relQuery {message.id}"
         key = message.id.encode()
-        partition = None if self.placer is None else self.placer.partition_for(message)
+        partition = None if demand is None else self.placer.place(demand)
         return lambda stalled: publish_acked(
             self._producer, topic, value, key, what, stalled, partition=partition
         )
@@ -226,6 +234,8 @@ class WindowStage:
             self._committed.pop(partition, None)
 
 
-def _encoded(registration: QueryRegistration, window: Window) -> tuple[RelQueryMessage, bytes]:
+def _encoded(
+    registration: QueryRegistration, window: Window, placed: bool
+) -> tuple[RelQueryMessage, bytes, Demand | None]:
     message = relquery_for_window(registration, window.rows, window.window_id)
-    return message, encode(message)
+    return message, encode(message), demand_of(message) if placed else None
