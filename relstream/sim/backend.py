@@ -45,6 +45,7 @@ from relstream.model import (
 )
 from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
+from relstream.scheduler.relstream import Coefficients
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
@@ -71,7 +72,8 @@ class SimSettings:
 
 @dataclass(frozen=True)
 class LatencyJob:
-    """What a child needs to simulate one relQuery alone: its runnable rows' prompts."""
+    """What a child needs to simulate one relQuery alone, beside its runnable rows'
+    prompts."""
 
     profile: str
     policy: str
@@ -79,16 +81,20 @@ class LatencyJob:
     system_prompt: str | None
     max_output_tokens: int
     deadline: float | None
-    prompts: bytes  # msgpack list[str]: one C call to send, not one object a row
 
 
-def simulated_latency(job: LatencyJob) -> LatencyBreakdown:
+def simulated_latency(job: LatencyJob, prompts: bytes) -> LatencyBreakdown:
+    """`latency_alone`, in a child: the prompts come as one msgpack list (one C call to
+    send, not one object a row)."""
+    return latency_alone(job, msgspec.msgpack.decode(prompts, type=list[str]))
+
+
+def latency_alone(job: LatencyJob, prompts: list[str]) -> LatencyBreakdown:
     """The latency the simulator predicts for the relQuery alone, tokenized in batches:
     the tokenizer holds the GIL while it hands a batch's ids back, and only a batch's ids
     are held at once (a request keeps its length and block hashes)."""
     profile = get_profile(job.profile)
     block = profile.limits.block_size
-    prompts = msgspec.msgpack.decode(job.prompts, type=list[str])
     requests = []
     for start in range(0, len(prompts), TOKENIZE_BATCH):
         batch = [
@@ -210,9 +216,11 @@ class SimRelQueryBackend:
         left = sum((max(due - now, 0.0) for due in self._ends.values()), 0.0)
         left = left / scale if scale else 0.0
         prior, seats = self.profile.prior(), self.profile.limits.max_num_seqs
-        per_output = prior.decode.slope + prior.decode.intercept / seats
+        prices = Coefficients(
+            prior.decode.intercept, prior.prefill.slope, prior.decode.slope, seats
+        )
         return BackendLoad(
-            left, prior.prefill.slope / speed, per_output / speed, tuple(self._templates)
+            left, prices.per_token / speed, prices.per_output / speed, tuple(self._templates)
         )
 
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
@@ -250,6 +258,7 @@ class SimRelQueryBackend:
 
     def _simulate(self, relquery: RelQuery, runnable: list[RowRequest]) -> LatencyBreakdown:
         """In a child when there are children (this thread waits for it), else here."""
+        prompts = [request.prompt for request in runnable]
         job = LatencyJob(
             self.settings.profile,
             self.settings.policy,
@@ -257,12 +266,12 @@ class SimRelQueryBackend:
             relquery.system_prompt,
             relquery.max_output_tokens,
             relquery.deadline_s,
-            msgspec.msgpack.encode([request.prompt for request in runnable]),
         )
         if self._pool is None:
-            return simulated_latency(job)
+            return latency_alone(job, prompts)
+        blob = msgspec.msgpack.encode(prompts)
         try:
-            return self._pool.submit(simulated_latency, job).result()
+            return self._pool.submit(simulated_latency, job, blob).result()
         except BrokenProcessPool as exc:  # a child died: the engine's core is gone
             raise EngineFailure(f"a simulating process died: {exc}") from exc
 
