@@ -19,8 +19,8 @@ from pathlib import Path
 
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.sim.profiles import profile_from_document
-from relstream.sim.simulator import SimRun, Simulator
-from relstream_lab.common.runner import make_cost_model
+from relstream.sim.simulator import Simulator
+from relstream_lab.common.runner import RunSummary, make_cost_model, summarize
 from relstream_lab.common.workload import (
     TraceConfig,
     generate_relqueries,
@@ -33,33 +33,25 @@ STOCK = ("v1-fcfs", "v1-priority")
 REFERENCES = ("relstream-gated", "relstream-ungated")
 
 
-def run(profile, relqueries, policy: str, stretch: float | None = None) -> SimRun:
+def run(profile, relqueries, policy: str, stretch: float | None = None) -> RunSummary:
     cost = make_cost_model("online", profile)
     built = make_sim_policy(policy, cost)
     if stretch is not None:
         built = Relstream(built.cost, RelstreamConfig(stretch=stretch))
-    return Simulator(profile, built).run(relqueries)
-
-
-def mean(run: SimRun) -> float:
-    return sum(o.latency.total for o in run.outcomes) / len(run.outcomes)
-
-
-def worst(run: SimRun) -> float:
-    return max(o.latency.total for o in run.outcomes)
+    return summarize(policy, 0.0, Simulator(profile, built).run(relqueries))
 
 
 def cell(profile, relqueries, stretches: list[float]) -> list[tuple[str, float, float, float]]:
     """(setting, better stock mean / its mean, makespan vs the better stock V1's, its max
     over v1-fcfs's) for each setting."""
     stock = {name: run(profile, relqueries, name) for name in STOCK}
-    best_mean = min(mean(r) for r in stock.values())
+    best_mean = min(r.mean for r in stock.values())
     best_makespan = min(r.makespan for r in stock.values())
-    fcfs_max = worst(stock["v1-fcfs"])
+    fcfs_max = stock["v1-fcfs"].max
     settings = [(f"k = {k:g}", run(profile, relqueries, "relstream", k)) for k in stretches]
     settings += [(name, run(profile, relqueries, name)) for name in REFERENCES]
     return [
-        (name, best_mean / mean(r), r.makespan / best_makespan - 1, worst(r) / fcfs_max)
+        (name, best_mean / r.mean, r.makespan / best_makespan - 1, r.max / fcfs_max)
         for name, r in settings
     ]
 
