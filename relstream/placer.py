@@ -1,8 +1,8 @@
 """Placing relQueries by the load engines report, not by their key's hash (README,
 Scale-out).
 
-Engines started with `--load-reports` publish, about once a second on the metrics topic,
-the relqueries partitions they own and their outstanding work (`service/loadreport.py`).
+Engines publish, every few tenths of a second on the metrics topic, the relqueries
+partitions they own and their outstanding work (`service/loadreport.py`).
 A `LoadBook` keeps each engine's latest report and answers `partition_for(relquery)`
 through `scheduler.placement.Placement`: a partition of the engine with the least work,
 counting the relQueries this placer sent it since its report. With no fresh report it

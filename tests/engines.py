@@ -57,7 +57,7 @@ def answers_by(broker, topics) -> collections.Counter:
             answers = [
                 decode(MetricsMessage, m.value)
                 async for m in messages
-                if not is_load_report(m.headers)  # engines started with --load-reports
+                if not is_load_report(m.headers)  # engines report their load there too
             ]
         return collections.Counter(
             (int(answer.engine.rsplit(":", 1)[1]), answer.relquery_id) for answer in answers

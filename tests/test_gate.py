@@ -6,9 +6,10 @@ import pytest
 from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler.cost import Coefficients
 from relstream.scheduler.gate import RunningSet, admission_pays
 from relstream.scheduler.headroom import Headroom, StepWork
-from relstream.scheduler.relstream import Coefficients, Relstream, RelstreamConfig
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining
 
 # b = 20 ms per step, 1 ms per prompt token, 2 ms per decode.

@@ -5,7 +5,8 @@ import pytest
 from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear, StepFeedback, StepKind
-from relstream.scheduler.relstream import Coefficients, Relstream, RelstreamConfig
+from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import SeqInfo

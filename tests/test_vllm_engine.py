@@ -8,12 +8,13 @@ belong to its row, and bad rows must fail alone while the engine keeps serving.
 import asyncio
 import csv
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from relstream.backend import run
+from relstream.backend import run, template_id
 from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
@@ -92,6 +93,13 @@ ORDER_TRIO = (("A", 40), ("B", 10), ("C", 2))
 RELSERVE_PRIOR = {"alpha_p": 1.1e-3, "beta_p": 0.02, "alpha_d": 2.2e-3, "beta_d": 0.03}
 
 
+async def watch_load(engine: VllmRuntime, loads: list) -> None:
+    """What the engine would report, every 50 ms: (when, its load)."""
+    while True:
+        loads.append((time.monotonic(), engine.load()))
+        await asyncio.sleep(0.05)
+
+
 async def serve(policy: str, step_log) -> dict:
     # The order test needs a backlog: 8 seats, all held by the blocker when the trio comes.
     seats = ORDER_SEATS if policy in ORDER_POLICIES else EngineSettings.max_num_seqs
@@ -125,7 +133,11 @@ async def serve(policy: str, step_log) -> dict:
             # While an 8-row relQuery holds every seat, three arrive together, largest first.
             blocker = await engine.submit(sized_relquery("Z", ORDER_SEATS, max_output_tokens=32))
             trio = [await engine.submit(sized_relquery(n, k)) for n, k in ORDER_TRIO]
+            watching = asyncio.ensure_future(watch_load(engine, results.setdefault("loads", [])))
             results.update({h.relquery_id: await h.result() for h in (blocker, *trio)})
+            results["drained_at"] = time.monotonic()
+            watching.cancel()
+            results["load_after"] = engine.load()
         return results
     finally:
         engine.shutdown()
@@ -226,6 +238,25 @@ def test_the_plug_in_decides_relstreams_order_where_stock_vllm_would_not(served)
     assert ours["C"].latency.total < stock["C"].latency.total  # served first, not last
     for name in trio:  # the same answers either way
         assert ours[name].outputs == stock[name].outputs
+
+
+@pytest.mark.parametrize("policy", ORDER_POLICIES)
+def test_the_engine_reports_the_work_it_has_left(served, policy):
+    """The load the plug-in writes from inside vLLM's engine core reaches the runtime:
+    work in engine seconds while the rows run, none once they are done, and the
+    template it served last."""
+    loads, drained_at = served[policy]["loads"], served[policy]["drained_at"]
+    seen = [(at, load) for at, load in loads if load is not None and load.outstanding_s > 0]
+    assert seen, "no load read while 60 rows ran"
+    at, most = max(seen, key=lambda sample: sample[1].outstanding_s)
+    assert most.per_prompt_token_s > 0 and most.per_output_token_s > 0
+    # Engine seconds, not tokens or ms: within 4x of the time the rows then took (seen:
+    # 1.2x for relstream, 1.9x for stock V1, whose rows are priced at their whole budget).
+    assert 0.25 < most.outstanding_s / (drained_at - at) < 4
+    assert min(load.outstanding_s for _, load in seen) < most.outstanding_s / 2  # it drains
+    after = served[policy]["load_after"]
+    assert after is not None and after.outstanding_s == 0.0
+    assert after.templates[0] == template_id(sized_relquery("Z", 1).template.text)  # newest
 
 
 def test_identical_rows_are_computed_once_and_answer_like_their_own_request(served):

@@ -25,6 +25,7 @@ from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.ready import clear_ready, mark_ready
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
+from relstream.service.loadreport import LOAD_REPORT_S
 
 BUILT_IN_BACKENDS = ("vllm", "sim")
 # Each entry point of this group names a function that takes the command's options (a
@@ -164,10 +165,18 @@ _ENGINE_OPTIONS = (
     ),
     click.option(
         "--load-reports/--no-load-reports",
-        default=False,
+        default=True,
         show_default=True,
-        help="Publish this engine's load about once a second on the metrics topic, so "
-        "clients place relQueries on the least loaded engine (README, Scale-out).",
+        help="Publish this engine's load on the metrics topic, so the worker and clients "
+        "place relQueries on the least loaded engine (README, Scale-out); without, they "
+        "hash the id.",
+    ),
+    click.option(
+        "--load-report-s",
+        default=LOAD_REPORT_S,
+        show_default=True,
+        type=click.FloatRange(min=0.05),
+        help="Seconds between two load reports.",
     ),
 )
 
@@ -266,7 +275,6 @@ async def _start_backend(opts: dict):
 
 async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.kafka.topics import Topics
-    from relstream.service.loadreport import LOAD_REPORT_S
     from relstream.service.service import EngineService, ServiceConfig
 
     door = _listening(http) if http is not None else None
@@ -304,7 +312,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             security=opts["security"],
             answer_topic=opts["answer_cache"] == "topic",
             answer_secret=opts["answer_secret"],
-            load_report_s=LOAD_REPORT_S if opts["load_reports"] else 0.0,
+            load_report_s=opts["load_report_s"] if opts["load_reports"] else 0.0,
         )
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves

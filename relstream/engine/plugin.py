@@ -16,7 +16,8 @@ observed.
 Configuration arrives in `additional_config["relstream"]`: {"policy": name,
 "step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"},
 "cost_model": "online" (refit from every step) or "fixed" (the prior kept, as the paper
-profiles offline)}.
+profiles offline), "load_file": path or None (where it writes its policy's load for the
+engine's load reports, `engine/loadfile.py`)}.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_qu
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from relstream.engine.loadfile import LoadFile
 from relstream.engine.waitqueue import IndexedWaitingQueue
 from relstream.scheduler import (
     DEFAULT_POLICY,
@@ -112,6 +114,8 @@ class RelstreamPlugin(EngineView):
             kv_capacity_tokens=kv_cache_config.num_blocks * self.block_size,
             block_size=self.block_size,
         )
+        load_path = settings.get("load_file")  # where the runtime reads the policy's load
+        self._load_file = LoadFile(load_path) if load_path else None
         log_path = settings.get("step_log")
         self._step_log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
         if self._step_log:
@@ -190,7 +194,9 @@ class RelstreamPlugin(EngineView):
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
         if request.request_id in self.tracker:
             self.tracker.finish(request.request_id, answered=request.status in ANSWERED)
-        return super()._free_request(request, delay_free_blocks)
+        freed = super()._free_request(request, delay_free_blocks)
+        self._write_load()  # the last request gone (aborted too): no step may follow
+        return freed
 
     # scheduling
     def schedule(self, throttle_prefills: bool = False):
@@ -245,7 +251,19 @@ class RelstreamPlugin(EngineView):
                     t=time.monotonic(),
                 )
                 self._step_log.write(encode_line(record))
-        return super().update_from_output(scheduler_output, model_runner_output)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._write_load()
+        return outputs
+
+    def _write_load(self) -> None:
+        """The policy's load for the engine's reports (`engine/loadfile.py`), at most
+        every WRITE_EVERY_S and as soon as no request is left."""
+        tracker, load_file = self.tracker, self._load_file
+        idle = not (tracker.waiting or tracker.running or tracker.held)
+        if load_file is None or not load_file.due(time.monotonic(), idle):
+            return
+        outstanding, per_prompt, per_output = self.relstream_policy.load(self)
+        load_file.write(0.0 if idle else outstanding, per_prompt, per_output)
 
     def shutdown(self) -> None:
         if self._step_log:

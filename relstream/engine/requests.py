@@ -14,6 +14,7 @@ from relstream.model import (
     RowRequest,
     RowResult,
     RowStatus,
+    prepare_row,
 )
 from relstream.outputs import OutputKind
 
@@ -113,3 +114,27 @@ def prompt_order(entry: tuple[TokenizedRow | RowFailure, Role]) -> list[int]:
     """Sorts rows by their prompts, so rows sharing a prefix reach vLLM together."""
     row = entry[0]
     return row.token_ids if isinstance(row, TokenizedRow) else []
+
+
+def tokenize_row(
+    tokenizer, relquery: RelQuery, index: int, max_model_len: int
+) -> TokenizedRow | RowFailure:
+    """Token ids of the row's chat prompt (the model's chat template, the relQuery's
+    system prompt first), or the reason it cannot run: its prompt and output budget must
+    fit the model's `max_model_len`."""
+    prepared = prepare_row(relquery, index)
+    if isinstance(prepared, RowFailure):
+        return prepared
+    messages = [{"role": "user", "content": prepared.prompt}]
+    if relquery.system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": relquery.system_prompt})
+    chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.encode(chat, add_special_tokens=False)
+    if len(ids) > max_model_len - relquery.max_output_tokens:
+        return RowFailure(
+            index,
+            prepared.row_key,
+            f"row {prepared.row_key!r}: prompt has {len(ids)} tokens; the model allows "
+            f"{max_model_len} including {relquery.max_output_tokens} output tokens",
+        )
+    return TokenizedRow(prepared, ids)

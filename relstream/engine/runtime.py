@@ -14,32 +14,33 @@ relQuery's static priority) and which the plug-in decides (every other one).
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from relstream.backend import EngineFailure, backlog_rows_for
+from relstream.backend import BackendLoad, EngineFailure, RecentTemplates, backlog_rows_for
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
+from relstream.engine.handle import EngineHandle
 from relstream.engine.identity import ModelIdentity, engine_identity
+from relstream.engine.loadfile import LoadFile
 from relstream.engine.requests import (
     RowTimes,
     TokenizedRow,
     answered_row,
-    breakdown,
     prompt_order,
     row_times,
     sampling_params,
     seconds_left,
+    tokenize_row,
 )
 from relstream.engine.shared import AnswerCache, Role, SharedOutcome, SharedRequests, request_key
 from relstream.model import (
     RelQuery,
-    RelQueryResult,
     RowFailure,
     RowResult,
     RowStatus,
-    prepare_row,
 )
 from relstream.scheduler import (
     COST_MODEL_KINDS,
@@ -82,51 +83,15 @@ class EngineSettings:
             raise ValueError(f"cost_model must be 'online' or 'fixed', not {self.cost_model!r}")
 
 
-@dataclass
-class EngineHandle:
-    """A relQuery on the vLLM engine: one task per row."""
-
-    relquery: RelQuery
-    submitted_at: float
-    _engine: VllmRuntime
-    _tasks: list[asyncio.Task] = field(default_factory=list)
-    _finished: asyncio.Queue = field(default_factory=asyncio.Queue)  # RowResult | EngineFailure
-
-    @property
-    def relquery_id(self) -> str:
-        return self.relquery.id
-
-    async def rows(self) -> AsyncIterator[RowResult]:
-        """Rows in the order they finish; raises EngineFailure if the engine fails."""
-        for _ in range(len(self._tasks)):
-            finished = await self._finished.get()
-            if isinstance(finished, EngineFailure):
-                raise finished
-            yield finished
-
-    async def result(self) -> RelQueryResult:
-        outcomes = await asyncio.gather(*self._tasks)
-        rows = sorted((row for row, _ in outcomes), key=lambda r: r.row_index)
-        times = [t for _, t in outcomes if t is not None]
-        return RelQueryResult(
-            self.relquery.id,
-            rows,
-            breakdown(self.submitted_at, times),
-            self._engine.settings.policy,
-            self._engine.model_name,
-        )
-
-    async def cancel(self) -> None:
-        """Abort the unfinished rows; `result()` then has them as "cancelled" beside the
-        rows that had finished."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
 class VllmRuntime:
     def __init__(
-        self, settings: EngineSettings, llm, tokenizer, model_name: str, identity: ModelIdentity
+        self,
+        settings: EngineSettings,
+        llm,
+        tokenizer,
+        model_name: str,
+        identity: ModelIdentity,
+        load_file: LoadFile | None = None,
     ) -> None:
         self.settings = settings
         self._llm = llm
@@ -137,6 +102,9 @@ class VllmRuntime:
         cache_bytes = settings.answer_cache_bytes
         cache = AnswerCache(cache_bytes, identity.model, identity.digest) if cache_bytes else None
         self._shared = SharedRequests(cache, holds_twins(settings.policy))
+        self._load_file = load_file  # the policy's load, written by the plug-in
+        self._rows_in_flight = 0
+        self._templates = RecentTemplates()
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> VllmRuntime:
@@ -149,6 +117,7 @@ class VllmRuntime:
         children_die_with_this_process()  # vLLM's processes too: no orphan outlives a kill
         on_cpu = apply_cpu_defaults(settings.cpu_kv_cache_gib)
         model = resolve_model(settings.model)
+        load_file = LoadFile(Path(tempfile.mkdtemp(prefix="relstream-load-")) / "load.json")
         args = AsyncEngineArgs(
             model=model,
             tensor_parallel_size=settings.tensor_parallel_size,
@@ -160,20 +129,25 @@ class VllmRuntime:
             enable_prefix_caching=settings.prefix_caching,
             seed=settings.seed,
             disable_log_stats=False,  # per-request step timestamps feed the breakdown
-            **_policy_args(settings),
+            **_policy_args(settings, load_file),
         )
         if on_cpu:
             args.gpu_memory_utilization = CPU_GPU_MEMORY_UTILIZATION
         elif settings.gpu_memory_utilization is not None:
             args.gpu_memory_utilization = settings.gpu_memory_utilization
-        llm = AsyncLLM.from_engine_args(args)
+        try:
+            llm = AsyncLLM.from_engine_args(args)
+        except BaseException:
+            shutil.rmtree(load_file.path.parent, ignore_errors=True)
+            raise
         tokenizer = llm.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
         # The full id: a known model's name or a Hub id, else the resolved folder's path.
         model_id = settings.model if settings.model in KNOWN_MODELS else model
         identity = engine_identity(llm, tokenizer, model_id, model)
-        return cls(settings, llm, tokenizer, model.rstrip("/").rsplit("/", 1)[-1], identity)
+        name = model.rstrip("/").rsplit("/", 1)[-1]
+        return cls(settings, llm, tokenizer, name, identity, load_file)
 
     async def __aenter__(self) -> VllmRuntime:
         return self
@@ -191,6 +165,8 @@ class VllmRuntime:
         # (an exception's traceback can keep the object alive until then), vLLM's module
         # globals are already gone and it prints a TypeError traceback: it is done.
         llm.shutdown = _already_shut_down
+        if self._load_file is not None:
+            shutil.rmtree(self._load_file.path.parent, ignore_errors=True)
 
     @property
     def policy(self) -> str:
@@ -200,19 +176,35 @@ class VllmRuntime:
         cache = self._llm.vllm_config.cache_config
         return backlog_rows_for((cache.num_gpu_blocks or 0) * cache.block_size)
 
+    def load(self) -> BackendLoad | None:
+        """The policy's outstanding work and prices, as the plug-in last wrote them (none
+        written yet: None, nothing to report); no row in flight here is no work left."""
+        written = self._load_file.read() if self._load_file is not None else None
+        if written is None:
+            return None
+        outstanding = written.outstanding_s if self._rows_in_flight else 0.0
+        return BackendLoad(
+            outstanding,
+            written.per_prompt_token_s,
+            written.per_output_token_s,
+            self._templates.ids(),
+        )
+
     async def reset_prefix_cache(self) -> None:
         """Forget cached prompt blocks (so back-to-back measurements start alike)."""
         await self._llm.reset_prefix_cache()
 
     async def submit(self, relquery: RelQuery) -> EngineHandle:
-        handle = EngineHandle(relquery, time.monotonic(), self)
+        handle = EngineHandle(relquery, time.monotonic(), self.policy, self.model_name)
+        self._templates.note(relquery.template.text)
+        max_len = self.settings.max_model_len
         # Tokenizing rows yields to the loop between slices; taking roles and starting rows
         # does not, so no leader is left without its row's task.
         prepared, keys = [], []
         for index in range(len(relquery.rows)):
             if index and index % SUBMIT_ROWS_PER_SLICE == 0:
                 await asyncio.sleep(0)
-            prepared.append(row := self._prepare_row(relquery, index))
+            prepared.append(row := tokenize_row(self._tokenizer, relquery, index, max_len))
             shares = isinstance(row, TokenizedRow) and self.settings.share_identical
             keys.append(shares and request_key(relquery, row.token_ids, self.identity.digest))
         roles = [self._shared.role(key or None, relquery.id) for key in keys]
@@ -233,7 +225,12 @@ class VllmRuntime:
             if role.leads:  # cancelled before it ran, it still releases its followers
                 task.add_done_callback(lambda _task, role=role: self._shared.settle(role, None))
             handle._tasks.append(task)
+            self._rows_in_flight += 1
+            task.add_done_callback(self._row_done)
         return handle
+
+    def _row_done(self, _task: asyncio.Task) -> None:
+        self._rows_in_flight -= 1
 
     @property
     def rows_shared(self) -> int:
@@ -243,29 +240,6 @@ class VllmRuntime:
     @property
     def answer_cache(self) -> AnswerCache | None:
         return self._shared.cache
-
-    def _prepare_row(self, relquery: RelQuery, index: int) -> TokenizedRow | RowFailure:
-        """Token ids of the row's chat prompt, or the reason it cannot run."""
-        prepared = prepare_row(relquery, index)
-        if isinstance(prepared, RowFailure):
-            return prepared
-        messages = [{"role": "user", "content": prepared.prompt}]
-        if relquery.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": relquery.system_prompt})
-        chat = self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        ids = self._tokenizer.encode(chat, add_special_tokens=False)
-        limit = self.settings.max_model_len - relquery.max_output_tokens
-        if len(ids) > limit:
-            return RowFailure(
-                index,
-                prepared.row_key,
-                f"row {prepared.row_key!r}: prompt has {len(ids)} tokens; the model allows "
-                f"{self.settings.max_model_len} including "
-                f"{relquery.max_output_tokens} output tokens",
-            )
-        return TokenizedRow(prepared, ids)
 
     async def _run_row(
         self,
@@ -383,12 +357,16 @@ def _already_shut_down(*_args: object, **_kwargs: object) -> None:
     """What AsyncLLM.shutdown becomes once relstream has shut the engine down."""
 
 
-def _policy_args(settings: EngineSettings) -> dict:
-    """Every policy runs under the plug-in so every run has a step log; for the policies
-    stock vLLM decides itself it only observes."""
+def _policy_args(settings: EngineSettings, load_file: LoadFile) -> dict:
+    """Every policy runs under the plug-in so every run has a step log and its load
+    written for reports; for the policies stock vLLM decides itself it only observes."""
     from relstream.engine.plugin import PLUGIN_CLASS
 
-    relstream_config: dict = {"policy": settings.policy, "cost_model": settings.cost_model}
+    relstream_config: dict = {
+        "policy": settings.policy,
+        "cost_model": settings.cost_model,
+        "load_file": str(load_file.path),
+    }
     if settings.cost_prior:
         relstream_config["cost_prior"] = dict(settings.cost_prior)
     if settings.step_log:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relstream.scheduler.remaining import Remaining
 from relstream.scheduler.view import StepFeedback, StepKind
 
 
@@ -61,6 +62,32 @@ class CostModel:
             "alpha_d": self.decode.slope,
             "beta_d": self.decode.intercept,
         }
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """A step's prices as a policy decides with them, for pricing what is left of a
+    relQuery (W(R)) with today's batch sharing each decode step's base."""
+
+    base: float
+    per_token: float
+    per_decode: float
+    batch: int  # requests running now (at least 1)
+
+    @classmethod
+    def of(cls, cost: CostModel, running: int) -> Coefficients:
+        """A cost model's lines as prices: a prompt token costs alpha_p, a decode
+        alpha_d, and beta_d is each decode step's base."""
+        return cls(cost.beta_d, cost.prefill.slope, cost.alpha_d, max(running, 1))
+
+    @property
+    def per_output(self) -> float:
+        """What one output token costs: its decode and its share of the step's base."""
+        return self.per_decode + self.base / self.batch
+
+    def work(self, left: Remaining) -> float:
+        """W(R): the engine time R adds, its steps shared with the batch."""
+        return self.per_token * left.prompt_tokens + self.per_output * left.output_tokens
 
 
 @dataclass

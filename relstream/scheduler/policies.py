@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from relstream.scheduler.cost import CostModel
+from relstream.scheduler.cost import Coefficients, CostModel
+from relstream.scheduler.remaining import remaining
 from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import EngineView, PrefillChunk, StepFeedback, StepPlan
 
@@ -41,6 +42,15 @@ class Policy(ABC):
     def observe(self, feedback: StepFeedback) -> None:
         """A step as executed: refits the cost model (kept as given when fixed)."""
         self.cost.observe(feedback)
+
+    def load(self, view: EngineView) -> tuple[float, float, float]:
+        """What the engine reports for placement (`placement.EngineLoad`): the work its
+        relQueries have left in engine seconds (`remaining`, priced at the cost model's
+        lines with today's batch), and what a prompt token and an output token cost."""
+        tracker = view.tracker
+        c = Coefficients.of(self.cost, len(tracker.running))
+        left = sum((c.work(remaining(info)) for info in tracker.relqueries.values()), 0.0)
+        return left, c.per_token, c.per_output
 
     def cost_coefficients(self) -> dict[str, float]:
         """The step costs this policy decides with, as last fitted (for reports)."""

@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.composer import StepComposer
-from relstream.scheduler.cost import CostModel
+from relstream.scheduler.cost import Coefficients, CostModel
 from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
@@ -87,23 +87,6 @@ class RelstreamConfig:
     gate: str = "load"
     deadlines: bool = True  # honour the deadlines users set (False: a reference ignoring them)
     stretch: float = STRETCH  # k in the gate's pressure (headroom.py); swept by the lab
-
-
-@dataclass(frozen=True)
-class Coefficients:
-    base: float
-    per_token: float
-    per_decode: float
-    batch: int  # requests running now (at least 1)
-
-    @property
-    def per_output(self) -> float:
-        """What one output token costs: its decode and its share of the step's base."""
-        return self.per_decode + self.base / self.batch
-
-    def work(self, left: Remaining) -> float:
-        """W(R): the engine time R adds, its steps shared with the batch."""
-        return self.per_token * left.prompt_tokens + self.per_output * left.output_tokens
 
 
 class Relstream(Policy):
@@ -155,13 +138,12 @@ class Relstream(Policy):
     def plan(self, view: EngineView) -> StepPlan:
         return self.plan_step(view)  # unfinished prompts continue inside the step itself
 
-    def load(self) -> tuple[float, float, float]:
-        """What an engine reports for placement (`placement.EngineLoad`): its outstanding
-        work in engine seconds, and what a prompt token and an output token cost it, at
-        the last step's prices."""
+    def load(self, view: EngineView) -> tuple[float, float, float]:
+        """As every policy's, from the book it keeps (prompts at the prefix cache's miss
+        ratio) at the last step's prices, the fitted step cost's."""
         c = self._last
-        if c is None:
-            return 0.0, 0.0, 0.0
+        if c is None:  # no step planned yet: the cost model's prior prices
+            return super().load(view)
         return c.work(self._left.total()), c.per_token, c.per_output
 
     def plan_step(self, view: EngineView) -> StepPlan:

@@ -1,9 +1,10 @@
-"""An engine's load reports: about once a second, on the metrics topic, the relqueries
-partitions it owns now (its consumer's assignment) and its outstanding work and prices
-(its backend's `load()`), so relQueries can be placed by load (`relstream.placer`).
+"""An engine's load reports: every LOAD_REPORT_S seconds, on the metrics topic, the
+relqueries partitions it owns now (its consumer's assignment) and its outstanding work
+and prices (its backend's `load()`), so relQueries can be placed by load
+(`relstream.placer`).
 
-A report is best effort: one the broker does not take is dropped, and the next one,
-a second later, replaces it. A reader trusts each for a few seconds only, so an engine
+A report is best effort: one the broker does not take is dropped, and the next one
+replaces it. A reader trusts each for a few seconds only, so an engine
 that dies or leaves stops being chosen by itself. Reports carry the header
 `relstream-kind: load_report`, so readers of the metrics messages can tell them apart.
 """
@@ -18,13 +19,13 @@ from relstream.kafka.delivery import publish_best_effort
 from relstream.schemas import LoadReportMessage, encode
 from relstream.schemas.messages import KIND_HEADER
 
-LOAD_REPORT_S = 1.0  # how often an engine reports, by default
+LOAD_REPORT_S = 0.25  # how often an engine reports, by default (docs/benchmarks/placement)
 HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
 
 
 def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
-    """The engine's report now, or None where its backend cannot tell its load (one
-    without `load`, as the vLLM runtime: its policy runs in vLLM's engine core process)."""
+    """The engine's report now, or None where its backend cannot tell its load yet (or at
+    all: a backend without `load`)."""
     load = backend.load() if hasattr(backend, "load") else None
     if load is None:
         return None

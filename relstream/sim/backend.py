@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for, template_id
+from relstream.backend import BackendLoad, EngineFailure, RecentTemplates, backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
     LatencyBreakdown,
@@ -45,13 +45,12 @@ from relstream.model import (
 )
 from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
-from relstream.scheduler.relstream import Coefficients
+from relstream.scheduler.cost import Coefficients
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 
 RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_requests`)
-RECENT_TEMPLATES = 8  # templates a load report names
 TOKENIZE_BATCH = 256  # prompts tokenized at once
 SIM_PROCESSES = 2  # simulating children of `relstream engine --backend sim`
 CHILD_NICE = 10  # their nice value, that of the service's worker threads (`service.offloop`)
@@ -175,7 +174,7 @@ class SimRelQueryBackend:
         self.recent_requests: deque[str] = deque(maxlen=RECENT_REQUESTS)
         self._pool: ProcessPoolExecutor | None = None
         self._ends: dict[str, float] = {}  # relQuery id -> when it is due, monotonic
-        self._templates: deque[str] = deque(maxlen=RECENT_TEMPLATES)
+        self._templates = RecentTemplates()
 
     async def start(self) -> None:
         """Start the simulating children, each with its tokenizer loaded, from this
@@ -215,12 +214,9 @@ class SimRelQueryBackend:
         now, speed, scale = time.monotonic(), self.settings.speed, self.settings.time_scale
         left = sum((max(due - now, 0.0) for due in self._ends.values()), 0.0)
         left = left / scale if scale else 0.0
-        prior, seats = self.profile.prior(), self.profile.limits.max_num_seqs
-        prices = Coefficients(
-            prior.decode.intercept, prior.prefill.slope, prior.decode.slope, seats
-        )
+        prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
         return BackendLoad(
-            left, prices.per_token / speed, prices.per_output / speed, tuple(self._templates)
+            left, prices.per_token / speed, prices.per_output / speed, self._templates.ids()
         )
 
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
@@ -232,10 +228,7 @@ class SimRelQueryBackend:
                 await asyncio.sleep(wait)
             finally:
                 self._ends.pop(relquery.id, None)
-        tid = template_id(relquery.template.text)
-        if tid in self._templates:
-            self._templates.remove(tid)
-        self._templates.appendleft(tid)
+        self._templates.note(relquery.template.text)
         return result
 
     def _serve(self, relquery: RelQuery) -> RelQueryResult:

@@ -170,12 +170,12 @@ def serve_pooled(
 
 def _outstanding(sim: Simulator) -> float:
     assert isinstance(sim.policy, Relstream)
-    return sim.policy.load()[0]
+    return sim.policy.load(sim)[0]
 
 
 def _report(index: int, sim: Simulator, now: float) -> EngineLoad:
     assert isinstance(sim.policy, Relstream)
-    outstanding, per_prompt, per_output = sim.policy.load()
+    outstanding, per_prompt, per_output = sim.policy.load(sim)
     return EngineLoad(str(index), (index,), outstanding, now, (), per_prompt, per_output)
 
 

@@ -1,0 +1,75 @@
+"""An engine's load on its way out of vLLM's engine core: what every policy reports
+(`Policy.load`, on views computed by hand) and the file the plug-in writes it to and the
+runtime reads it from (`engine/loadfile.py`)."""
+
+import time
+
+import pytest
+from helpers import ScriptedView
+
+from relstream.engine.loadfile import WRITE_EVERY_S, LoadFile
+from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler.registry import make_policy
+
+# 1 ms a prompt token; a decode step 30 ms plus 2 ms a request.
+COST = CostModel(prefill=Linear(0.001, 0.02), decode=Linear(0.002, 0.03))
+LIMITS = EngineLimits(
+    max_num_seqs=8, max_num_batched_tokens=512, kv_capacity_tokens=10**6, block_size=16
+)
+
+
+@pytest.mark.parametrize("policy", ["v1-fcfs", "relstream"])
+def test_a_policy_reports_what_is_left_at_its_prices(policy):
+    view = ScriptedView(LIMITS)
+    view.add_relquery("A", [100, 200], max_tokens=10)
+    # Nothing ran: prompts 300 tokens, outputs 2 x 10, one seat's worth of base each
+    # (per output 0.002 + 0.03 / 1 = 0.032 s): 0.3 + 0.64 s. Relstream has planned no
+    # step yet, so it prices with the cost model's lines as every policy does.
+    outstanding, per_prompt, per_output = make_policy(policy, COST).load(view)
+    assert (per_prompt, per_output) == pytest.approx((0.001, 0.032))
+    assert outstanding == pytest.approx(0.94)
+
+
+def test_a_running_row_counts_only_what_it_has_left():
+    view = ScriptedView(LIMITS)
+    view.add_relquery("A", [100, 200], max_tokens=10)
+    view.add_relquery("B", [50], max_tokens=4)
+    view.start("A#0")  # its prompt computed and one token out: 9 tokens left
+    view.start("B#0")  # 3 left
+    # Two running: per output 0.002 + 0.03 / 2 = 0.017 s. Left: A#1's prompt (200) and
+    # 9 + 10 + 3 output tokens: 0.2 + 22 x 0.017 = 0.574 s.
+    outstanding, _, per_output = make_policy("v1-fcfs", COST).load(view)
+    assert per_output == pytest.approx(0.017)
+    assert outstanding == pytest.approx(0.574)
+
+
+def test_the_runtime_reads_what_the_plugin_wrote(tmp_path):
+    path = tmp_path / "load.json"
+    reader = LoadFile(path)
+    assert reader.read() is None  # nothing written yet: nothing to report
+    before = time.monotonic()
+    assert LoadFile(path).write(1.5, 0.001, 0.017)
+    written = reader.read()
+    assert (written.outstanding_s, written.per_prompt_token_s) == (1.5, 0.001)
+    assert written.per_output_token_s == 0.017
+    assert before <= written.at <= time.monotonic()
+    path.write_bytes(b'{"outstanding_s": ')  # not ours, or cut: read as nothing
+    assert reader.read() is None
+
+
+def test_writes_come_every_period_and_at_once_when_work_runs_out(tmp_path):
+    writer = LoadFile(tmp_path / "load.json")
+    assert writer.due(time.monotonic(), idle=False)  # never written
+    writer.write(2.0, 0.001, 0.017)
+    now = time.monotonic()
+    assert not writer.due(now, idle=False)
+    assert writer.due(now + WRITE_EVERY_S, idle=False)
+    assert writer.due(now, idle=True)  # the last request gone: write the zero now
+    writer.write(0.0, 0.001, 0.017)
+    assert not writer.due(time.monotonic(), idle=True)  # and only once
+
+
+def test_a_load_that_cannot_be_written_fails_nothing(tmp_path):
+    writer = LoadFile(tmp_path / "gone" / "load.json")  # its folder removed at shutdown
+    assert writer.write(1.0, 0.001, 0.017) is False
+    assert writer.read() is None
