@@ -192,6 +192,8 @@ def test_status_on_a_live_pipeline_is_right_and_returns(broker, tmp_path):
     assert lag <= 3  # the engine keeps up with a relQuery a second
     said = " ".join(text.split())
     assert re.search(r"engine \S+: \d+ relQueries answered", said), said
+    # Its load reports, four a second, beside the answers: its work now, seconds old.
+    assert re.search(r"; \d+\.\d s of work outstanding \(reported [0-9] s ago\)", said), said
     assert "not read to the end" not in said
 
 

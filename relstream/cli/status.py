@@ -61,11 +61,15 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
     metrics_cut = newest % "metrics" if names.metrics in found.cut else ""
     now = time.time()
     for engine in found.engines:
-        console.print(
-            f"engine {engine.name}: {engine.answered} relQueries answered{metrics_cut}, the "
-            f"last {now - engine.last_answer_at:.0f} s ago",
-            markup=False,
-        )
+        said = f"engine {engine.name}: {engine.answered} relQueries answered{metrics_cut}"
+        if engine.last_answer_at is not None:
+            said += f", the last {now - engine.last_answer_at:.0f} s ago"
+        if engine.reported_at is not None:
+            said += (
+                f"; {engine.outstanding_s:.1f} s of work outstanding (reported"
+                f" {max(now - engine.reported_at, 0):.0f} s ago)"
+            )
+        console.print(said, markup=False)
     if not found.engines:
         console.print("no engine has answered a relQuery yet")
     letters = found.dead_letters

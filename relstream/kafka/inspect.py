@@ -21,10 +21,11 @@ from relstream.kafka.bounds import Extent, Span, extents, partitions
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_admin, sync_consumer
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, MessageError, MetricsMessage
+from relstream.schemas import DeadLetterMessage, LoadReportMessage, MessageError, MetricsMessage
 from relstream.schemas.formats import decode_record
+from relstream.schemas.messages import KIND_HEADER
 
-M = TypeVar("M", DeadLetterMessage, MetricsMessage)
+M = TypeVar("M", DeadLetterMessage, MetricsMessage, LoadReportMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
 STATUS_S = 8.0  # status answers within this (plus the interpreter's start)
 EXAMPLES = 3  # example keys shown per dead-letter cause
@@ -49,7 +50,9 @@ class GroupLag:
 class EngineSeen:
     name: str  # host:pid
     answered: int  # relQueries answered among the metrics read
-    last_answer_at: float  # wall time of its newest answer
+    last_answer_at: float | None  # wall time of its newest answer (None: none read)
+    outstanding_s: float | None = None  # the work its newest load report left it
+    reported_at: float | None = None  # wall time of that report (None: none read)
 
 
 @dataclass
@@ -140,7 +143,10 @@ def pipeline_status(
         members = _members(admin, [lag.group for lag in lags])
         groups = [GroupLag(g.group, g.stage, g.lag, members.get(g.group)) for g in lags]
         metrics = _tail(consumer, found, topics.metrics, deadline)
-        engines = _engines(_decoded(MetricsMessage, metrics))
+        records = list(metrics)  # at most TAIL_MESSAGES: metrics and load reports
+        reports = [record for record in records if _is_report(record)]
+        answers = [record for record in records if not _is_report(record)]
+        engines = _engines(_decoded(MetricsMessage, answers), _decoded(LoadReportMessage, reports))
         letters = _tail(consumer, found, topics.deadletter, deadline)
         causes = DeadLetterCauses()
         for letter in _decoded(DeadLetterMessage, letters):
@@ -237,13 +243,33 @@ def _cut(extent: Extent) -> bool:
     return extent.tail(TAIL_MESSAGES) > extent.start
 
 
-def _engines(messages: Iterable[MetricsMessage]) -> list[EngineSeen]:
+def _engines(
+    messages: Iterable[MetricsMessage], reports: Iterable[LoadReportMessage]
+) -> list[EngineSeen]:
+    """Engines by the relQueries they answered and by their newest load report."""
     answered: Counter[str] = Counter()
     newest: dict[str, float] = {}
     for message in messages:
         answered[message.engine] += 1
         newest[message.engine] = max(newest.get(message.engine, 0.0), message.at)
-    return [EngineSeen(name, answered[name], newest[name]) for name in sorted(answered)]
+    loads: dict[str, LoadReportMessage] = {}
+    for report in reports:
+        if report.engine not in loads or loads[report.engine].at < report.at:
+            loads[report.engine] = report
+    return [
+        EngineSeen(
+            name,
+            answered[name],
+            newest.get(name),
+            loads[name].outstanding_s if name in loads else None,
+            loads[name].at if name in loads else None,
+        )
+        for name in sorted(set(answered) | set(loads))
+    ]
+
+
+def _is_report(record) -> bool:
+    return (KIND_HEADER, LoadReportMessage.kind.encode()) in (record.headers or ())
 
 
 def _decoded(kind: type[M], records: Iterable) -> Iterator[M]:
