@@ -10,18 +10,31 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import msgspec
 from aiokafka.structs import ConsumerRecord
 from engines import answers_by, engine_process, keys_written, wait_for
 
 from relstream.kafka.brokers import EmbeddedBroker, free_port
-from relstream.kafka.clients import create_topics
+from relstream.kafka.clients import create_topics, new_producer, read_messages, start_all
+from relstream.kafka.delivery import publish_acked
 from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
 from relstream.placer import LoadReader
-from relstream.schemas import DeadLetterMessage, ResultMessage, encode
+from relstream.schemas import (
+    ControlMessage,
+    DeadLetterMessage,
+    LoadReportMessage,
+    RelQueryMessage,
+    ResultMessage,
+    decode,
+    encode,
+)
 from relstream.schemas.messages import ResultRow
 from relstream.schemas.parts import split_result
-from relstream.service.forward import ResultFollower
+from relstream.service.forward import DoorPlacement, ResultFollower
+from relstream.service.http import build_http_app
+from relstream.service.loadreport import HEADERS
+from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 PARTITIONS = 4  # two for each engine
 COUNT = 30
@@ -116,6 +129,53 @@ def test_a_slow_engines_door_sends_most_relqueries_to_the_other_engine(tmp_path)
     # Each forwarded relQuery written once, to one partition, and answered once.
     assert written == collections.Counter(forwarded)
     assert set(answers.values()) == {1}
+
+
+def test_a_forwarded_relquery_with_no_result_in_its_deadline_is_a_504_and_cancelled():
+    topics = Topics(prefix=f"dt{uuid.uuid4().hex[:6]}.", partitions=2)
+    # An engine that reports being idle but has hung: nothing it is sent is answered.
+    report = LoadReportMessage(
+        engine="hung", topic=topics.relqueries, partitions=[0, 1], outstanding_s=0.0, at=0.0
+    )
+
+    async def scenario(broker):
+        await create_topics(broker.bootstrap, topics.layout())
+        placement = DoorPlacement(broker.bootstrap, topics, "here", broker.kind)
+        producer = new_producer(broker.bootstrap)
+        await start_all(placement, producer)
+        try:
+            value = encode(msgspec.structs.replace(report, at=time.time()))
+            await publish_acked(
+                producer, topics.metrics, value, b"hung", "a report", headers=HEADERS
+            )
+            async with asyncio.timeout(30):
+                while placement.reader.book.engines() != ["hung"]:
+                    await asyncio.sleep(0.1)
+            app = build_http_app(SimRelQueryBackend(SimSettings()), placement=placement)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://door") as client:
+                started = time.monotonic()
+                response = await client.post(
+                    "/v1/relqueries", json=payload("late") | {"deadline_s": 1.0}
+                )
+                took = time.monotonic() - started
+        finally:
+            await producer.stop()
+            await placement.stop()
+        sent = await read_messages(broker.bootstrap, topics.relqueries, 1, broker.kind)
+        cancels = await read_messages(broker.bootstrap, topics.control, 1, broker.kind)
+        return response, took, sent, cancels
+
+    with EmbeddedBroker("tansu") as broker:
+        response, took, sent, cancels = asyncio.run(scenario(broker))
+    assert response.status_code == 504 and 1.0 <= took < 10, (response.text, took)
+    assert response.json()["error"].startswith(
+        "no result for relQuery 'door-late' from engine hung"
+    )
+    # Sent once, to a partition of the engine chosen; then cancelled there.
+    assert [(m.key, m.partition) for m in sent] == [(b"door-late", 0)]
+    assert decode(RelQueryMessage, sent[0].value).rows[0].key == "rlate-0"
+    assert decode(ControlMessage, cancels[0].value).cancel == "door-late"
 
 
 def record(topic: str, key: str, value: bytes, offset: int = 0) -> ConsumerRecord:
