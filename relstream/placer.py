@@ -32,11 +32,11 @@ from typing import NamedTuple
 from aiokafka.errors import KafkaError
 
 from relstream.backend import template_id
-from relstream.kafka.clients import new_consumer
+from relstream.kafka.clients import assign_all, new_consumer
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
-from relstream.scheduler.placement import EXPIRY_S, EngineLoad, Placement
+from relstream.scheduler.placement import EXPIRY_S, Choice, EngineLoad, Placement
 from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage
 from relstream.schemas.formats import Headers, decode_record
 from relstream.schemas.messages import KIND_HEADER
@@ -139,11 +139,14 @@ class LoadBook:
 
     def place(self, demand: Demand) -> int | None:
         """`partition_for`, its demand already computed."""
-        now = self.clock()
-        if not self._placement.fresh(now):
-            return None
-        return self._placement.choose(
-            demand.key, demand.prompt_tokens, demand.output_tokens, now, demand.template
+        choice = self.pick(demand)
+        return None if choice is None else choice.partition
+
+    def pick(self, demand: Demand, prefer: str | None = None) -> Choice | None:
+        """The engine and partition for a relQuery, counted as sent there (`prefer` wins
+        among engines within the margin of the least); None with no fresh report."""
+        return self._placement.pick(
+            demand.prompt_tokens, demand.output_tokens, self.clock(), demand.template, prefer
         )
 
 
@@ -234,17 +237,12 @@ class AsyncLoadReader:
     async def start(self) -> None:
         """Read the metrics topic from a little before its end (its consumer is made here:
         aiokafka's needs the running loop)."""
-        from aiokafka import TopicPartition
-
         bootstrap, broker_kind, security = self._client
         consumer = self._consumer = new_consumer(
             bootstrap, broker_kind=broker_kind, security=security
         )
         await consumer.start()
-        await consumer.topics()  # fetches the metadata partitions_for_topic reads
-        numbers = sorted(consumer.partitions_for_topic(self._topic) or ())
-        parts = [TopicPartition(self._topic, n) for n in numbers]
-        consumer.assign(parts)
+        parts = await assign_all(consumer, self._topic)
         starts, ends = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
         for partition, offset in _start_offsets(starts, ends).items():
             consumer.seek(partition, offset)
@@ -264,6 +262,9 @@ class AsyncLoadReader:
 
     def place(self, demand: Demand) -> int | None:
         return self.book.place(demand)
+
+    def pick(self, demand: Demand, prefer: str | None = None) -> Choice | None:
+        return self.book.pick(demand, prefer)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -14,15 +14,15 @@ from relstream.schemas import MetricsMessage, decode
 
 def engine_process(
     broker, topics, group, log, budget_rows: int = 12, metrics_port=None, extra=(), scale="1.0",
-    ready_file=None,
+    ready_file=None, verb="engine",
 ):  # fmt: skip
-    """`relstream engine --backend sim`; it writes `ready_file` (if given) once it serves
-    (`launch.wait_ready`)."""
+    """`relstream engine --backend sim` (or `serve`, its HTTP door's options in `extra`);
+    it writes `ready_file` (if given) once it serves (`launch.wait_ready`)."""
     command = [
         sys.executable,
         "-m",
         "relstream",
-        "engine",
+        verb,
         "--backend",
         "sim",
         "--sim-time-scale",
@@ -64,6 +64,15 @@ def answers_by(broker, topics) -> collections.Counter:
         )
 
     return asyncio.run(read())
+
+
+async def keys_written(broker, topic) -> collections.Counter:
+    """How often each key was written to `topic` (read to its end)."""
+    subscription = Subscription(
+        broker.bootstrap, topic, broker_kind=broker.kind, idle_seconds=3, timeout=60
+    )
+    async with subscription as messages:
+        return collections.Counter([m.key.decode() async for m in messages])
 
 
 def served_by(broker, topics) -> collections.Counter:

@@ -1,7 +1,7 @@
 """Placement across engines: least outstanding work, the template's engine among ties,
 the hash when no report is fresh. Cases computed by hand."""
 
-from relstream.scheduler.placement import EngineLoad, Placement, hash_partition
+from relstream.scheduler.placement import Choice, EngineLoad, Placement, hash_partition
 
 PRICES = {"per_prompt_token_s": 0.001, "per_output_token_s": 0.01}
 
@@ -45,3 +45,15 @@ def test_without_a_fresh_report_the_key_hash_decides():
     # Reports of 100 s expire after 3 s; an engine with no partitions is never chosen.
     room.report(EngineLoad("c", (), outstanding_s=0.0, at=104.0))
     assert room.choose(b"key-7", 10, 10, now=103.5) == hash_partition(b"key-7", 4)
+
+
+def test_a_preferred_engine_keeps_a_relquery_only_within_the_margin():
+    # The HTTP door of engine a prefers a: no Kafka hop while a is about as idle as b.
+    room = placement()
+    assert room.pick(0, 0, now=100.5, prefer="a") == Choice("b", 2)  # a 10 s, b 4 s
+    room.report(EngineLoad("a", (0, 1), 4.3, at=101.0, **PRICES))
+    # a 4.3 is within 10 % of b's 4.0 (bound 4.4): a keeps it, though b has t1 warm.
+    # 1,000 prompt tokens are 1 s: a 5.3, past the bound, so the next goes to b.
+    assert room.pick(1000, 0, now=101.5, template="t1", prefer="a") == Choice("a", 0)
+    assert room.pick(0, 0, now=101.5, template="t1", prefer="a") == Choice("b", 3)
+    assert room.pick(0, 0, now=105.0, prefer="a") is None  # every report expired

@@ -9,12 +9,12 @@ import json
 import time
 import uuid
 
-from engines import answers_by, engine_process, wait_for
+from engines import answers_by, engine_process, keys_written, wait_for
 from helpers import encode_row, sink_results, start_worker
 
 from relstream.client import RelstreamClient
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription, create_topics
+from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, LoadReader
 from relstream.schemas import RelQueryMessage, RelQueryRow
@@ -34,15 +34,6 @@ def submit(client, count, start, every_s=EVERY_S) -> list[str]:
         ids.append(client.submit("Describe {city}.", rows, max_output_tokens=16))
         time.sleep(every_s)
     return ids
-
-
-async def keys_written(broker, topic) -> collections.Counter:
-    """How often each key was written to `topic` (read to its end)."""
-    subscription = Subscription(
-        broker.bootstrap, topic, broker_kind=broker.kind, idle_seconds=3, timeout=60
-    )
-    async with subscription as messages:
-        return collections.Counter([m.key.decode() async for m in messages])
 
 
 def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):

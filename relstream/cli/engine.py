@@ -344,12 +344,18 @@ async def _http_door(
 ) -> None:
     import uvicorn
 
+    from relstream.service.forward import door_placement
     from relstream.service.http import build_http_app
 
+    # With Kafka and load reports, the door places its relQueries as the worker does.
+    placement = door_placement(service.config, service.engine_name) if service else None
+    if placement is not None:
+        await placement.start()  # results followed from their end before any is sent
     app = build_http_app(
         backend,
         service.cancel if service is not None else None,
         registry=service.metrics.registry if service is not None else None,
+        placement=placement,
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.install_signal_handlers = lambda: None  # the process's handlers set `stop`
@@ -364,3 +370,5 @@ async def _http_door(
     await stop.wait()
     server.should_exit = True
     await task
+    if placement is not None:
+        await placement.stop()

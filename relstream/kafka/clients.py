@@ -129,6 +129,20 @@ async def running(*clients: AIOKafkaConsumer | AIOKafkaProducer) -> AsyncIterato
             await client.stop()
 
 
+async def assign_all(consumer: AIOKafkaConsumer, *topics: str) -> list:
+    """Assign a started consumer (no group) every partition of `topics`; returns them."""
+    from aiokafka import TopicPartition
+
+    await consumer.topics()  # fetches the metadata partitions_for_topic reads
+    parts = [
+        TopicPartition(topic, number)
+        for topic in topics
+        for number in sorted(consumer.partitions_for_topic(topic) or ())
+    ]
+    consumer.assign(parts)
+    return parts
+
+
 def client_settings(broker_kind: str | None) -> dict[str, object]:
     """Consumer options a broker needs. Tansu takes half the session timeout to let a
     member join, so its sessions are short (docs/architecture.md, "Brokers")."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 EXPIRY_S = 3.0  # a report older than this is not trusted (three report periods)
 MARGIN = 0.1  # engines within 10 % of the least count as tied
@@ -36,6 +37,13 @@ class EngineLoad:
     def work(self, prompt_tokens: int, output_tokens: int) -> float:
         """Engine seconds a relQuery of these tokens adds to this engine."""
         return self.per_prompt_token_s * prompt_tokens + self.per_output_token_s * output_tokens
+
+
+class Choice(NamedTuple):
+    """Where a relQuery goes: an engine, and which of its partitions."""
+
+    engine: str
+    partition: int
 
 
 def hash_partition(key: bytes, partitions: int) -> int:
@@ -85,16 +93,33 @@ class Placement:
     ) -> int:
         """The partition for a relQuery of these tokens (its output budget, all rows
         together; its key for the fallback), its work counted as sent to its engine."""
+        choice = self.pick(prompt_tokens, output_tokens, now, template)
+        return hash_partition(key, self.partitions) if choice is None else choice.partition
+
+    def pick(
+        self,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        template: str | None = None,
+        prefer: str | None = None,
+    ) -> Choice | None:
+        """The engine and partition for a relQuery, its work counted as sent there; None
+        with no fresh report. `prefer` (an engine's name) wins among the tied engines: a
+        door that is itself an engine keeps its relQuery rather than send it away."""
         loads = self.fresh(now)
         if not loads:
-            return hash_partition(key, self.partitions)
+            return None
         least = min(self.estimate(load.engine) for load in loads)
         bound = least * (1 + self.margin)
         tied = [load for load in loads if self.estimate(load.engine) <= bound]
         warm = [load for load in tied if template is not None and template in load.templates]
-        chosen = min(warm or tied, key=lambda load: (self.estimate(load.engine), load.engine))
+        mine = [load for load in tied if load.engine == prefer]
+        chosen = min(
+            mine or warm or tied, key=lambda load: (self.estimate(load.engine), load.engine)
+        )
         work = chosen.work(prompt_tokens, output_tokens)
         self._sent[chosen.engine] = self._sent.get(chosen.engine, 0.0) + work
         turn = self._turn.get(chosen.engine, 0)
         self._turn[chosen.engine] = turn + 1
-        return chosen.partitions[turn % len(chosen.partitions)]
+        return Choice(chosen.engine, chosen.partitions[turn % len(chosen.partitions)])

@@ -12,6 +12,11 @@ by the same engine, and so the same scheduler, as the Kafka consumer beside it.
     GET    /v1/models                  the model it serves, as OpenAI's API lists models
     GET    /docs                       OpenAPI documentation
 
+With `placement` (the engine serves Kafka and reports its load; `service/forward.py`), a
+relQuery not streamed may be answered by the engine with the least outstanding work,
+through Kafka: its result is the same JSON; a 502 if it was dead-lettered there, a 504 if
+no result came within its deadline.
+
 A bad request is a 4xx naming the field (400), the size (413), the id (404, 409) or
 the time its body took (408); an engine failure is a 503, never a row error. Bodies are
 read up to MAX_BODY_BYTES, within BODY_SECONDS.
@@ -34,6 +39,7 @@ from relstream.model import RelQuery, RelQueryResult, with_deadline
 from relstream.schemas import MessageError, RelQueryMessage, decode_json
 from relstream.schemas.codec import MAX_MESSAGE_BYTES
 from relstream.schemas.convert import partial_result_message, result_message
+from relstream.service.forward import DoorPlacement, NotAnswered
 from relstream.service.offloop import relquery_of
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same bound as a message on the relqueries topic
@@ -52,12 +58,14 @@ def build_http_app(
     cancel_elsewhere: Callable[[str], Awaitable[None]] | None = None,
     body_seconds: float = BODY_SECONDS,
     registry: CollectorRegistry | None = None,
+    placement: DoorPlacement | None = None,
 ) -> FastAPI:
     """The door over `backend`. `cancel_elsewhere(id)` also reaches relQueries that came by
     Kafka (the engine service's cancel). A body not received within `body_seconds` is a
     408: a client that trickles its bytes holds no connection for long. `registry` (the
     engine service's, when it serves Kafka too) gets the door's counter and is what
-    /metrics shows."""
+    /metrics shows. `placement` sends a relQuery to a less loaded engine where it says
+    so."""
     app = FastAPI(title="relstream", summary="LLM answers over table rows", version="1")
     serving: dict[str, RelQueryHandle] = {}
     registry = registry or CollectorRegistry()
@@ -100,8 +108,17 @@ def build_http_app(
         except TimeoutError:
             raise HttpError(408, f"the body did not arrive within {body_seconds:g} s") from None
         relquery = await relquery_of(message)  # rows and free field layout, off the loop
-        if relquery.id in serving:
+        if relquery.id in serving or (placement and placement.forwarded(relquery.id)):
             raise HttpError(409, f"relQuery {relquery.id!r} is already being served")
+        if placement is not None and not stream:  # streamed rows come only from here
+            try:
+                forwarded = await placement.answer(message)
+            except NotAnswered as exc:
+                answered.labels("forward failed").inc()
+                raise HttpError(exc.status, exc.reason) from None
+            if forwarded is not None:
+                answered.labels("forwarded").inc()
+                return Response(forwarded, media_type="application/json")
         handle = await backend.submit(relquery)
         serving[relquery.id] = handle
         if stream:
@@ -124,6 +141,8 @@ def build_http_app(
         handle = serving.get(relquery_id)
         if handle is not None:
             await handle.cancel()
+        elif placement is not None and placement.forwarded(relquery_id):
+            await placement.cancel(relquery_id)  # where it was sent
         elif cancel_elsewhere is not None:
             await cancel_elsewhere(relquery_id)
         else:
