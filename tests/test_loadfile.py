@@ -22,12 +22,13 @@ LIMITS = EngineLimits(
 def test_a_policy_reports_what_is_left_at_its_prices(policy):
     view = ScriptedView(LIMITS)
     view.add_relquery("A", [100, 200], max_tokens=10)
-    # Nothing ran: prompts 300 tokens, outputs 2 x 10, one seat's worth of base each
-    # (per output 0.002 + 0.03 / 1 = 0.032 s): 0.3 + 0.64 s. Relstream has planned no
-    # step yet, so it prices with the cost model's lines as every policy does.
+    # Nothing ran: prompts 300 tokens, outputs 2 x 10, each decode step's base shared by
+    # the two rows the backlog will run together (per output 0.002 + 0.03 / 2 = 0.017 s):
+    # 0.3 + 0.34 s. Relstream has planned no step yet, so it prices with the cost model's
+    # lines as every policy does.
     outstanding, per_prompt, per_output = make_policy(policy, COST).load(view)
-    assert (per_prompt, per_output) == pytest.approx((0.001, 0.032))
-    assert outstanding == pytest.approx(0.94)
+    assert (per_prompt, per_output) == pytest.approx((0.001, 0.017))
+    assert outstanding == pytest.approx(0.64)
 
 
 def test_a_running_row_counts_only_what_it_has_left():
@@ -36,11 +37,21 @@ def test_a_running_row_counts_only_what_it_has_left():
     view.add_relquery("B", [50], max_tokens=4)
     view.start("A#0")  # its prompt computed and one token out: 9 tokens left
     view.start("B#0")  # 3 left
-    # Two running: per output 0.002 + 0.03 / 2 = 0.017 s. Left: A#1's prompt (200) and
-    # 9 + 10 + 3 output tokens: 0.2 + 22 x 0.017 = 0.574 s.
+    # Three requests held, so a batch of three: per output 0.002 + 0.03 / 3 = 0.012 s.
+    # Left: A#1's prompt (200) and 9 + 10 + 3 output tokens: 0.2 + 22 x 0.012 = 0.464 s.
     outstanding, _, per_output = make_policy("v1-fcfs", COST).load(view)
-    assert per_output == pytest.approx(0.017)
-    assert outstanding == pytest.approx(0.574)
+    assert per_output == pytest.approx(0.012)
+    assert outstanding == pytest.approx(0.464)
+
+
+def test_a_backlog_is_priced_at_the_engines_seats_not_beyond():
+    view = ScriptedView(LIMITS)
+    view.add_relquery("A", [10] * 20, max_tokens=5)
+    # 20 rows wait, 8 seats: per output 0.002 + 0.03 / 8 = 0.00575 s; 200 prompt tokens
+    # and 100 output tokens: 0.2 + 0.575 s.
+    outstanding, _, per_output = make_policy("v1-fcfs", COST).load(view)
+    assert per_output == pytest.approx(0.00575)
+    assert outstanding == pytest.approx(0.775)
 
 
 def test_the_runtime_reads_what_the_plugin_wrote(tmp_path):

@@ -104,6 +104,8 @@ async def serve(policy: str, step_log) -> dict:
     # The order test needs a backlog: 8 seats, all held by the blocker when the trio comes.
     seats = ORDER_SEATS if policy in ORDER_POLICIES else EngineSettings.max_num_seqs
     settings = EngineSettings(policy=policy, step_log=step_log, max_num_seqs=seats)
+    if policy in ORDER_POLICIES:
+        settings = replace(settings, report_load=True)
     if policy == "relstream":
         settings = replace(settings, answer_cache_bytes=1 << 20)
     if policy == "relserve":
@@ -250,9 +252,10 @@ def test_the_engine_reports_the_work_it_has_left(served, policy):
     assert seen, "no load read while 60 rows ran"
     at, most = max(seen, key=lambda sample: sample[1].outstanding_s)
     assert most.per_prompt_token_s > 0 and most.per_output_token_s > 0
-    # Engine seconds, not tokens or ms: within 4x of the time the rows then took (seen:
-    # 1.2x for relstream, 1.9x for stock V1, whose rows are priced at their whole budget).
-    assert 0.25 < most.outstanding_s / (drained_at - at) < 4
+    # Engine seconds, not tokens or ms: within 4x of the time the rows then took (rows
+    # are priced at their whole output budget until a row of their relQuery finishes).
+    ratio = most.outstanding_s / (drained_at - at)
+    assert 0.25 < ratio < 4, (most, drained_at - at)
     assert min(load.outstanding_s for _, load in seen) < most.outstanding_s / 2  # it drains
     after = served[policy]["load_after"]
     assert after is not None and after.outstanding_s == 0.0

@@ -269,6 +269,7 @@ async def _start_backend(opts: dict):
         gpu_memory_utilization=opts["gpu_memory_utilization"],
         tensor_parallel_size=opts["tensor_parallel_size"],
         answer_cache_bytes=0 if opts["answer_cache"] == "off" else opts["answer_cache_mb"] << 20,
+        report_load=opts["load_reports"],
     )
     return await VllmRuntime.start(settings)
 

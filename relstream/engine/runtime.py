@@ -76,6 +76,9 @@ class EngineSettings:
     # any); off, every row runs as stock vLLM runs it (benchmarks compare the two).
     share_identical: bool = True
     prefix_caching: bool = True  # vLLM's: rows sharing a prompt prefix compute it once
+    # The plug-in writes its policy's load for the engine's load reports (`load()`); off,
+    # it computes none (benchmarks time the policy alone).
+    report_load: bool = False
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises, naming the known policies
@@ -117,7 +120,9 @@ class VllmRuntime:
         children_die_with_this_process()  # vLLM's processes too: no orphan outlives a kill
         on_cpu = apply_cpu_defaults(settings.cpu_kv_cache_gib)
         model = resolve_model(settings.model)
-        load_file = LoadFile(Path(tempfile.mkdtemp(prefix="relstream-load-")) / "load.json")
+        load_file = None
+        if settings.report_load:
+            load_file = LoadFile(Path(tempfile.mkdtemp(prefix="relstream-load-")) / "load.json")
         args = AsyncEngineArgs(
             model=model,
             tensor_parallel_size=settings.tensor_parallel_size,
@@ -138,7 +143,8 @@ class VllmRuntime:
         try:
             llm = AsyncLLM.from_engine_args(args)
         except BaseException:
-            shutil.rmtree(load_file.path.parent, ignore_errors=True)
+            if load_file is not None:
+                shutil.rmtree(load_file.path.parent, ignore_errors=True)
             raise
         tokenizer = llm.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
@@ -177,8 +183,8 @@ class VllmRuntime:
         return backlog_rows_for((cache.num_gpu_blocks or 0) * cache.block_size)
 
     def load(self) -> BackendLoad | None:
-        """The policy's outstanding work and prices, as the plug-in last wrote them (none
-        written yet: None, nothing to report); no row in flight here is no work left."""
+        """The policy's outstanding work and prices, as the plug-in last wrote them (None:
+        none written yet, or not asked for, `report_load`); no row in flight, no work."""
         written = self._load_file.read() if self._load_file is not None else None
         if written is None:
             return None
@@ -357,16 +363,14 @@ def _already_shut_down(*_args: object, **_kwargs: object) -> None:
     """What AsyncLLM.shutdown becomes once relstream has shut the engine down."""
 
 
-def _policy_args(settings: EngineSettings, load_file: LoadFile) -> dict:
+def _policy_args(settings: EngineSettings, load_file: LoadFile | None) -> dict:
     """Every policy runs under the plug-in so every run has a step log and its load
     written for reports; for the policies stock vLLM decides itself it only observes."""
     from relstream.engine.plugin import PLUGIN_CLASS
 
-    relstream_config: dict = {
-        "policy": settings.policy,
-        "cost_model": settings.cost_model,
-        "load_file": str(load_file.path),
-    }
+    relstream_config: dict = {"policy": settings.policy, "cost_model": settings.cost_model}
+    if load_file is not None:
+        relstream_config["load_file"] = str(load_file.path)
     if settings.cost_prior:
         relstream_config["cost_prior"] = dict(settings.cost_prior)
     if settings.step_log:

@@ -21,6 +21,13 @@ def unfinished_prefills(view: EngineView) -> list[PrefillChunk]:
     ]
 
 
+def load_batch(view: EngineView) -> int:
+    """The batch an engine's backlog runs in: every request it holds, up to its seats."""
+    tracker = view.tracker
+    held = len(tracker.waiting) + len(tracker.running)
+    return max(1, min(view.limits.max_num_seqs, held))
+
+
 class Policy(ABC):
     name: str
     # Why the last planned step is what it is, for the step log (None: nothing to say).
@@ -46,9 +53,11 @@ class Policy(ABC):
     def load(self, view: EngineView) -> tuple[float, float, float]:
         """What the engine reports for placement (`placement.EngineLoad`): the work its
         relQueries have left in engine seconds (`remaining`, priced at the cost model's
-        lines with today's batch), and what a prompt token and an output token cost."""
+        lines), and what a prompt token and an output token cost. A decode step's base is
+        shared by the batch the backlog will run in (`load_batch`), not today's: a report
+        made as work arrives would otherwise price it at one request a step."""
         tracker = view.tracker
-        c = Coefficients.of(self.cost, len(tracker.running))
+        c = Coefficients.of(self.cost, load_batch(view))
         left = sum((c.work(remaining(info)) for info in tracker.relqueries.values()), 0.0)
         return left, c.per_token, c.per_output
 

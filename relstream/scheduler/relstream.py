@@ -62,7 +62,7 @@ from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
-from relstream.scheduler.policies import Policy
+from relstream.scheduler.policies import Policy, load_batch
 from relstream.scheduler.ranking import RankedQueue
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
 from relstream.scheduler.starvation import StarvationGuard
@@ -141,9 +141,9 @@ class Relstream(Policy):
     def load(self, view: EngineView) -> tuple[float, float, float]:
         """As every policy's, from the book it keeps (prompts at the prefix cache's miss
         ratio) at the last step's prices, the fitted step cost's."""
-        c = self._last
-        if c is None:  # no step planned yet: the cost model's prior prices
+        if self._last is None:  # no step planned yet: the cost model's prior prices
             return super().load(view)
+        c = replace(self._last, batch=load_batch(view))
         return c.work(self._left.total()), c.per_token, c.per_output
 
     def plan_step(self, view: EngineView) -> StepPlan:
