@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from relstream import launch
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
+from relstream.placer import is_load_report
 from relstream.schemas import (
     DeadLetterMessage,
+    LoadReportMessage,
     PartialResultMessage,
     RelQueryMessage,
     ResultMessage,
@@ -27,6 +30,7 @@ from relstream.schemas import (
     decode,
     encode,
 )
+from relstream.schemas.formats import decode_record
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
@@ -230,12 +234,17 @@ def test_streaming_path_with_the_real_engine(tmp_path):
         async def scenario():
             await create_topics(broker.bootstrap, topics.layout(("countries",)))
             worker = start_worker(broker, topics, config, tmp_path / "worker.log")
-            engine = await VllmRuntime.start(EngineSettings(policy="relserve"))
+            engine = await VllmRuntime.start(EngineSettings(policy="relserve", report_load=True))
             stop = asyncio.Event()
             service_config = ServiceConfig(
-                broker.bootstrap, topics, group_id=f"v-{uuid.uuid4().hex}", partial_results=True
+                broker.bootstrap,
+                topics,
+                group_id=f"v-{uuid.uuid4().hex}",
+                partial_results=True,
+                load_report_s=0.25,
             )
             service = asyncio.create_task(EngineService(service_config, engine).run(stop))
+            serving_since = time.monotonic()
             try:
                 producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
                 await producer.start()
@@ -270,7 +279,12 @@ def test_streaming_path_with_the_real_engine(tmp_path):
                 partials = await read_messages(
                     broker.bootstrap, topics.partial_results, len(questions), broker.kind
                 )
-                return answered, list(results.values()), partials
+                # Every load report so far: four a second, and three a second are there.
+                reported = int((time.monotonic() - serving_since) * 3)
+                metrics = await read_messages(
+                    broker.bootstrap, topics.metrics, reported, broker.kind
+                )
+                return answered, list(results.values()), partials, metrics
             finally:
                 worker.send_signal(signal.SIGTERM)
                 worker.wait(30)
@@ -278,9 +292,18 @@ def test_streaming_path_with_the_real_engine(tmp_path):
                 await service
                 engine.shutdown()
 
-        answered, results, partials = asyncio.run(scenario())
+        answered, results, partials, metrics = asyncio.run(scenario())
     for country, capital in capitals.items():
         assert capital in answered[country], (country, answered[country])
+    # The engine reported its load as it served (vLLM's policy, out of its engine core),
+    # owning the relqueries partitions, and its work while the windows ran.
+    reports = [
+        decode_record(LoadReportMessage, m.value, m.headers)
+        for m in metrics
+        if is_load_report(m.headers)
+    ]
+    assert reports and all(r.partitions == list(range(topics.partitions)) for r in reports)
+    assert max(r.outstanding_s for r in reports) > 0, reports
     # Each row's partial result carries its own answer and was published (broker
     # timestamps, ms) no later than its relQuery's result, the first strictly before.
     finished = {decode(ResultMessage, m.value).id: m.timestamp for m in results}
