@@ -7,7 +7,7 @@ import time
 import pytest
 from helpers import ScriptedView
 
-from relstream.engine.loadfile import WRITE_EVERY_S, LoadFile
+from relstream.engine.loadfile import MAX_SHARE, WRITE_EVERY_S, LoadFile
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.registry import make_policy
 
@@ -78,6 +78,14 @@ def test_writes_come_every_period_and_at_once_when_work_runs_out(tmp_path):
     assert writer.due(now, idle=True)  # the last request gone: write the zero now
     writer.write(0.0, 0.001, 0.017)
     assert not writer.due(time.monotonic(), idle=True)  # and only once
+
+
+def test_a_load_slow_to_price_is_written_less_often(tmp_path):
+    writer = LoadFile(tmp_path / "load.json")
+    writer.write(2.0, 0.001, 0.017, took_s=0.04)  # 40 ms: 10,000 one-row relQueries
+    now = time.monotonic()
+    assert not writer.due(now + WRITE_EVERY_S, idle=False)
+    assert writer.due(now + 0.04 / MAX_SHARE, idle=False)  # 0.8 s: 5 % of the thread
 
 
 def test_a_load_that_cannot_be_written_fails_nothing(tmp_path):

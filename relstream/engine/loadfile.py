@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 
 WRITE_EVERY_S = 0.1  # the plug-in's writes at most this often (a report is every 0.25 s)
+MAX_SHARE = 0.05  # of the scheduler's thread spent pricing the load, at most
 
 
 class CoreLoad(msgspec.Struct, frozen=True):
@@ -36,17 +37,24 @@ class LoadFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._written_at = -float("inf")
+        self._period = WRITE_EVERY_S
         self._idle = False  # the last write said no work was left
 
     def due(self, now: float, idle: bool) -> bool:
         """Whether a writer should write now: a period has passed, or the engine has just
         run out of work (so no stale load outlives it while nothing steps)."""
-        return now - self._written_at >= WRITE_EVERY_S or (idle and not self._idle)
+        return now - self._written_at >= self._period or (idle and not self._idle)
 
-    def write(self, outstanding_s: float, per_prompt: float, per_output: float) -> bool:
+    def write(
+        self, outstanding_s: float, per_prompt: float, per_output: float, took_s: float = 0.0
+    ) -> bool:
         """Replace the load; False where the file could not be written (a full or
-        removed folder): a report is best effort, and the scheduler must not fail for it."""
+        removed folder): a report is best effort, and the scheduler must not fail for it.
+        `took_s`, what pricing the load took, stretches the period so that pricing takes
+        at most MAX_SHARE of the writer's time (a policy that walks every relQuery it
+        holds, thousands of them)."""
         now = time.monotonic()
+        self._period = max(WRITE_EVERY_S, took_s / MAX_SHARE)
         record = msgspec.json.encode(CoreLoad(outstanding_s, per_prompt, per_output, now))
         partial = self.path.with_name(self.path.name + ".partial")
         self._written_at = now

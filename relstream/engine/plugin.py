@@ -257,13 +257,16 @@ class RelstreamPlugin(EngineView):
 
     def _write_load(self) -> None:
         """The policy's load for the engine's reports (`engine/loadfile.py`), at most
-        every WRITE_EVERY_S and as soon as no request is left."""
+        every WRITE_EVERY_S (longer where pricing it is slow) and as soon as no request
+        is left."""
         tracker, load_file = self.tracker, self._load_file
         idle = not (tracker.waiting or tracker.running or tracker.held)
         if load_file is None or not load_file.due(time.monotonic(), idle):
             return
+        started = time.perf_counter()
         outstanding, per_prompt, per_output = self.relstream_policy.load(self)
-        load_file.write(0.0 if idle else outstanding, per_prompt, per_output)
+        took = time.perf_counter() - started
+        load_file.write(0.0 if idle else outstanding, per_prompt, per_output, took)
 
     def shutdown(self) -> None:
         if self._step_log:
