@@ -34,6 +34,8 @@ class BackendLoad:
     per_prompt_token_s: float
     per_output_token_s: float
     templates: tuple[str, ...] = ()  # ids of templates it served lately, newest first
+    # its unfinished relQueries per size class (`scheduler.placement.size_counts`)
+    size_counts: tuple[int, ...] = ()
 
 
 def template_id(text: str) -> str:

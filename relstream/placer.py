@@ -124,6 +124,7 @@ class LoadBook:
                 tuple(report.templates),
                 report.per_prompt_token_s,
                 report.per_output_token_s,
+                tuple(report.size_counts),
             )
         )
         return True

@@ -44,6 +44,18 @@ def test_a_running_row_counts_only_what_it_has_left():
     assert outstanding == pytest.approx(0.464)
 
 
+@pytest.mark.parametrize("policy", ["v1-fcfs", "relstream"])
+def test_a_policy_counts_its_relqueries_by_the_size_class_of_what_each_has_left(policy):
+    view = ScriptedView(LIMITS)
+    view.add_relquery("A", [100, 200], max_tokens=10)
+    view.add_relquery("B", [50], max_tokens=4)
+    view.start("A#0")
+    view.start("B#0")
+    # As priced above: A 0.2 + 19 x 0.012 = 0.428 s (class 6: 1/4 to 1/2 s), B 3 x 0.012
+    # = 0.036 s (class 3: 1/32 to 1/16 s).
+    assert make_policy(policy, COST).size_counts(view) == (0, 0, 0, 1, 0, 0, 1)
+
+
 def test_a_backlog_is_priced_at_the_engines_seats_not_beyond():
     view = ScriptedView(LIMITS)
     view.add_relquery("A", [10] * 20, max_tokens=5)

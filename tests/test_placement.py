@@ -1,15 +1,25 @@
 """Placement across engines: least outstanding work, the template's engine among ties,
-the hash when no report is fresh. Cases computed by hand."""
+the engine where a relQuery delays fewest among those near the least, the hash when no
+report is fresh. Cases computed by hand."""
 
-from relstream.scheduler.placement import Choice, EngineLoad, Placement, hash_partition
+from relstream.scheduler.placement import (
+    SIZE_CLASSES,
+    Choice,
+    EngineLoad,
+    Placement,
+    hash_partition,
+    size_class,
+    size_counts,
+)
+from relstream.schemas.messages import MAX_SIZE_CLASSES
 
 PRICES = {"per_prompt_token_s": 0.001, "per_output_token_s": 0.01}
 
 
-def placement() -> Placement:
+def placement(spread: float = 0.0) -> Placement:
     # Engine a owns partitions 0, 1 with 10 s of work; b owns 2, 3 with 4 s.
-    # A prompt token costs each 1 ms, an output token 10 ms.
-    room = Placement(partitions=4)
+    # A prompt token costs each 1 ms, an output token 10 ms. Spread 0: the least work only.
+    room = Placement(partitions=4, spread=spread)
     room.report(EngineLoad("a", (0, 1), 10.0, at=100.0, **PRICES))
     room.report(EngineLoad("b", (2, 3), 4.0, at=100.0, templates=("t1",), **PRICES))
     return room
@@ -57,3 +67,44 @@ def test_a_preferred_engine_keeps_a_relquery_only_within_the_margin():
     assert room.pick(1000, 0, now=101.5, template="t1", prefer="a") == Choice("a", 0)
     assert room.pick(0, 0, now=101.5, template="t1", prefer="a") == Choice("b", 3)
     assert room.pick(0, 0, now=105.0, prefer="a") is None  # every report expired
+def test_a_size_class_is_a_power_of_two_of_the_work_left():
+    # Class k runs from 2**(k-8) s to twice that; below 1/128 s class 0, from 128 s the last.
+    assert [size_class(w) for w in (0.0, 0.007, 2**-7, 0.25, 1.0, 1.99, 3.0, 127.9, 500.0)] == [
+        0, 0, 1, 6, 8, 8, 9, 14, 15,
+    ]  # fmt: skip
+    # 0.25 s in class 6, two of 1-2 s in class 8, 3 s in class 9; nothing past it is sent.
+    assert size_counts([1.0, 1.5, 0.25, 3.0]) == (0, 0, 0, 0, 0, 0, 1, 0, 2, 1)
+    assert size_counts([]) == ()
+    assert SIZE_CLASSES == MAX_SIZE_CLASSES  # what the wire bounds a report's classes to
+
+
+def test_near_the_least_work_a_relquery_goes_where_it_delays_fewest():
+    # Each relQuery: 100 output tokens at 10 ms = 1 s, class 8. a: 6 s, two relQueries of
+    # 3 s (class 9, larger: both delayed); b: 10 s, twenty of 0.5 s (class 7: none
+    # delayed); c: 13 s and nothing counted, but over twice the least (12 s) with spread 1.
+    room = Placement(partitions=6, spread=1.0)
+    room.report(EngineLoad("a", (0, 1), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
+    counts = (0,) * 7 + (20,)
+    room.report(EngineLoad("b", (2, 3), 10.0, 100.0, size_counts=counts, **PRICES))
+    room.report(EngineLoad("c", (4, 5), 13.0, 100.0, **PRICES))
+    # b delays 0, then 0.5 and 1 (half of those sent of its own class) against a's 2;
+    # at 13 s b is past 12 s and a, the only one left near, takes the fourth.
+    assert [room.choose(b"k", 0, 100, now=100.5) for _ in range(4)] == [2, 3, 2, 0]
+    assert room.delayed("b", 1.0) == 1.5 and room.delayed("a", 1.0) == 2.5
+    # Now a 7 s, b and c 13 s, all within 14 s. A relQuery of 2.5 s (class 9) delays half
+    # of a's two, none on b or c: b, tied with c at 13 s, by name. One of 4 s (class 10)
+    # delays none anywhere: a, the least work.
+    assert room.choose(b"k", 0, 250, now=100.6) == 3
+    assert room.choose(b"k", 0, 400, now=100.6) == 1
+    # A fresh report of b forgets what was sent: its own counts only.
+    room.report(EngineLoad("b", (2, 3), 2.0, 101.0, size_counts=(0,) * 9 + (1,), **PRICES))
+    assert room.delayed("b", 1.0) == 1.0
+
+
+def test_the_templates_engine_still_wins_among_those_within_the_margin():
+    # a and b within 10 %: the template's engine a, though it delays two relQueries there.
+    room = Placement(partitions=2, spread=1.0)
+    room.report(EngineLoad("a", (0,), 4.2, 100.0, ("t",), size_counts=(0,) * 9 + (2,), **PRICES))
+    room.report(EngineLoad("b", (1,), 4.0, 100.0, **PRICES))
+    assert room.choose(b"k", 0, 100, now=100.5, template="t") == 0
+    assert room.choose(b"k", 0, 100, now=100.5, template="u") == 1

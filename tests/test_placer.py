@@ -2,12 +2,14 @@
 
 import asyncio
 
+import msgpack
 import pytest
 
 from relstream.backend import template_id
 from relstream.engine.tokenizer import load_tokenizer
 from relstream.model import RelQuery, Row, Template
 from relstream.placer import LoadBook, placement_of, prompt_tokens
+from relstream.scheduler.placement import size_class
 from relstream.schemas import LoadReportMessage, RelQueryMessage, RelQueryRow, encode
 from relstream.service.loadreport import HEADERS
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
@@ -16,7 +18,9 @@ TOPIC = "relstream.relqueries"
 NOW = 1000.0
 
 
-def report(engine, partitions, outstanding, at=NOW, per_output=0.01, templates=(), topic=TOPIC):
+def report(
+    engine, partitions, outstanding, at=NOW, per_output=0.01, templates=(), topic=TOPIC, sizes=()
+):
     message = LoadReportMessage(
         engine=engine,
         topic=topic,
@@ -24,6 +28,7 @@ def report(engine, partitions, outstanding, at=NOW, per_output=0.01, templates=(
         outstanding_s=outstanding,
         per_output_token_s=per_output,
         templates=list(templates),
+        size_counts=list(sizes),
         at=at,
     )
     return encode(message)
@@ -60,17 +65,18 @@ def test_the_least_loaded_engine_takes_it_counting_what_was_sent_since(book):
     # Each relQuery: 2 rows x 10 tokens = 20 output tokens at 0.01 s = 0.2 s (prompts free).
     book.take(report("a", [0, 1], 1.0), HEADERS)
     book.take(report("b", [2, 3], 0.5), HEADERS)
-    # b: 0.5 -> 0.7 -> 0.9; then a (1.0) and b (0.9) are tied within 10 %: b, the least.
-    assert [book.partition_for(relquery(f"q{i}")) for i in range(3)] == [2, 3, 2]
-    # b at 1.1 is within 10 % of a at 1.0 (or just over it): a, the least, either way.
-    assert book.partition_for(relquery("q3")) == 0
-    # A fresh report of b resets what was sent to it since.
+    # Near the least (within 50 %) and delaying none the reports count: q0 to b alone
+    # (a over 0.75 s). Then b holds one of q0's size (half of it delayed), a at 1.0 s is
+    # within 1.05 s: q1 to a; q2 to b alone (a, 1.2 s, over 1.05 s); q3 to a, 1.2 s within
+    # 1.35 s and holding one against b's two.
+    assert [book.partition_for(relquery(f"q{i}")) for i in range(4)] == [2, 0, 3, 1]
+    # A fresh report of b resets what was sent to it since: 0 s, alone near the least.
     book.take(report("b", [2, 3], 0.0, at=NOW + 0.5), HEADERS)
-    assert book.partition_for(relquery("q4")) == 3
+    assert book.partition_for(relquery("q4")) == 2
     # An older report of b than the one it has is ignored.
     book.take(report("b", [2, 3], 9.0, at=NOW), HEADERS)
     assert book.engines() == ["a", "b"]
-    assert book.partition_for(relquery("q5")) == 2
+    assert book.partition_for(relquery("q5")) == 3
 
 
 def test_among_tied_engines_the_one_that_served_the_template_wins(book):
@@ -78,6 +84,19 @@ def test_among_tied_engines_the_one_that_served_the_template_wins(book):
     book.take(report("b", [1], 1.05, templates=[template_id("Say {x}.")]), HEADERS)
     assert book.partition_for(relquery()) == 1
     assert book.partition_for(relquery(template="Other {x}.")) == 0
+
+
+def test_where_it_delays_fewest_comes_from_the_reports_size_counts(book):
+    # Each relQuery: 0.2 s (class 5). a: 1.0 s, nothing counted (an engine of the previous
+    # release: its report has no size_counts); b: 0.7 s, four relQueries of 0.5 s (class 7)
+    # it would delay; a within 50 % of b: a.
+    old = msgpack.unpackb(report("a", [0], 1.0))
+    assert "size_counts" not in old  # left out at its default, as older readers expect
+    assert book.take(msgpack.packb(old), HEADERS)
+    assert book.take(report("b", [1], 0.7, sizes=[0] * 7 + [4]), HEADERS)
+    assert book.partition_for(relquery()) == 0
+    # Bounded: a report with more classes than the wire allows is refused, and logged.
+    assert not book.take(report("c", [2], 0.0, sizes=[1] * 17), HEADERS)
 
 
 def test_prompt_tokens_are_estimated_from_characters():
@@ -116,5 +135,8 @@ def test_the_sim_backend_reports_its_work_in_flight_at_its_speed():
     # The relQuery takes 4 x its simulated latency in engine seconds, 0.2 s real = 0.4 s of it.
     assert during.outstanding_s == pytest.approx(4 * alone - 0.4, abs=0.2)
     assert after.outstanding_s == 0.0 and after.templates == (template_id("Describe {city}."),)
+    # One relQuery in flight, counted in the size class of what it has left.
+    assert during.size_counts[size_class(during.outstanding_s)] == 1 == sum(during.size_counts)
+    assert after.size_counts == ()
     with pytest.raises(ValueError, match="sim speed"):
         SimSettings(speed=0)

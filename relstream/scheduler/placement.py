@@ -1,25 +1,54 @@
-"""Which engine a relQuery goes to: the one with the least outstanding work, not a hash.
+"""Which engine a relQuery goes to: by outstanding work and the delay it imposes, not a hash.
 
 Engines in one consumer group each own some partitions of the relqueries topic, so the
 partition a relQuery is written to picks its engine. Each engine reports, about once a
-second, the partitions it owns and its outstanding work in engine seconds (its own cost
-fit); a report expires after `expiry` seconds. The placer sends a relQuery to the engine
-with the least work: its last report plus the work the placer itself sent it since.
-Among engines within `margin` of the least, one that recently served the same template
-is preferred (its prompt prefix is cached). With no fresh report it falls back to the
-key's hash, as a producer's default partitioner does. The same object places relQueries
-from the Python client (`relstream/placer.py`) and among the simulator's engines
-(`relstream_lab/placement/run.py`).
+second, the partitions it owns, its outstanding work in engine seconds (its own cost
+fit) and its unfinished relQueries counted by size class; a report expires after
+`expiry` seconds. The placer estimates each engine's work as its last report plus the
+work the placer itself sent it since. Among engines within `margin` of the least, one
+that recently served the same template wins (its prompt prefix is cached). Otherwise,
+among engines within `spread` of the least, the relQuery goes where it delays the fewest
+relQueries: an engine runs small relQueries first, so a relQuery placed there delays the
+ones larger than it, and placing it beside relQueries of its own size keeps an engine's
+large relQueries from being passed by every small one that arrives (a burst's tail);
+then the least work. With no fresh report it falls back to the key's hash, as a
+producer's default partitioner does. The same object places relQueries from the Python
+client, the worker and the HTTP door (`relstream/placer.py`) and among the simulator's
+engines (`relstream_lab/placement/run.py`).
 """
 
 from __future__ import annotations
 
+import math
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 EXPIRY_S = 3.0  # a report older than this is not trusted (three report periods)
-MARGIN = 0.1  # engines within 10 % of the least count as tied
+MARGIN = 0.1  # engines within 10 % of the least count as tied for the template
+SPREAD = 0.5  # engines within 50 % of the least may take a relQuery where it delays fewest
+SIZE_CLASSES = 16  # a report counts relQueries in at most this many size classes
+SMALLEST_CLASS_S = 2.0**-8  # class k: from 2**k times this to twice that (class 0: from 0)
+
+
+def size_class(work_s: float) -> int:
+    """The size class of a relQuery with `work_s` engine seconds left: its power of two,
+    class 0 for under 1/128 s, the last class for 128 s and more."""
+    if work_s < 2 * SMALLEST_CLASS_S:
+        return 0
+    return min(SIZE_CLASSES - 1, math.floor(math.log2(work_s / SMALLEST_CLASS_S)))
+
+
+def size_counts(works: Iterable[float]) -> tuple[int, ...]:
+    """How many relQueries of these works fall in each size class, up to the last
+    class that holds one."""
+    counts = [0] * SIZE_CLASSES
+    for work in works:
+        counts[size_class(work)] += 1
+    while counts and not counts[-1]:
+        counts.pop()
+    return tuple(counts)
 
 
 @dataclass(frozen=True)
@@ -33,6 +62,7 @@ class EngineLoad:
     templates: tuple[str, ...] = ()  # templates it served lately, most recent first
     per_prompt_token_s: float = 0.0  # its cost fit: what a prompt token costs it
     per_output_token_s: float = 0.0  # and an output token, its step shared by the batch
+    size_counts: tuple[int, ...] = ()  # its unfinished relQueries per size class
 
     def work(self, prompt_tokens: int, output_tokens: int) -> float:
         """Engine seconds a relQuery of these tokens adds to this engine."""
@@ -58,8 +88,10 @@ class Placement:
     partitions: int
     expiry: float = EXPIRY_S
     margin: float = MARGIN
+    spread: float = SPREAD
     _reports: dict[str, EngineLoad] = field(default_factory=dict)
     _sent: dict[str, float] = field(default_factory=dict)  # work sent since each report
+    _sent_sizes: dict[str, list[int]] = field(default_factory=dict)  # the same, per class
     _turn: dict[str, int] = field(default_factory=dict)  # round robin over its partitions
 
     def report(self, load: EngineLoad) -> None:
@@ -70,10 +102,23 @@ class Placement:
             return
         self._reports[load.engine] = load
         self._sent[load.engine] = 0.0
+        self._sent_sizes[load.engine] = [0] * SIZE_CLASSES
 
     def estimate(self, engine: str) -> float:
         """The engine's outstanding work as the placer sees it."""
         return self._reports[engine].outstanding_s + self._sent.get(engine, 0.0)
+
+    def delayed(self, engine: str, work: float) -> float:
+        """How many of the engine's relQueries a relQuery of `work` engine seconds would
+        delay, as the placer sees them: those in larger size classes, and half of those
+        in its own (the engine runs the smaller first)."""
+        own = size_class(work)
+        sent = self._sent_sizes.get(engine, [0] * SIZE_CLASSES)
+        counts = [*self._reports[engine].size_counts, *[0] * SIZE_CLASSES]
+        return (
+            sum(counts[k] + sent[k] for k in range(own + 1, SIZE_CLASSES))
+            + (counts[own] + sent[own]) / 2
+        )
 
     def fresh(self, now: float) -> list[EngineLoad]:
         """Reports young enough to trust, of engines that own partitions."""
@@ -110,16 +155,26 @@ class Placement:
         loads = self.fresh(now)
         if not loads:
             return None
-        least = min(self.estimate(load.engine) for load in loads)
-        bound = least * (1 + self.margin)
-        tied = [load for load in loads if self.estimate(load.engine) <= bound]
-        warm = [load for load in tied if template is not None and template in load.templates]
+        estimate = {load.engine: self.estimate(load.engine) for load in loads}
+        least = min(estimate.values())
+        tied = [load for load in loads if estimate[load.engine] <= least * (1 + self.margin)]
         mine = [load for load in tied if load.engine == prefer]
-        chosen = min(
-            mine or warm or tied, key=lambda load: (self.estimate(load.engine), load.engine)
-        )
+        warm = [load for load in tied if template is not None and template in load.templates]
+        if mine or warm:
+            chosen = min(mine or warm, key=lambda load: (estimate[load.engine], load.engine))
+        else:
+            bound = least * (1 + self.spread)
+            chosen = min(
+                (load for load in loads if estimate[load.engine] <= bound),
+                key=lambda load: (
+                    self.delayed(load.engine, load.work(prompt_tokens, output_tokens)),
+                    estimate[load.engine],
+                    load.engine,
+                ),
+            )
         work = chosen.work(prompt_tokens, output_tokens)
         self._sent[chosen.engine] = self._sent.get(chosen.engine, 0.0) + work
+        self._sent_sizes.setdefault(chosen.engine, [0] * SIZE_CLASSES)[size_class(work)] += 1
         turn = self._turn.get(chosen.engine, 0)
         self._turn[chosen.engine] = turn + 1
         return Choice(chosen.engine, chosen.partitions[turn % len(chosen.partitions)])

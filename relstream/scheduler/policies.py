@@ -6,6 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from relstream.scheduler.cost import Coefficients, CostModel
+from relstream.scheduler.placement import size_counts
 from relstream.scheduler.remaining import remaining
 from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import EngineView, PrefillChunk, StepFeedback, StepPlan
@@ -26,6 +27,11 @@ def load_batch(view: EngineView) -> int:
     tracker = view.tracker
     held = len(tracker.waiting) + len(tracker.running)
     return max(1, min(view.limits.max_num_seqs, held))
+
+
+def _works_left(view: EngineView, c: Coefficients) -> list[float]:
+    """Each relQuery's work left (`remaining`) at the prices `c`."""
+    return [c.work(remaining(info)) for info in view.tracker.relqueries.values()]
 
 
 class Policy(ABC):
@@ -56,10 +62,14 @@ class Policy(ABC):
         lines), and what a prompt token and an output token cost. A decode step's base is
         shared by the batch the backlog will run in (`load_batch`), not today's: a report
         made as work arrives would otherwise price it at one request a step."""
-        tracker = view.tracker
         c = Coefficients.of(self.cost, load_batch(view))
-        left = sum((c.work(remaining(info)) for info in tracker.relqueries.values()), 0.0)
-        return left, c.per_token, c.per_output
+        return sum(_works_left(view, c), 0.0), c.per_token, c.per_output
+
+    def size_counts(self, view: EngineView) -> tuple[int, ...]:
+        """Its relQueries counted by size class (`placement.size_counts`), each by the work
+        it has left as `load` prices it: placement sends a relQuery where it delays the
+        fewest larger ones."""
+        return size_counts(_works_left(view, Coefficients.of(self.cost, load_batch(view))))
 
     def cost_coefficients(self) -> dict[str, float]:
         """The step costs this policy decides with, as last fitted (for reports)."""

@@ -62,6 +62,7 @@ from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
+from relstream.scheduler.placement import size_counts
 from relstream.scheduler.policies import Policy, load_batch
 from relstream.scheduler.ranking import RankedQueue
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
@@ -145,6 +146,13 @@ class Relstream(Policy):
             return super().load(view)
         c = replace(self._last, batch=load_batch(view))
         return c.work(self._left.total()), c.per_token, c.per_output
+
+    def size_counts(self, view: EngineView) -> tuple[int, ...]:
+        """As every policy's, from its book at the prices `load` reports."""
+        if self._last is None:
+            return super().size_counts(view)
+        c = replace(self._last, batch=load_batch(view))
+        return size_counts(c.work(left) for left in self._left.values())
 
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._last = self._coefficients(view)

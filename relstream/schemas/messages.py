@@ -33,6 +33,7 @@ MAX_OUTPUT_TOKENS = 32_768
 MAX_CHOICES = 1024
 MAX_REGEX_CHARS = 4096
 MAX_STOP_STRINGS = 16
+MAX_SIZE_CLASSES = 16  # a load report's size classes (scheduler.placement.SIZE_CLASSES)
 MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
 MAX_DEADLINE_S = 366 * 24 * 3600.0  # a deadline further off than a year is no deadline
 
@@ -268,6 +269,9 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     per_prompt_token_s: Annotated[float, Meta(ge=0)] = 0.0  # its cost fit, a prompt token
     per_output_token_s: Annotated[float, Meta(ge=0)] = 0.0  # and an output token
     templates: list[str] = []  # ids of templates it served lately, most recent first
+    # its unfinished relQueries counted per size class (work left: class k from 2**(k-8) s
+    # to twice that), at most 16 classes; absent from older engines' reports
+    size_counts: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SIZE_CLASSES)] = []
     at: Annotated[float, Meta(description="seconds since the epoch")]
 
 

@@ -38,6 +38,7 @@ def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
         per_prompt_token_s=load.per_prompt_token_s,
         per_output_token_s=load.per_output_token_s,
         templates=list(load.templates),
+        size_counts=list(load.size_counts),
         at=time.time(),
     )
 

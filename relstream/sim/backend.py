@@ -46,6 +46,7 @@ from relstream.model import (
 from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.placement import size_counts
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
@@ -209,14 +210,19 @@ class SimRelQueryBackend:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def load(self) -> BackendLoad:
-        """Engine seconds its relQueries in flight have yet to take, and the profile's
-        prices (an output token's step shared by a full batch), at its speed."""
+        """Engine seconds its relQueries in flight have yet to take, each and together,
+        and the profile's prices (an output token's step shared by a full batch), at its
+        speed."""
         now, speed, scale = time.monotonic(), self.settings.speed, self.settings.time_scale
-        left = sum((max(due - now, 0.0) for due in self._ends.values()), 0.0)
-        left = left / scale if scale else 0.0
+        each = [max(due - now, 0.0) / scale for due in self._ends.values()] if scale else []
+        left = sum(each, 0.0)
         prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
         return BackendLoad(
-            left, prices.per_token / speed, prices.per_output / speed, self._templates.ids()
+            left,
+            prices.per_token / speed,
+            prices.per_output / speed,
+            self._templates.ids(),
+            size_counts(each),
         )
 
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:

@@ -176,7 +176,8 @@ def _outstanding(sim: Simulator) -> float:
 def _report(index: int, sim: Simulator, now: float) -> EngineLoad:
     assert isinstance(sim.policy, Relstream)
     outstanding, per_prompt, per_output = sim.policy.load(sim)
-    return EngineLoad(str(index), (index,), outstanding, now, (), per_prompt, per_output)
+    sizes = sim.policy.size_counts(sim)
+    return EngineLoad(str(index), (index,), outstanding, now, (), per_prompt, per_output, sizes)
 
 
 def _place(
