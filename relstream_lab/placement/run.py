@@ -3,9 +3,9 @@
 Each engine is a `Simulator` running relstream's policy and owns one partition. A
 relQuery arriving is placed by the key's hash (`hash`, what a consumer group gives
 today) or by `scheduler.placement.Placement` (`load`), fed every `report_s` seconds by
-each engine's own report (its policy's outstanding work and prices), as the metrics
-topic would carry them. `exact` is what the placer chases: the relQuery goes to
-the engine with the least outstanding work known exactly at that instant. `pooled` is
+each engine's own report (its policy's outstanding work, prices and unfinished relQueries
+per size class), as the metrics topic would carry them. `exact` is what the placer
+chases: the same rule on each engine's report taken at that instant. `pooled` is
 the pooled ideal, one queue for E engines (`serve_pooled`). Engines are
 stepped in time order (the one with the earliest clock next), so an engine sees a
 relQuery when its running step ends, as a real one does. Load is a fraction of E times
@@ -298,11 +298,12 @@ def markdown(records: list[dict], command: str, machine: str) -> list[str]:
         "```",
         "",
         f"Machine: {machine}. Each engine runs relstream's policy on the simulator; `hash`:"
-        " the key's hash picks the engine (a consumer group today); `load`: the least"
-        " outstanding work from each engine's report (every `--report-s` seconds) plus what"
-        " the placer sent it since"
-        " (`scheduler/placement.py`); `exact`: the least outstanding work known exactly"
-        " at each arrival; `pooled`: the pooled ideal, one FCFS queue for the E engines,"
+        " the key's hash picks the engine (a consumer group today); `load`: each engine's"
+        " outstanding work from its report (every `--report-s` seconds) plus what the placer"
+        " sent it since, and among engines within 50 % of the least, the one where the"
+        " relQuery delays the fewest larger relQueries, by the report's count per size"
+        " class (`scheduler/placement.py`); `exact`: the same rule on reports taken at each"
+        " arrival; `pooled`: the pooled ideal, one FCFS queue for the E engines,"
         " each relQuery dispatched when an engine can start it (its own queue empty) to"
         " the free one with the least outstanding work. Load: a fraction of E engines'"
         " capacity (stock V1 FCFS on the whole trace at once, times E).",
