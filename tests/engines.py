@@ -50,15 +50,19 @@ def answers_by(broker, topics) -> collections.Counter:
     count, from the metrics topic (one message per answer)."""
 
     async def read() -> collections.Counter:
+        # To its end: until 2 s pass without an answer. Engines write load reports there
+        # too, four a second, so the topic itself is never idle while one runs.
         subscription = Subscription(
             broker.bootstrap, topics.metrics, broker_kind=broker.kind, idle_seconds=2, timeout=60
         )
+        answers, last = [], time.monotonic()
         async with subscription as messages:
-            answers = [
-                decode(MetricsMessage, m.value)
-                async for m in messages
-                if not is_load_report(m.headers)  # engines report their load there too
-            ]
+            async for m in messages:
+                if not is_load_report(m.headers):
+                    answers.append(decode(MetricsMessage, m.value))
+                    last = time.monotonic()
+                elif time.monotonic() - last >= 2:
+                    break
         return collections.Counter(
             (int(answer.engine.rsplit(":", 1)[1]), answer.relquery_id) for answer in answers
         )

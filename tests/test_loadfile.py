@@ -71,9 +71,10 @@ def test_the_runtime_reads_what_the_plugin_wrote(tmp_path):
     reader = LoadFile(path)
     assert reader.read() is None  # nothing written yet: nothing to report
     before = time.monotonic()
-    assert LoadFile(path).write(1.5, 0.001, 0.017)
+    assert LoadFile(path).write(1.5, 0.001, 0.017, size_counts=(0, 2, 1))
     written = reader.read()
     assert (written.outstanding_s, written.per_prompt_token_s) == (1.5, 0.001)
+    assert written.size_counts == (0, 2, 1)
     assert written.per_output_token_s == 0.017
     assert before <= written.at <= time.monotonic()
     path.write_bytes(b'{"outstanding_s": ')  # not ours, or cut: read as nothing

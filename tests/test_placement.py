@@ -81,19 +81,20 @@ def test_a_size_class_is_a_power_of_two_of_the_work_left():
 def test_near_the_least_work_a_relquery_goes_where_it_delays_fewest():
     # Each relQuery: 100 output tokens at 10 ms = 1 s, class 8. a: 6 s, two relQueries of
     # 3 s (class 9, larger: both delayed); b: 10 s, twenty of 0.5 s (class 7: none
-    # delayed); c: 13 s and nothing counted, but over twice the least (12 s) with spread 1.
+    # delayed); c: 13 s, one relQuery of 8-16 s (class 11), but over twice the least
+    # (12 s) with spread 1.
     room = Placement(partitions=6, spread=1.0)
     room.report(EngineLoad("a", (0, 1), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
     counts = (0,) * 7 + (20,)
     room.report(EngineLoad("b", (2, 3), 10.0, 100.0, size_counts=counts, **PRICES))
-    room.report(EngineLoad("c", (4, 5), 13.0, 100.0, **PRICES))
+    room.report(EngineLoad("c", (4, 5), 13.0, 100.0, size_counts=(0,) * 11 + (1,), **PRICES))
     # b delays 0, then 0.5 and 1 (half of those sent of its own class) against a's 2;
     # at 13 s b is past 12 s and a, the only one left near, takes the fourth.
     assert [room.choose(b"k", 0, 100, now=100.5) for _ in range(4)] == [2, 3, 2, 0]
     assert room.delayed("b", 1.0) == 1.5 and room.delayed("a", 1.0) == 2.5
     # Now a 7 s, b and c 13 s, all within 14 s. A relQuery of 2.5 s (class 9) delays half
-    # of a's two, none on b or c: b, tied with c at 13 s, by name. One of 4 s (class 10)
-    # delays none anywhere: a, the least work.
+    # of a's two, c's one, none on b: b. One of 4 s (class 10) delays c's one, none on a
+    # or b: a, the least work.
     assert room.choose(b"k", 0, 250, now=100.6) == 3
     assert room.choose(b"k", 0, 400, now=100.6) == 1
     # A fresh report of b forgets what was sent: its own counts only.
@@ -108,3 +109,21 @@ def test_the_templates_engine_still_wins_among_those_within_the_margin():
     room.report(EngineLoad("b", (1,), 4.0, 100.0, **PRICES))
     assert room.choose(b"k", 0, 100, now=100.5, template="t") == 0
     assert room.choose(b"k", 0, 100, now=100.5, template="u") == 1
+
+
+def test_an_engine_that_does_not_count_its_relqueries_leaves_the_least_work_to_decide():
+    # b has work and no counts (an older release): it would look as if it delayed none.
+    # Near the least (a, 6 s, two larger relQueries), the least work decides: a. Once b
+    # is past the spread (18 s > 9 s), a's counts decide among the rest, a alone.
+    room = Placement(partitions=2, spread=0.5)
+    room.report(EngineLoad("a", (0,), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
+    room.report(EngineLoad("b", (1,), 8.0, 100.0, **PRICES))
+    assert not room.fresh(100.5)[1].counted
+    assert room.choose(b"k", 0, 100, now=100.5) == 0
+    room.report(EngineLoad("b", (1,), 18.0, 101.0, **PRICES))
+    assert room.choose(b"k", 0, 100, now=101.5) == 0
+    # An idle engine counts none and is counted: the rule applies, and b (idle, 0 s)
+    # delays no one.
+    room.report(EngineLoad("b", (1,), 0.0, 102.0, **PRICES))
+    assert room.fresh(102.5)[1].counted
+    assert room.choose(b"k", 0, 100, now=102.5) == 1

@@ -65,18 +65,17 @@ def test_the_least_loaded_engine_takes_it_counting_what_was_sent_since(book):
     # Each relQuery: 2 rows x 10 tokens = 20 output tokens at 0.01 s = 0.2 s (prompts free).
     book.take(report("a", [0, 1], 1.0), HEADERS)
     book.take(report("b", [2, 3], 0.5), HEADERS)
-    # Near the least (within 50 %) and delaying none the reports count: q0 to b alone
-    # (a over 0.75 s). Then b holds one of q0's size (half of it delayed), a at 1.0 s is
-    # within 1.05 s: q1 to a; q2 to b alone (a, 1.2 s, over 1.05 s); q3 to a, 1.2 s within
-    # 1.35 s and holding one against b's two.
-    assert [book.partition_for(relquery(f"q{i}")) for i in range(4)] == [2, 0, 3, 1]
-    # A fresh report of b resets what was sent to it since: 0 s, alone near the least.
+    # Neither counts its relQueries by size (older engines): the least work decides.
+    # b: 0.5 → 0.7 → 0.9 → 1.1 s (partitions 2, 3 in turn, a's 1.0 s over 0.99 at q2),
+    # then a.
+    assert [book.partition_for(relquery(f"q{i}")) for i in range(4)] == [2, 3, 2, 0]
+    # A fresh report of b resets what was sent to it since: 0 s, the least.
     book.take(report("b", [2, 3], 0.0, at=NOW + 0.5), HEADERS)
-    assert book.partition_for(relquery("q4")) == 2
+    assert book.partition_for(relquery("q4")) == 3
     # An older report of b than the one it has is ignored.
     book.take(report("b", [2, 3], 9.0, at=NOW), HEADERS)
     assert book.engines() == ["a", "b"]
-    assert book.partition_for(relquery("q5")) == 3
+    assert book.partition_for(relquery("q5")) == 2
 
 
 def test_among_tied_engines_the_one_that_served_the_template_wins(book):
@@ -88,13 +87,18 @@ def test_among_tied_engines_the_one_that_served_the_template_wins(book):
 
 def test_where_it_delays_fewest_comes_from_the_reports_size_counts(book):
     # Each relQuery: 0.2 s (class 5). a: 1.0 s, nothing counted (an engine of the previous
-    # release: its report has no size_counts); b: 0.7 s, four relQueries of 0.5 s (class 7)
-    # it would delay; a within 50 % of b: a.
+    # release: its report has no size_counts, so it would look as if it delayed none);
+    # b: 0.7 s, four relQueries of 0.5 s (class 7). a is near the least and uncounted:
+    # the least work decides, b.
     old = msgpack.unpackb(report("a", [0], 1.0))
     assert "size_counts" not in old  # left out at its default, as older readers expect
     assert book.take(msgpack.packb(old), HEADERS)
     assert book.take(report("b", [1], 0.7, sizes=[0] * 7 + [4]), HEADERS)
-    assert book.partition_for(relquery()) == 0
+    assert book.partition_for(relquery()) == 1
+    # a upgraded: one relQuery of 0.25 s (class 6) counted. Now b, 0.9 s, would delay its
+    # four larger ones and a its one: a, within 50 % of b.
+    assert book.take(report("a", [0], 1.0, at=NOW + 0.1, sizes=[0] * 6 + [1]), HEADERS)
+    assert book.partition_for(relquery("q1")) == 0
     # Bounded: a report with more classes than the wire allows is refused, and logged.
     assert not book.take(report("c", [2], 0.0, sizes=[1] * 17), HEADERS)
 

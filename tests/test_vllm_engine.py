@@ -252,6 +252,7 @@ def test_the_engine_reports_the_work_it_has_left(served, policy):
     assert seen, "no load read while 60 rows ran"
     at, most = max(seen, key=lambda sample: sample[1].outstanding_s)
     assert most.per_prompt_token_s > 0 and most.per_output_token_s > 0
+    assert sum(most.size_counts) >= 1  # its relQueries counted by size, for placement
     # Engine seconds, not tokens or ms: within 4x of the time the rows then took (rows
     # are priced at their whole output budget until a row of their relQuery finishes).
     ratio = most.outstanding_s / (drained_at - at)

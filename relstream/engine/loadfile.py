@@ -29,6 +29,7 @@ class CoreLoad(msgspec.Struct, frozen=True):
     per_prompt_token_s: float
     per_output_token_s: float
     at: float
+    size_counts: tuple[int, ...] = ()  # its relQueries per size class (Policy.size_counts)
 
 
 class LoadFile:
@@ -46,7 +47,12 @@ class LoadFile:
         return now - self._written_at >= self._period or (idle and not self._idle)
 
     def write(
-        self, outstanding_s: float, per_prompt: float, per_output: float, took_s: float = 0.0
+        self,
+        outstanding_s: float,
+        per_prompt: float,
+        per_output: float,
+        size_counts: tuple[int, ...] = (),
+        took_s: float = 0.0,
     ) -> bool:
         """Replace the load; False where the file could not be written (a full or
         removed folder): a report is best effort, and the scheduler must not fail for it.
@@ -55,7 +61,8 @@ class LoadFile:
         holds, thousands of them)."""
         now = time.monotonic()
         self._period = max(WRITE_EVERY_S, took_s / MAX_SHARE)
-        record = msgspec.json.encode(CoreLoad(outstanding_s, per_prompt, per_output, now))
+        load = CoreLoad(outstanding_s, per_prompt, per_output, now, size_counts)
+        record = msgspec.json.encode(load)
         partial = self.path.with_name(self.path.name + ".partial")
         self._written_at = now
         try:

@@ -263,10 +263,11 @@ class RelstreamPlugin(EngineView):
         idle = not (tracker.waiting or tracker.running or tracker.held)
         if load_file is None or not load_file.due(time.monotonic(), idle):
             return
-        started = time.perf_counter()
-        outstanding, per_prompt, per_output = self.relstream_policy.load(self)
+        started, policy = time.perf_counter(), self.relstream_policy
+        outstanding, per_prompt, per_output = policy.load(self)
+        counts = () if idle else policy.size_counts(self)
         took = time.perf_counter() - started
-        load_file.write(0.0 if idle else outstanding, per_prompt, per_output, took)
+        load_file.write(0.0 if idle else outstanding, per_prompt, per_output, counts, took)
 
     def shutdown(self) -> None:
         if self._step_log:

@@ -188,12 +188,13 @@ class VllmRuntime:
         written = self._load_file.read() if self._load_file is not None else None
         if written is None:
             return None
-        outstanding = written.outstanding_s if self._rows_in_flight else 0.0
+        busy = self._rows_in_flight > 0
         return BackendLoad(
-            outstanding,
+            written.outstanding_s if busy else 0.0,
             written.per_prompt_token_s,
             written.per_output_token_s,
             self._templates.ids(),
+            written.size_counts if busy else (),
         )
 
     async def reset_prefix_cache(self) -> None:

@@ -64,6 +64,12 @@ class EngineLoad:
     per_output_token_s: float = 0.0  # and an output token, its step shared by the batch
     size_counts: tuple[int, ...] = ()  # its unfinished relQueries per size class
 
+    @property
+    def counted(self) -> bool:
+        """Whether its report counts its relQueries by size: one with work left and no
+        counts comes from an engine that does not count them."""
+        return bool(self.size_counts) or self.outstanding_s <= 0
+
     def work(self, prompt_tokens: int, output_tokens: int) -> float:
         """Engine seconds a relQuery of these tokens adds to this engine."""
         return self.per_prompt_token_s * prompt_tokens + self.per_output_token_s * output_tokens
@@ -160,12 +166,16 @@ class Placement:
         tied = [load for load in loads if estimate[load.engine] <= least * (1 + self.margin)]
         mine = [load for load in tied if load.engine == prefer]
         warm = [load for load in tied if template is not None and template in load.templates]
-        if mine or warm:
-            chosen = min(mine or warm, key=lambda load: (estimate[load.engine], load.engine))
-        else:
-            bound = least * (1 + self.spread)
+        near = [load for load in loads if estimate[load.engine] <= least * (1 + self.spread)]
+        if mine or warm or not all(load.counted for load in near):
+            # An engine that does not count its relQueries (an older release) would look
+            # as if it delayed none: where one is near the least, the least work decides.
             chosen = min(
-                (load for load in loads if estimate[load.engine] <= bound),
+                mine or warm or tied, key=lambda load: (estimate[load.engine], load.engine)
+            )
+        else:
+            chosen = min(
+                near,
                 key=lambda load: (
                     self.delayed(load.engine, load.work(prompt_tokens, output_tokens)),
                     estimate[load.engine],
