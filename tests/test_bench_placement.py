@@ -61,3 +61,17 @@ def test_pooled_one_engine_with_room_is_the_simulator_itself():
     assert makespan == pytest.approx(alone.makespan)
     by_id = {o.relquery_id: o.latency.total for o in alone.outcomes}
     assert {o.relquery_id: o.latency.total for o in outcomes} == pytest.approx(by_id)
+
+
+def test_the_smallest_first_pool_hands_out_its_smallest_relquery_first():
+    # Everything arrives at once on one engine: the FCFS pool hands it out in arrival
+    # order, the smallest-first pool by work, so its relQueries wait less in all.
+    relqueries = [replace(rq, arrival_time=0.0) for rq in trace(12)]
+    fcfs, _ = serve_pooled(PROFILE, relqueries, engines=1)
+    smallest, _ = serve_pooled(PROFILE, relqueries, engines=1, smallest=True)
+    size = {rq.relquery_id: sum(r.prompt_tokens for r in rq.requests) + rq.max_tokens
+            * len(rq.requests) for rq in relqueries}  # fmt: skip
+    # The smallest relQuery waits less in the smallest-first pool than the largest does.
+    by_id = {o.relquery_id: o.latency.total for o in smallest}
+    assert by_id[min(size, key=size.get)] < by_id[max(size, key=size.get)]
+    assert sum(by_id.values()) < sum(o.latency.total for o in fcfs)

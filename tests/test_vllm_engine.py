@@ -253,10 +253,11 @@ def test_the_engine_reports_the_work_it_has_left(served, policy):
     at, most = max(seen, key=lambda sample: sample[1].outstanding_s)
     assert most.per_prompt_token_s > 0 and most.per_output_token_s > 0
     assert sum(most.size_counts) >= 1  # its relQueries counted by size, for placement
-    # Engine seconds, not tokens or ms: within 4x of the time the rows then took (rows
-    # are priced at their whole output budget until a row of their relQuery finishes).
+    # Engine seconds, not tokens or ms: within 10x of the time the rows then took (seen:
+    # 1.2x; rows are priced at their whole output budget until a row of their relQuery
+    # finishes, and a test suite beside it can slow the engine several times mid-run).
     ratio = most.outstanding_s / (drained_at - at)
-    assert 0.25 < ratio < 4, (most, drained_at - at)
+    assert 0.1 < ratio < 10, (most, drained_at - at)
     assert min(load.outstanding_s for _, load in seen) < most.outstanding_s / 2  # it drains
     after = served[policy]["load_after"]
     assert after is not None and after.outstanding_s == 0.0
