@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -114,6 +115,10 @@ class LoadBook:
             log.warning("ignored a load report: %s", exc.reason)
             return False
         if report.topic != self.topic:
+            return False
+        numbers = (report.outstanding_s, report.per_prompt_token_s, report.per_output_token_s)
+        if not all(map(math.isfinite, numbers)):
+            log.warning("ignored a load report of engine %s: not finite %s", report.engine, numbers)
             return False
         self._placement.report(
             EngineLoad(

@@ -127,3 +127,8 @@ def test_an_engine_that_does_not_count_its_relqueries_leaves_the_least_work_to_d
     room.report(EngineLoad("b", (1,), 0.0, 102.0, **PRICES))
     assert room.fresh(102.5)[1].counted
     assert room.choose(b"k", 0, 100, now=102.5) == 1
+
+
+def test_a_work_no_fit_should_give_falls_in_the_last_class_not_a_crash():
+    assert size_class(float("inf")) == size_class(float("nan")) == SIZE_CLASSES - 1
+    assert size_class(1e300) == SIZE_CLASSES - 1

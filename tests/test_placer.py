@@ -99,6 +99,9 @@ def test_where_it_delays_fewest_comes_from_the_reports_size_counts(book):
     # four larger ones and a its one: a, within 50 % of b.
     assert book.take(report("a", [0], 1.0, at=NOW + 0.1, sizes=[0] * 6 + [1]), HEADERS)
     assert book.partition_for(relquery("q1")) == 0
+    # Not finite (a fit gone wrong, or a writer's bug): ignored, and logged.
+    assert not book.take(report("d", [3], float("inf")), HEADERS)
+    assert not book.take(report("d", [3], 1.0, per_output=float("nan")), HEADERS)
     # Bounded: a report with more classes than the wire allows is refused, and logged.
     assert not book.take(report("c", [2], 0.0, sizes=[1] * 17), HEADERS)
 

@@ -112,11 +112,13 @@ async def serve(policy: str, step_log) -> dict:
         settings = replace(settings, cost_model="fixed", cost_prior=RELSERVE_PRIOR)
     engine = await VllmRuntime.start(settings)
     try:
+        at_start = engine.load()  # the plug-in's first, before any step
         handles = [
             await engine.submit(rq)
             for rq in (capitals_relquery(), descriptions_relquery(), sampled_relquery())
         ]
         results = {h.relquery_id: await h.result() for h in handles}
+        results["load_at_start"] = at_start
         if policy == "relserve":
             results["faulty"] = await run(engine, faulty_relquery())
             results["after"] = await run(engine, capitals_relquery())  # still serving
@@ -259,6 +261,10 @@ def test_the_engine_reports_the_work_it_has_left(served, policy):
     ratio = most.outstanding_s / (drained_at - at)
     assert 0.1 < ratio < 10, (most, drained_at - at)
     assert min(load.outstanding_s for _, load in seen) < most.outstanding_s / 2  # it drains
+    # An engine that has served nothing yet reports too (none, at its prior's prices):
+    # else no placer would ever send it work.
+    start = served[policy]["load_at_start"]
+    assert start is not None and start.outstanding_s == 0 and start.per_output_token_s > 0
     after = served[policy]["load_after"]
     assert after is not None and after.outstanding_s == 0.0
     assert after.templates[0] == template_id(sized_relquery("Z", 1).template.text)  # newest

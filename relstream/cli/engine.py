@@ -343,15 +343,25 @@ def _listening(address: tuple[str, int]) -> socket.socket:
 async def _http_door(
     backend, service, door: socket.socket, stop: asyncio.Event, ready_file: str | None
 ) -> None:
-    import uvicorn
-
     from relstream.service.forward import door_placement
-    from relstream.service.http import build_http_app
 
     # With Kafka and load reports, the door places its relQueries as the worker does.
     placement = door_placement(service.config, service.engine_name) if service else None
-    if placement is not None:
-        await placement.start()  # results followed from their end before any is sent
+    if placement is None:
+        await _serve_door(backend, service, door, stop, ready_file, None)
+        return
+    await placement.start()  # results followed from their end before any is sent
+    try:
+        await _serve_door(backend, service, door, stop, ready_file, placement)
+    finally:
+        await placement.stop()
+
+
+async def _serve_door(backend, service, door, stop, ready_file, placement) -> None:
+    import uvicorn
+
+    from relstream.service.http import build_http_app
+
     app = build_http_app(
         backend,
         service.cancel if service is not None else None,
@@ -371,5 +381,3 @@ async def _http_door(
     await stop.wait()
     server.should_exit = True
     await task
-    if placement is not None:
-        await placement.stop()

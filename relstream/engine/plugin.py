@@ -22,6 +22,7 @@ engine's load reports, `engine/loadfile.py`)}.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -56,6 +57,7 @@ DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d"
 EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
 PLUGIN_CLASS = f"{__name__}.relstream_scheduler"  # the engine arg `scheduler_cls`
 MAX_PENDING_STEPS = 4
+log = logging.getLogger("relstream.plugin")
 # How a request ends with the answer its twins share (`SeqInfo.share`).
 ANSWERED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 
@@ -114,8 +116,12 @@ class RelstreamPlugin(EngineView):
             kv_capacity_tokens=kv_cache_config.num_blocks * self.block_size,
             block_size=self.block_size,
         )
+        self._load_failed = False  # pricing the load raised once (logged once)
         load_path = settings.get("load_file")  # where the runtime reads the policy's load
         self._load_file = LoadFile(load_path) if load_path else None
+        # An idle engine core never schedules, so its first load, none at the prior's
+        # prices, is written now: an engine that has served nothing yet reports too.
+        self._write_load()
         log_path = settings.get("step_log")
         self._step_log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
         if self._step_log:
@@ -264,8 +270,14 @@ class RelstreamPlugin(EngineView):
         if load_file is None or not load_file.due(time.monotonic(), idle):
             return
         started, policy = time.perf_counter(), self.relstream_policy
-        outstanding, per_prompt, per_output = policy.load(self)
-        counts = () if idle else policy.size_counts(self)
+        try:
+            outstanding, per_prompt, per_output = policy.load(self)
+            counts = () if idle else policy.size_counts(self)
+        except Exception:  # a report is best effort: the scheduler must not fail for it
+            if not self._load_failed:
+                log.exception("pricing the load for the engine's reports failed")
+            self._load_failed = True
+            return
         took = time.perf_counter() - started
         load_file.write(0.0 if idle else outstanding, per_prompt, per_output, counts, took)
 

@@ -52,6 +52,7 @@ from relstream.scheduler import (
 )
 
 SUBMIT_ROWS_PER_SLICE = 32  # rows tokenized between two yields to the loop (~0.1 ms each)
+STALE_LOAD_S = 10.0  # with rows in flight, a load written longer ago is not reported
 
 
 @dataclass(frozen=True)
@@ -140,18 +141,21 @@ class VllmRuntime:
             args.gpu_memory_utilization = CPU_GPU_MEMORY_UTILIZATION
         elif settings.gpu_memory_utilization is not None:
             args.gpu_memory_utilization = settings.gpu_memory_utilization
+        llm = None
         try:
             llm = AsyncLLM.from_engine_args(args)
+            tokenizer = llm.get_tokenizer()
+            if asyncio.iscoroutine(tokenizer):
+                tokenizer = await tokenizer
+            # The full id: a known model's name or a Hub id, else the resolved folder's path.
+            model_id = settings.model if settings.model in KNOWN_MODELS else model
+            identity = engine_identity(llm, tokenizer, model_id, model)
         except BaseException:
+            if llm is not None:
+                llm.shutdown()
             if load_file is not None:
                 shutil.rmtree(load_file.path.parent, ignore_errors=True)
             raise
-        tokenizer = llm.get_tokenizer()
-        if asyncio.iscoroutine(tokenizer):
-            tokenizer = await tokenizer
-        # The full id: a known model's name or a Hub id, else the resolved folder's path.
-        model_id = settings.model if settings.model in KNOWN_MODELS else model
-        identity = engine_identity(llm, tokenizer, model_id, model)
         name = model.rstrip("/").rsplit("/", 1)[-1]
         return cls(settings, llm, tokenizer, name, identity, load_file)
 
@@ -184,11 +188,12 @@ class VllmRuntime:
 
     def load(self) -> BackendLoad | None:
         """The policy's outstanding work and prices, as the plug-in last wrote them (None:
-        none written yet, or not asked for, `report_load`); no row in flight, no work."""
+        none written yet, or not asked for, `report_load`, or none for STALE_LOAD_S while
+        rows are in flight: the placer then stops choosing it); no row in flight, no work."""
         written = self._load_file.read() if self._load_file is not None else None
-        if written is None:
-            return None
         busy = self._rows_in_flight > 0
+        if written is None or (busy and time.monotonic() - written.at > STALE_LOAD_S):
+            return None  # an engine core that wrote nothing for so long is not stepping
         return BackendLoad(
             written.outstanding_s if busy else 0.0,
             written.per_prompt_token_s,

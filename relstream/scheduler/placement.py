@@ -1,8 +1,8 @@
 """Which engine a relQuery goes to: by outstanding work and the delay it imposes, not a hash.
 
 Engines in one consumer group each own some partitions of the relqueries topic, so the
-partition a relQuery is written to picks its engine. Each engine reports, about once a
-second, the partitions it owns, its outstanding work in engine seconds (its own cost
+partition a relQuery is written to picks its engine. Each engine reports, every quarter
+second by default, the partitions it owns, its outstanding work in engine seconds (its own cost
 fit) and its unfinished relQueries counted by size class; a report expires after
 `expiry` seconds. The placer estimates each engine's work as its last report plus the
 work the placer itself sent it since. Among engines within `margin` of the least, one
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-EXPIRY_S = 3.0  # a report older than this is not trusted (three report periods)
+EXPIRY_S = 3.0  # a report older than this is not trusted (twelve default report periods)
 MARGIN = 0.1  # engines within 10 % of the least count as tied for the template
 SPREAD = 0.5  # engines within 50 % of the least may take a relQuery where it delays fewest
 SIZE_CLASSES = 16  # a report counts relQueries in at most this many size classes
@@ -37,7 +37,9 @@ def size_class(work_s: float) -> int:
     class 0 for under 1/128 s, the last class for 128 s and more."""
     if work_s < 2 * SMALLEST_CLASS_S:
         return 0
-    return min(SIZE_CLASSES - 1, math.floor(math.log2(work_s / SMALLEST_CLASS_S)))
+    if not math.isfinite(work_s) or work_s >= SMALLEST_CLASS_S * 2 ** (SIZE_CLASSES - 1):
+        return SIZE_CLASSES - 1  # and a work no fit should give (inf, NaN): not a crash
+    return math.floor(math.log2(work_s / SMALLEST_CLASS_S))
 
 
 def size_counts(works: Iterable[float]) -> tuple[int, ...]:

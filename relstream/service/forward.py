@@ -80,11 +80,16 @@ class ResultFollower:
         self._consumer = new_consumer(bootstrap, broker_kind=broker_kind, security=security)
         self._waiters: dict[bytes, _Waiter] = {}
         self._task: asyncio.Task | None = None
+        self.following = False  # the results topic's partitions are followed
 
     async def start(self) -> None:
         consumer = self._consumer
         await consumer.start()
         parts = await assign_all(consumer, self._topics.results, self._topics.deadletter)
+        self.following = any(part.topic == self._topics.results for part in parts)
+        if not self.following:  # its result could never be read back: serve here
+            log.warning("no topic %s: the HTTP door serves every relQuery itself",
+                        self._topics.results)  # fmt: skip
         for partition, end in (await consumer.end_offsets(parts)).items():
             consumer.seek(partition, end)
         self._task = asyncio.create_task(self._follow())
@@ -171,9 +176,15 @@ class DoorPlacement:
         self._producer = new_producer(bootstrap, security)
 
     async def start(self) -> None:
-        await self._producer.start()
-        await self.results.start()
-        await self.reader.start()
+        """Start its producer, results follower and load reader; what started is stopped
+        again if a later one fails."""
+        try:
+            await self._producer.start()
+            await self.results.start()
+            await self.reader.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         await self.reader.stop()
@@ -185,13 +196,15 @@ class DoorPlacement:
         return relquery_id in self.results
 
     async def answer(self, message: RelQueryMessage) -> bytes | None:
-        if len(self.results) >= MAX_FORWARDED:
+        if len(self.results) >= MAX_FORWARDED or not self.results.following:
             return None
         demand, value = await asyncio.to_thread(_weighed, message)
         if len(value) > MAX_REQUEST_BYTES:
             return None
         if message.id in self.results:  # sent twice at once
             raise NotAnswered(409, f"relQuery {message.id!r} is already being served")
+        if len(self.results) >= MAX_FORWARDED:  # again: others came while it was weighed
+            return None
         choice = self.reader.pick(demand, prefer=self.engine)
         if choice is None or choice.engine == self.engine:
             return None

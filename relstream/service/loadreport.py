@@ -12,6 +12,7 @@ that dies or leaves stops being chosen by itself. Reports carry the header
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from relstream.backend import RelQueryBackend
@@ -27,8 +28,9 @@ def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
     """The engine's report now, or None where its backend cannot tell its load yet (or at
     all: a backend without `load`)."""
     load = backend.load() if hasattr(backend, "load") else None
-    if load is None:
-        return None
+    numbers = (load.outstanding_s, load.per_prompt_token_s, load.per_output_token_s) if load else ()
+    if load is None or not all(map(math.isfinite, numbers)):
+        return None  # a fit gone to inf or NaN is no load to place by
     owned = sorted(p.partition for p in consumer.assignment() if p.topic == topic)
     return LoadReportMessage(
         engine=engine,
