@@ -26,7 +26,7 @@ def test_a_policy_reports_what_is_left_at_its_prices(policy):
     # the two rows the backlog will run together (per output 0.002 + 0.03 / 2 = 0.017 s):
     # 0.3 + 0.34 s. Relstream has planned no step yet, so it prices with the cost model's
     # lines as every policy does.
-    outstanding, per_prompt, per_output = make_policy(policy, COST).load(view)
+    outstanding, per_prompt, per_output, _ = make_policy(policy, COST).load(view)
     assert (per_prompt, per_output) == pytest.approx((0.001, 0.017))
     assert outstanding == pytest.approx(0.64)
 
@@ -39,7 +39,7 @@ def test_a_running_row_counts_only_what_it_has_left():
     view.start("B#0")  # 3 left
     # Three requests held, so a batch of three: per output 0.002 + 0.03 / 3 = 0.012 s.
     # Left: A#1's prompt (200) and 9 + 10 + 3 output tokens: 0.2 + 22 x 0.012 = 0.464 s.
-    outstanding, _, per_output = make_policy("v1-fcfs", COST).load(view)
+    outstanding, _, per_output, _ = make_policy("v1-fcfs", COST).load(view)
     assert per_output == pytest.approx(0.012)
     assert outstanding == pytest.approx(0.464)
 
@@ -53,7 +53,7 @@ def test_a_policy_counts_its_relqueries_by_the_size_class_of_what_each_has_left(
     view.start("B#0")
     # As priced above: A 0.2 + 19 x 0.012 = 0.428 s (class 6: 1/4 to 1/2 s), B 3 x 0.012
     # = 0.036 s (class 3: 1/32 to 1/16 s).
-    assert make_policy(policy, COST).size_counts(view) == (0, 0, 0, 1, 0, 0, 1)
+    assert make_policy(policy, COST).load(view).size_counts == (0, 0, 0, 1, 0, 0, 1)
 
 
 def test_a_backlog_is_priced_at_the_engines_seats_not_beyond():
@@ -61,7 +61,7 @@ def test_a_backlog_is_priced_at_the_engines_seats_not_beyond():
     view.add_relquery("A", [10] * 20, max_tokens=5)
     # 20 rows wait, 8 seats: per output 0.002 + 0.03 / 8 = 0.00575 s; 200 prompt tokens
     # and 100 output tokens: 0.2 + 0.575 s.
-    outstanding, _, per_output = make_policy("v1-fcfs", COST).load(view)
+    outstanding, _, per_output, _ = make_policy("v1-fcfs", COST).load(view)
     assert per_output == pytest.approx(0.00575)
     assert outstanding == pytest.approx(0.775)
 

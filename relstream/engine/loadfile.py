@@ -29,7 +29,7 @@ class CoreLoad(msgspec.Struct, frozen=True):
     per_prompt_token_s: float
     per_output_token_s: float
     at: float
-    size_counts: tuple[int, ...] = ()  # its relQueries per size class (Policy.size_counts)
+    size_counts: tuple[int, ...] = ()  # its relQueries per size class (Policy.load)
 
 
 class LoadFile:

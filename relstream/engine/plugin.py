@@ -269,17 +269,17 @@ class RelstreamPlugin(EngineView):
         idle = not (tracker.waiting or tracker.running or tracker.held)
         if load_file is None or not load_file.due(time.monotonic(), idle):
             return
-        started, policy = time.perf_counter(), self.relstream_policy
+        started = time.perf_counter()
         try:
-            outstanding, per_prompt, per_output = policy.load(self)
-            counts = () if idle else policy.size_counts(self)
+            load = self.relstream_policy.load(self)
         except Exception:  # a report is best effort: the scheduler must not fail for it
             if not self._load_failed:
                 log.exception("pricing the load for the engine's reports failed")
             self._load_failed = True
             return
         took = time.perf_counter() - started
-        load_file.write(0.0 if idle else outstanding, per_prompt, per_output, counts, took)
+        outstanding, counts = (0.0, ()) if idle else (load.outstanding_s, load.size_counts)
+        load_file.write(outstanding, load.per_prompt_token_s, load.per_output_token_s, counts, took)
 
     def shutdown(self) -> None:
         if self._step_log:

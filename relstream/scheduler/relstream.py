@@ -63,7 +63,7 @@ from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
 from relstream.scheduler.placement import size_counts
-from relstream.scheduler.policies import Policy, load_batch
+from relstream.scheduler.policies import Policy, PolicyLoad, load_batch
 from relstream.scheduler.ranking import RankedQueue
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
 from relstream.scheduler.starvation import StarvationGuard
@@ -139,20 +139,14 @@ class Relstream(Policy):
     def plan(self, view: EngineView) -> StepPlan:
         return self.plan_step(view)  # unfinished prompts continue inside the step itself
 
-    def load(self, view: EngineView) -> tuple[float, float, float]:
+    def load(self, view: EngineView) -> PolicyLoad:
         """As every policy's, from the book it keeps (prompts at the prefix cache's miss
         ratio) at the last step's prices, the fitted step cost's."""
         if self._last is None:  # no step planned yet: the cost model's prior prices
             return super().load(view)
         c = replace(self._last, batch=load_batch(view))
-        return c.work(self._left.total()), c.per_token, c.per_output
-
-    def size_counts(self, view: EngineView) -> tuple[int, ...]:
-        """As every policy's, from its book at the prices `load` reports."""
-        if self._last is None:
-            return super().size_counts(view)
-        c = replace(self._last, batch=load_batch(view))
-        return size_counts(c.work(left) for left in self._left.values())
+        counts = size_counts(c.work(left) for left in self._left.values())
+        return PolicyLoad(c.work(self._left.total()), c.per_token, c.per_output, counts)
 
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._last = self._coefficients(view)

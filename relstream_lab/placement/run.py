@@ -189,14 +189,22 @@ def _work(prices: Coefficients, relquery: SimRelQuery) -> float:
 
 def _outstanding(sim: Simulator) -> float:
     assert isinstance(sim.policy, Relstream)
-    return sim.policy.load(sim)[0]
+    return sim.policy.load(sim).outstanding_s
 
 
 def _report(index: int, sim: Simulator, now: float) -> EngineLoad:
     assert isinstance(sim.policy, Relstream)
-    outstanding, per_prompt, per_output = sim.policy.load(sim)
-    sizes = sim.policy.size_counts(sim)
-    return EngineLoad(str(index), (index,), outstanding, now, (), per_prompt, per_output, sizes)
+    load = sim.policy.load(sim)
+    return EngineLoad(
+        str(index),
+        (index,),
+        load.outstanding_s,
+        now,
+        (),
+        load.per_prompt_token_s,
+        load.per_output_token_s,
+        load.size_counts,
+    )
 
 
 def _place(
