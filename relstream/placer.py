@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -116,9 +115,9 @@ class LoadBook:
             return False
         if report.topic != self.topic:
             return False
-        numbers = (report.outstanding_s, report.per_prompt_token_s, report.per_output_token_s)
-        if not all(map(math.isfinite, numbers)):
-            log.warning("ignored a load report of engine %s: not finite %s", report.engine, numbers)
+        if not report.finite:
+            log.warning("ignored a load report of engine %s: work or prices not finite",
+                        report.engine)  # fmt: skip
             return False
         self._placement.report(
             EngineLoad(

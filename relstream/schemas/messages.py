@@ -15,6 +15,7 @@ previous release's schemas and checks both directions.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -256,8 +257,8 @@ KIND_HEADER = "relstream-kind"  # names a load report among the metrics topic's 
 
 
 class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
-    """One engine's load, about once a second on the metrics topic (key: the engine;
-    header `relstream-kind: load_report`), for placing relQueries by load
+    """One engine's load, every quarter second by default on the metrics topic (key: the
+    engine; header `relstream-kind: load_report`), for placing relQueries by load
     (`relstream.placer`): the relqueries partitions it owns now and the work it has yet
     to do. A reader trusts a report only for a few seconds after `at`."""
 
@@ -273,6 +274,13 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     # to twice that), at most 16 classes; absent from older engines' reports
     size_counts: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SIZE_CLASSES)] = []
     at: Annotated[float, Meta(description="seconds since the epoch")]
+
+    @property
+    def finite(self) -> bool:
+        """Its work and prices are numbers: a fit gone to inf or NaN (or a writer's bug)
+        is no load to place by, neither to publish nor to take."""
+        numbers = (self.outstanding_s, self.per_prompt_token_s, self.per_output_token_s)
+        return all(map(math.isfinite, numbers))
 
 
 class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):

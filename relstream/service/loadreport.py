@@ -12,7 +12,6 @@ that dies or leaves stops being chosen by itself. Reports carry the header
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 
 from relstream.backend import RelQueryBackend
@@ -26,13 +25,12 @@ HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
 
 def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
     """The engine's report now, or None where its backend cannot tell its load yet (or at
-    all: a backend without `load`)."""
+    all: a backend without `load`), or tells one that is not finite."""
     load = backend.load() if hasattr(backend, "load") else None
-    numbers = (load.outstanding_s, load.per_prompt_token_s, load.per_output_token_s) if load else ()
-    if load is None or not all(map(math.isfinite, numbers)):
-        return None  # a fit gone to inf or NaN is no load to place by
+    if load is None:
+        return None
     owned = sorted(p.partition for p in consumer.assignment() if p.topic == topic)
-    return LoadReportMessage(
+    report = LoadReportMessage(
         engine=engine,
         topic=topic,
         partitions=owned,
@@ -43,6 +41,7 @@ def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
         size_counts=list(load.size_counts),
         at=time.time(),
     )
+    return report if report.finite else None
 
 
 async def report_load(backend: RelQueryBackend, consumer, producer, config, engine: str) -> None:
