@@ -174,17 +174,17 @@ def serve_pooled(
     return outcomes, _makespan(sims)
 
 
+def _tokens(relquery: SimRelQuery) -> tuple[int, int]:
+    """A relQuery's prompt tokens and output budget, all its rows together: what a
+    placer weighs it by before any engine has it."""
+    rows = len(relquery.requests)
+    return sum(request.prompt_tokens for request in relquery.requests), relquery.max_tokens * rows
+
+
 def _work(prices: Coefficients, relquery: SimRelQuery) -> float:
     """A relQuery's engine seconds at `prices`, its rows' whole output budgets."""
-    prompt = sum(request.prompt_tokens for request in relquery.requests)
-    return prices.work(
-        Remaining(
-            len(relquery.requests),
-            prompt,
-            relquery.max_tokens * len(relquery.requests),
-            relquery.max_tokens,
-        )
-    )
+    prompt, outputs = _tokens(relquery)
+    return prices.work(Remaining(len(relquery.requests), prompt, outputs, relquery.max_tokens))
 
 
 def _outstanding(sim: Simulator) -> float:
@@ -214,8 +214,7 @@ def _place(
     relquery: SimRelQuery,
     now: float,
 ) -> int:
-    prompt = sum(request.prompt_tokens for request in relquery.requests)
-    outputs = relquery.max_tokens * len(relquery.requests)
+    prompt, outputs = _tokens(relquery)
     if placement == "hash":
         return hash_partition(relquery.relquery_id.encode(), len(sims))
     if placement == "load":
