@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from relstream.schemas.convert import dead_letter_message
 log = logging.getLogger("relstream.kafka.delivery")
 
 STALL_S = 5.0  # unacknowledged this long: the broker is taken to be out
+BEST_EFFORT_WAIT_S = 1.0  # the longest a best-effort message waits to be handed over
+DROPPED: Counter[str] = Counter()  # best-effort messages dropped, by topic
 
 
 class Refused(Exception):
@@ -89,6 +92,18 @@ async def publish_acked(
                 sent = producer.send(topic, value, key=key, headers=headers, partition=partition)
                 await (await sent)
                 return tries
+            except (AssertionError, ValueError, TypeError) as exc:
+                # Not the broker's answer but the client's: a partition it does not know
+                # (one a forged load report named, or one added since its metadata was
+                # read) fails an assertion in aiokafka. The key's hash chooses instead;
+                # with no partition given it is refused, never an unforeseen crash.
+                if partition is None:
+                    raise Refused(f"the producer could not send {what}: {exc!r}") from exc
+                log.warning("could not send %s to partition %d of %s (%r); sent by its "
+                            "key's hash instead", what, partition, topic, exc)  # fmt: skip
+                partition = None
+                tries -= 1  # the client's error: no try reached the broker
+                continue
             except KafkaError as exc:
                 if not unavailable(exc):
                     raise Refused(f"the broker refused {what}: {exc!r}") from exc
@@ -112,20 +127,32 @@ async def publish_best_effort(
     value: bytes,
     key: bytes | None,
     headers: list[tuple[str, bytes]] | None = None,
-) -> None:
+    wait_s: float = BEST_EFFORT_WAIT_S,
+) -> bool:
     """Hand `value` to the producer and go on: for messages nothing waits on (metrics,
-    partial results). One the broker does not take is logged (rate-limited), not retried."""
+    partial results). The hand-over waits at most `wait_s` (during an outage the client
+    would wait for the topic's metadata or buffer room up to its request timeout, 40 s);
+    one not handed over in time or not taken by the broker is dropped, logged
+    (rate-limited) and counted in `DROPPED` by topic, never retried. False if dropped
+    before it was handed over."""
 
     def settled(sent: asyncio.Future) -> None:
         if not sent.cancelled() and sent.exception() is not None:
-            log.warning("could not publish to %s (%s); dropped", topic, sent.exception())
+            _drop(topic, sent.exception())
 
     try:
-        sent = await producer.send(topic, value, key=key, headers=headers)
-    except KafkaError as exc:
-        log.warning("could not publish to %s (%s); dropped", topic, exc)
-        return
+        async with asyncio.timeout(wait_s):
+            sent = await producer.send(topic, value, key=key, headers=headers)
+    except (KafkaError, TimeoutError) as exc:
+        _drop(topic, exc)
+        return False
     sent.add_done_callback(settled)
+    return True
+
+
+def _drop(topic: str, exc: BaseException) -> None:
+    DROPPED[topic] += 1
+    log.warning("could not publish to %s (%r); dropped (%d so far)", topic, exc, DROPPED[topic])
 
 
 async def send_dead_letter(

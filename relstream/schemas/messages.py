@@ -274,6 +274,8 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     # to twice that), at most 16 classes; absent from older engines' reports
     size_counts: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SIZE_CLASSES)] = []
     at: Annotated[float, Meta(description="seconds since the epoch")]
+    # HMAC-SHA256 with the engines' secret, where one is set (relstream.placer.report_mac)
+    mac: Annotated[bytes, Meta(min_length=32, max_length=32)] | None = None
 
     @property
     def finite(self) -> bool:
