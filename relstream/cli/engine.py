@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import os
 import signal
 import socket
 from importlib.metadata import entry_points
@@ -139,7 +140,8 @@ _ENGINE_OPTIONS = (
         default=None,
         type=click.Path(dir_okay=False),
         help="With --answer-cache topic (required, or $RELSTREAM_ANSWER_SECRET): the secret "
-        "the engines share; answers are signed with it and others are ignored.",
+        "the engines share; answers are signed with it and others are ignored. Load reports "
+        "are signed with it too, wherever it is given.",
     ),
     click.option(
         "--answer-cache-mb",
@@ -231,10 +233,13 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
 
 
 def _answer_secret(opts: dict) -> bytes | None:
-    """The engines' shared secret for `--answer-cache topic`; None for the other modes."""
-    from relstream.service.answercache import AnswerSecretError, answer_secret
+    """The engines' shared secret: required for `--answer-cache topic`; otherwise the one
+    given, if any (it signs the load reports), else None."""
+    from relstream.service.answercache import SECRET_ENV, AnswerSecretError, answer_secret
 
-    if opts["answer_cache"] != "topic":
+    if opts["answer_cache"] != "topic" and not (
+        opts["answer_secret_file"] or os.environ.get(SECRET_ENV)
+    ):
         return None
     try:
         return answer_secret(opts.pop("answer_secret_file"))

@@ -163,26 +163,38 @@ async def send_dead_letter(
     stalled: Callable[[], None] = lambda: None,
 ) -> bool:
     """The dead letter of a consumed `record`, its bytes cut to fit under the request
-    limit, sent to `topic` until the broker has it (`publish_acked`): True then. False
-    (logged) if the broker refuses it for good: nothing a producer sends may stop the
-    process that reads it, and a letter that can never be written would hold its
-    partition for ever."""
-    letter = dead_letter_message(
-        record.value,
-        record.topic,
-        record.partition,
-        record.offset,
-        reason,
-        record.key,
-        DEAD_LETTER_ORIGINAL_BYTES,
-    )
-    what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
-    try:
-        await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
-    except Refused as exc:
-        log.error("%s; going on without it", exc)
-        return False
-    return True
+    limit, sent to `topic` until the broker has it (`publish_acked`): True then.
+
+    A letter the broker refuses for good is sent once more without the record's bytes
+    (it still names the record's topic, partition and offset, where the bytes can be read
+    again while the topic keeps them, and their size and digest). If that too is refused,
+    False: the loss is counted in `LOST_LETTERS` by the refusal's kind and logged at error
+    on "relstream.deadletters" (the first of each kind, outside the outage rate limit).
+    Nothing a producer sends may stop the process that reads it, and a letter that can
+    never be written would hold its partition for ever."""
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    for max_original in (DEAD_LETTER_ORIGINAL_BYTES, 0):
+        letter = dead_letter_message(
+            record.value, record.topic, record.partition, record.offset, reason, record.key,
+            max_original,
+        )  # fmt: skip
+        what = f"the dead letter of {where}" + ("" if max_original else " (without its bytes)")
+        try:
+            await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
+            return True
+        except Refused as exc:
+            refusal = exc
+    kind = type(refusal.__cause__ or refusal).__name__
+    LOST_LETTERS[kind] += 1
+    if LOST_LETTERS[kind] == 1:
+        lost.error("%s; the dead letter of %s (%s) is lost, its offset committed; "
+                   "further losses of this kind are counted, not logged",
+                   refusal, where, reason)  # fmt: skip
+    return False
+
+
+LOST_LETTERS: Counter[str] = Counter()  # dead letters the broker refused for good, by kind
+lost = logging.getLogger("relstream.deadletters")
 
 
 _QUIET = "relstream-outage-handler"
