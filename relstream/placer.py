@@ -161,7 +161,7 @@ class LoadBook:
         if why is not None:
             self.ignored[why] += 1
             if why != "expired":  # a reader starting behind the topic's end reads those
-                log.warning("ignored load reports: %s (%s)", why, report.engine)
+                log.warning(f"ignored load reports: {why} (engine %s)", report.engine)
             return False
         self._placement.report(
             EngineLoad(
@@ -328,8 +328,10 @@ class AsyncLoadReader:
 
     async def _read_partitions(self) -> None:
         """The relqueries topic's partition count, for the book (None where unknown)."""
-        await self._consumer.topics()  # fetches the metadata partitions_for_topic reads
-        found = self._consumer.partitions_for_topic(self.book.topic)
+        # Every topic's metadata, read now: the consumer's own holds only the topics it
+        # is assigned (aiokafka has no public call for another topic's partitions).
+        cluster = await self._consumer._client.fetch_all_metadata()
+        found = cluster.partitions_for_topic(self.book.topic)
         self.book.partitions = len(found) if found else None
         self._partitions_read = time.monotonic()
 

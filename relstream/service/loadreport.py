@@ -52,14 +52,15 @@ async def report_load(backend: RelQueryBackend, consumer, producer, config, engi
     """Publish the engine's report every `config.load_report_s` seconds until cancelled
     (`config`: the service's, naming its topics); nothing where that is 0. Restarted
     (logged, with backoff) if it dies."""
-    run = lambda: _report_load(backend, consumer, producer, config, engine)  # noqa: E731
-    await supervised("the load reporter", run)
+    if config.load_report_s > 0:
+        run = lambda: _report_load(backend, consumer, producer, config, engine)  # noqa: E731
+        await supervised("the load reporter", run)
 
 
 async def _report_load(backend: RelQueryBackend, consumer, producer, config, engine: str):
     topics = config.topics
     secret = config.answer_secret or engines_secret()
-    while config.load_report_s > 0:
+    while True:
         report = load_report(backend, consumer, topics.relqueries, engine)
         if report is not None:
             value = encode(signed(report, secret))
