@@ -378,3 +378,30 @@ def test_a_best_effort_publish_waits_at_most_its_bound_during_an_outage(tmp_path
         broker.stop()
     assert not handed and waited < BEST_EFFORT_WAIT_S + 2
     assert DROPPED["metrics-of-nobody"] == before + 1
+
+
+def test_a_task_that_dies_is_logged_and_started_again(caplog):
+    from relstream.kafka.supervise import supervised
+
+    runs = []
+
+    async def flaky() -> None:
+        runs.append(time.monotonic())
+        if len(runs) < 3:
+            raise RuntimeError("lost its consumer")
+        await asyncio.Event().wait()  # the third run lives on
+
+    async def scenario():
+        task = asyncio.create_task(supervised("the flaky follower", flaky, first_s=0.05))
+        async with asyncio.timeout(5):
+            while len(runs) < 3:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return task.cancelled()
+
+    with caplog.at_level(logging.ERROR, logger="relstream.kafka.supervise"):
+        assert asyncio.run(scenario())
+    died = [r for r in caplog.records if "the flaky follower died" in r.getMessage()]
+    assert len(died) == 2 and all(r.exc_info for r in died)
+    assert runs[2] - runs[1] >= 2 * (runs[1] - runs[0]) * 0.9  # the wait doubled
