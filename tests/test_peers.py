@@ -321,7 +321,7 @@ def test_a_refused_dead_letter_is_sent_without_its_bytes_or_counted_and_logged(
     # A dead-letter topic that takes messages of 2,000 bytes at most: a 5,000-byte row's
     # letter is refused for good, so it goes without the row's bytes (naming where they
     # are). One taking 100 bytes refuses even that: counted by kind, logged at error once.
-    from relstream.kafka.delivery import LOST_LETTERS
+    from relstream.kafka import delivery
 
     roomy, tight = f"dl{uuid.uuid4().hex[:6]}", f"dl{uuid.uuid4().hex[:6]}"
     row = record("rows.reviews", b"x" * 5000, 41)
@@ -340,12 +340,13 @@ def test_a_refused_dead_letter_is_sent_without_its_bytes_or_counted_and_logged(
         letters = await read_messages(bootstrap, roomy, 1, default_broker.kind)
         return sent, lost, decode(DeadLetterMessage, letters[0].value)
 
-    before = sum(LOST_LETTERS.values())
+    lost_letters = getattr(delivery, "LOST_LETTERS", {})  # by kind of refusal
+    before = sum(lost_letters.values())
     with caplog.at_level(logging.ERROR, logger="relstream.deadletters"):
         sent, lost, letter = asyncio.run(scenario())
     assert sent and letter.original == b"" and letter.truncated
     assert (letter.topic, letter.offset, letter.original_size) == ("rows.reviews", 41, 5000)
-    assert lost == [False, False] and sum(LOST_LETTERS.values()) == before + 2
+    assert lost == [False, False] and sum(lost_letters.values()) == before + 2
     errors = [r for r in caplog.records if r.name == "relstream.deadletters"]
     assert len(errors) == 1 and "rows.reviews[0]@41" in errors[0].getMessage()
 
@@ -354,7 +355,7 @@ def test_a_best_effort_publish_waits_at_most_its_bound_during_an_outage(tmp_path
     # The broker stops; a metrics message to a topic the producer has no metadata for
     # would wait for it up to the client's request timeout (40 s). It is dropped within
     # its bound, and counted.
-    from relstream.kafka.delivery import BEST_EFFORT_WAIT_S, DROPPED
+    from relstream.kafka import delivery
 
     broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
     broker.start()
@@ -371,13 +372,14 @@ def test_a_best_effort_publish_waits_at_most_its_bound_during_an_outage(tmp_path
             async with asyncio.timeout(30):
                 await producer.stop()
 
-    before = DROPPED["metrics-of-nobody"]
+    dropped = getattr(delivery, "DROPPED", {})  # by topic
+    before = dropped.get("metrics-of-nobody", 0)
     try:
         handed, waited = asyncio.run(scenario())
     finally:
         broker.stop()
-    assert not handed and waited < BEST_EFFORT_WAIT_S + 2
-    assert DROPPED["metrics-of-nobody"] == before + 1
+    assert waited < 3.0  # its bound, 1 s, and a little
+    assert handed is False and dropped["metrics-of-nobody"] == before + 1
 
 
 def test_a_task_that_dies_is_logged_and_started_again(caplog):
