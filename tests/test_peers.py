@@ -135,6 +135,36 @@ def test_a_reader_takes_only_signed_current_reports_of_partitions_that_exist(def
     }
 
 
+def test_an_engine_with_the_secret_signs_its_reports_and_only_its_peers_take_them(
+    default_broker,
+):
+    topics = fresh_topics(partitions=2)
+
+    async def scenario():
+        bootstrap, kind = default_broker.bootstrap, default_broker.kind
+        await create_topics(bootstrap, topics.layout())
+        peer = AsyncLoadReader(bootstrap, topics, kind, secret=SECRET)
+        stranger = AsyncLoadReader(bootstrap, topics, kind, secret=b"not the engines' secret")
+        config = config_for(default_broker, topics, answer_secret=SECRET, load_report_s=0.2)
+        backend = SimRelQueryBackend(SimSettings(time_scale=0.0))
+        stop = asyncio.Event()
+        task = asyncio.create_task(EngineService(config, backend).run(stop))
+        await peer.start()
+        await stranger.start()
+        try:
+            async with asyncio.timeout(60):
+                while not peer.book.engines() or not stranger.book.ignored:
+                    await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await task
+            await peer.stop()
+            await stranger.stop()
+        return len(peer.book.engines()), stranger.book.engines(), set(stranger.book.ignored)
+
+    assert asyncio.run(scenario()) == (1, [], {"badly signed"})
+
+
 def config_for(broker, topics: Topics, **options) -> ServiceConfig:
     group = f"g{uuid.uuid4().hex[:6]}"
     return ServiceConfig(broker.bootstrap, topics, group, broker=broker.kind, **options)
