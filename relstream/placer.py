@@ -256,6 +256,7 @@ class LoadReader:
 
     def _read_partitions(self) -> None:
         """The relqueries topic's partition count, for the book (None where unknown)."""
+        self._consumer.topics()  # every topic's metadata, read again now
         found = self._consumer.partitions_for_topic(self._relqueries)
         with self._lock:
             self.book.partitions = len(found) if found else None

@@ -135,6 +135,35 @@ def test_a_reader_takes_only_signed_current_reports_of_partitions_that_exist(def
     }
 
 
+def test_the_python_clients_reader_checks_reports_too(default_broker):
+    from relstream.placer import LoadReader, signed
+
+    topics = fresh_topics(partitions=2)
+
+    def report(engine: str, partitions: list[int]) -> tuple[bytes, bytes]:
+        message = LoadReportMessage(
+            engine=engine,
+            topic=topics.relqueries,
+            partitions=partitions,
+            outstanding_s=0.5,
+            at=time.time(),
+        )
+        return engine.encode(), encode(signed(message, SECRET))  # fmt: skip
+
+    async def publish():
+        await create_topics(default_broker.bootstrap, topics.layout())
+        reports = [report("a", [1]), report("b", [0, 7])]
+        await send_at(default_broker, topics.metrics, reports, headers=HEADERS)
+
+    asyncio.run(publish())
+    reader = LoadReader(default_broker.bootstrap, topics, secret=SECRET)
+    try:
+        engines, ignored = reader.engines(), dict(reader.book.ignored)
+    finally:
+        reader.close()
+    assert engines == ["a"] and ignored == {"names a partition the topic does not have": 1}
+
+
 def test_an_engine_with_the_secret_signs_its_reports_and_only_its_peers_take_them(
     default_broker,
 ):
