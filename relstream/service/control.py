@@ -8,6 +8,8 @@ A cancel is scoped (`Cancels`): it stops only a relQuery submitted before it was
 was asked. So an id cancelled once (the HTTP door cancels after its 504; a client then
 retries with the same id, or a dead letter is replayed with it) runs when submitted
 again, and an engine that re-reads the topic from its start is not steered by old cancels.
+The times compare the clocks of the processes that wrote the records: a resubmission
+within the skew between their hosts' clocks of its cancel may still be cancelled.
 """
 
 from __future__ import annotations
