@@ -21,6 +21,7 @@ from relstream.cli.common import (
     security_options,
     show_logs,
 )
+from relstream.cli.door import door_limit_options, door_limits
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.ready import clear_ready, mark_ready
@@ -201,10 +202,12 @@ def engine(**opts) -> None:
 @click.option("--bootstrap", default=None, help="Kafka too, at host:port [HTTP only].")
 @click.option("--http-host", default="127.0.0.1", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@door_limit_options
 @engine_options
 def serve(http_host: str, http_port: int, **opts) -> None:
     """The engine behind an HTTP door (OpenAPI docs at /docs), and behind Kafka as
     `relstream engine` is when --bootstrap is given."""
+    opts["door_limits"] = door_limits(opts)
     _run(opts, http=(http_host, http_port))
 
 
@@ -318,7 +321,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves
     if door is not None:
-        doors.append(_http_door(backend, service, door, stop, opts["ready_file"]))
+        doors.append(_http_door(backend, service, door, stop, opts))
     try:
         await asyncio.gather(*doors)
     finally:
@@ -340,33 +343,33 @@ def _listening(address: tuple[str, int]) -> socket.socket:
     return door
 
 
-async def _http_door(
-    backend, service, door: socket.socket, stop: asyncio.Event, ready_file: str | None
-) -> None:
+async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event, opts) -> None:
     from relstream.service.forward import door_placement
 
     # With Kafka and load reports, the door places its relQueries as the worker does.
     placement = door_placement(service.config, service.engine_name) if service else None
     if placement is None:
-        await _serve_door(backend, service, door, stop, ready_file, None)
+        await _serve_door(backend, service, door, stop, opts, None)
         return
     await placement.start()  # results followed from their end before any is sent
     try:
-        await _serve_door(backend, service, door, stop, ready_file, placement)
+        await _serve_door(backend, service, door, stop, opts, placement)
     finally:
         await placement.stop()
 
 
-async def _serve_door(backend, service, door, stop, ready_file, placement) -> None:
+async def _serve_door(backend, service, door, stop, opts, placement) -> None:
     import uvicorn
 
     from relstream.service.http import build_http_app
 
+    ready_file = opts["ready_file"]
     app = build_http_app(
         backend,
         service.cancel if service is not None else None,
         registry=service.metrics.registry if service is not None else None,
         placement=placement,
+        limits=opts["door_limits"],
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.install_signal_handlers = lambda: None  # the process's handlers set `stop`
