@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from helpers import start_worker
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, TopicPartition
 
 from relstream import launch
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.bounds import Span, extents, partitions
 from relstream.kafka.clients import create_topics, new_producer, produce
-from relstream.kafka.reset import ResetTarget, parse_target
+from relstream.kafka.reset import Move, ResetTarget, parse_target
 from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.kafka.windowstarts import Snap, known_starts, snap
@@ -65,7 +65,7 @@ def test_a_target_snaps_back_to_the_start_of_the_window_holding_it():
 
 def test_a_start_whose_row_is_gone_or_restamped_is_not_a_start():
     # Retention deleted offsets 0-4: the log starts at 5, inside the window that began at 4.
-    gone = Snap(5, 5, False, "its window's start is gone (retention deleted it)")
+    gone = Snap(5, 5, False, "retention deleted its window's start")
     assert snap(5, 10, 5, STARTS, STARTS.get) == gone
     assert snap(7, 10, 5, STARTS, STARTS.get).new == 6
     # The topic was re-created: offset 4 holds another row, so 4 is no start; 0 still is.
@@ -73,6 +73,24 @@ def test_a_start_whose_row_is_gone_or_restamped_is_not_a_start():
     assert snap(5, 10, 0, STARTS, restamped) == Snap(5, 0, True, "back to its window's start")
     unknown = Snap(5, 5, False, "no window start at or before it is known")
     assert snap(5, 10, 0, {6: 2000}, STARTS.get) == unknown
+
+
+def test_a_move_says_which_rows_are_read_again_and_how_sinks_take_them():
+    part = TopicPartition("r.rows.t", 0)
+    back = Move(part, 10, 4, snap(5, 10, 0, STARTS, STARTS.get))
+    assert back.line() == "r.rows.t[0]: 10 -> 4 (asked 5: back to its window's start)"
+    assert back.again() == (4, 9)
+    assert back.sinks() == (
+        "offsets 4..9 (6) are read again, from a window's start: under the ids they had "
+        "(sinks store each once)"
+    )
+    gone = Move(part, 10, 5, snap(5, 10, 5, STARTS, STARTS.get))
+    assert gone.line() == "r.rows.t[0]: 10 -> 5 (retention deleted its window's start)"
+    assert gone.sinks().startswith("offsets 5..9 (5) are read again, from inside a window: ")
+    ahead = Move(part, 10, 12, snap(12, 10, 0, STARTS, STARTS.get))
+    assert ahead.line() == "r.rows.t[0]: 10 -> 12"
+    assert ahead.sinks() == "offsets 10..11 (2) are skipped, never read"
+    assert Move(part, 10, 10, snap(10, 10, 0, STARTS, STARTS.get)).sinks() is None
 
 
 def test_window_starts_are_read_from_a_querys_window_ids():
@@ -297,6 +315,16 @@ def test_a_reset_mid_window_answers_each_row_again_under_the_id_it_had(broker, t
             assert moved.returncode == 0, moved.stderr
             assert f"{rows_topic}[0]: 10 -> 6 (asked 7: back to its window's start)" in moved.stdout
             await asyncio.to_thread(windowed, 3, 6)
+            # Retention deletes offsets 0-4: window 4-5 lost its start, so `earliest` (5)
+            # stays as asked and the dry run names the window that comes under a new id.
+            admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+            admin.delete_records({TopicPartition(rows_topic, 0): 5})
+            admin.close()
+            dry = await asyncio.to_thread(reset, "earliest", "--dry-run")
+            said = dry.stdout
+            assert f"{rows_topic}[0]: 10 -> 5 (retention deleted its window's start)" in said
+            assert "1 window(s) of 4 row(s) again under the ids they had, 1 of 1 row(s)" in said
+            assert f"new: 0-5@{base + STAMPS[5] - 1000} (offsets 5..5, 1 row(s))" in said
         finally:
             stop.set()
             await engine

@@ -111,7 +111,7 @@ def reset(
     console.print(f"{verb} group {group} to {target}:", markup=False)
     for move in moves:
         console.print(f"  {move.line()}", markup=False)
-        if move.again() is not None:
+        if move.sinks() is not None:
             console.print(f"    {move.sinks()}", markup=False)
         if move in recuts:
             for line in _recut_lines(recuts[move]):

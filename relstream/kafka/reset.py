@@ -67,10 +67,11 @@ class Move:
     def line(self) -> str:
         current = "none" if self.current is None else str(self.current)
         line = f"{self.partition.topic}[{self.partition.partition}]: {current} -> {self.new}"
-        if self.snapped is not None and self.snapped.asked != self.new:
-            line += f" (asked {self.snapped.asked}: {self.snapped.why})"
-        elif self.snapped is not None and self.again() is not None:
-            line += f" ({self.snapped.why})"
+        snapped = self.snapped
+        if snapped is not None and snapped.asked != self.new:
+            line += f" (asked {snapped.asked}: {snapped.why})"
+        elif snapped is not None and (self.again() is not None or self.current is None):
+            line += f" ({snapped.why})"
         return line
 
     def again(self) -> tuple[int, int] | None:
@@ -79,15 +80,22 @@ class Move:
             return None
         return self.new, self.current - 1
 
-    def sinks(self) -> str:
-        """What a sink makes of the rows read again."""
+    def sinks(self) -> str | None:
+        """Which rows the move reads again or skips, and what a sink makes of them."""
+        if self.current is not None and self.new > self.current:
+            skipped = self.new - self.current
+            return f"offsets {self.current}..{self.new - 1} ({skipped}) are skipped, never read"
         again = self.again()
         if again is None:
-            return "no row is read again"
+            return None
         rows = f"offsets {again[0]}..{again[1]} ({again[1] - again[0] + 1}) are read again"
         if self.snapped is not None and self.snapped.known:
             return f"{rows}, from a window's start: under the ids they had (sinks store each once)"
-        return f"{rows} under new ids: a sink stores them a second time"
+        return (
+            f"{rows}, from inside a window: under a new id, which a sink stores a second "
+            "time, and so are later windows until the cut meets a window start (a dry run "
+            "with --config names them)"
+        )
 
 
 class GroupBusy(RuntimeError):

@@ -74,7 +74,7 @@ def snap(
             where = "a window's start" if offset == asked else "back to its window's start"
             return Snap(asked, offset, True, where)
     if any(offset < log_start for offset in starts):
-        why = "its window's start is gone (retention deleted it)"
+        why = "retention deleted its window's start"
     else:
         why = "no window start at or before it is known"
     return Snap(asked, asked, False, why)
