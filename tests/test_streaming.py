@@ -18,6 +18,7 @@ from helpers import encode_row, start_worker, stream_bin
 from relstream import launch
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import (
+    MAX_REQUEST_BYTES,
     Subscription,
     assign_all,
     create_topics,
@@ -246,6 +247,22 @@ async def set_topic_config(broker, topic: str, configs: dict[str, str]) -> None:
         await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs)])
     finally:
         await admin.close()
+
+
+def test_a_topics_message_limit_is_asked_of_the_broker_within_the_request_limit(broker):
+    """What the worker cuts its windows under: a topic's own max.message.bytes, never over
+    the producer's request limit (which is also what a broker telling none gets)."""
+    from relstream.kafka.limits import message_limit
+
+    prefix = f"l{uuid.uuid4().hex[:6]}."
+    small, plain = f"{prefix}small", f"{prefix}plain"
+
+    async def limits():
+        await create_topics(broker.bootstrap, {small: 1}, configs={"max.message.bytes": "300000"})
+        await create_topics(broker.bootstrap, {plain: 1})
+        return [await message_limit(broker.bootstrap, topic) for topic in (small, plain)]
+
+    assert asyncio.run(limits()) == [300_000, MAX_REQUEST_BYTES]
 
 
 def test_rows_that_fit_alone_never_make_a_window_the_broker_refuses(default_broker, tmp_path):
