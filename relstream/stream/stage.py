@@ -8,6 +8,9 @@ and cuts the same windows under the same ids. A relQuery or dead letter the brok
 not take (an outage) is held and re-published with backoff until it is acknowledged
 (`kafka.delivery`); meanwhile the stage's partitions are paused and nothing is committed,
 so an outage holds at most one fetch (`BATCH_RECORDS` rows) and the windows it closed.
+Windows are cut under the relqueries topic's message limit, asked of the broker at start
+(`windowing`, `kafka.limits`); a relQuery the broker still refuses for good (`Refused`)
+becomes a dead letter for each of its rows, and the stage goes on.
 Each registration reads with its own consumer group, so registrations over one table keep
 their own offsets.
 """
