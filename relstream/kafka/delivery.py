@@ -32,7 +32,7 @@ from aiokafka.errors import (
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
 from relstream.kafka.outage import RateLimited
-from relstream.schemas import encode
+from relstream.schemas import DeadLetterMessage, encode
 from relstream.schemas.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka.delivery")
@@ -150,6 +150,18 @@ async def send_dead_letter(
         DEAD_LETTER_ORIGINAL_BYTES,
     )
     what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    return await send_letter(producer, topic, letter, what, stalled)
+
+
+async def send_letter(
+    producer: AIOKafkaProducer,
+    topic: str,
+    letter: DeadLetterMessage,
+    what: str,
+    stalled: Callable[[], None] = lambda: None,
+) -> bool:
+    """`letter` sent to `topic` until the broker has it: True then, False (logged) if the
+    broker refuses it for good (`send_dead_letter`)."""
     try:
         await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
     except Refused as exc:
