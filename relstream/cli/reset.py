@@ -98,7 +98,10 @@ def reset(
         ]
         recuts = {}
         if dry_run and registration is not None:
-            recuts = {m: _recut(consumer, registration, m, published) for m in moves if m.again()}
+            limit = _message_limit(bootstrap, Topics(prefix).relqueries, security)
+            recuts = {
+                m: _recut(consumer, registration, m, published, limit) for m in moves if m.again()
+            }
         if not dry_run:
             check_idle(admin, group)  # a worker started meanwhile
             commit_moves(admin, group, moves)
@@ -141,14 +144,23 @@ def _published(consumer, topics) -> set[str]:
     return set(published_ids(consumer, [topics.relqueries, topics.results]))
 
 
-def _recut(consumer, registration, move, published: set[str]):
+def _message_limit(bootstrap: str, topic: str, security: KafkaSecurity) -> int:
+    """The byte limit the worker cuts windows under (`kafka.limits.message_limit`)."""
+    import asyncio
+
+    from relstream.kafka.limits import message_limit
+
+    return asyncio.run(message_limit(bootstrap, topic, security))
+
+
+def _recut(consumer, registration, move, published: set[str], message_bytes: int):
     """The windows the worker will cut from the rows `move` reads again."""
     from relstream.kafka.bounds import Span
     from relstream.stream.recut import recut
 
     first, last = move.again()
     records = Span(consumer, {move.partition: (first, last + 1)}, None)
-    return recut(registration, move.partition.partition, records, published)
+    return recut(registration, move.partition.partition, records, published, message_bytes)
 
 
 def _recut_lines(found) -> list[str]:

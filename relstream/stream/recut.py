@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from relstream.stream.registrations import QueryRegistration
-from relstream.stream.windowing import PartitionWindows, RowRejection, Window, check_row
+from relstream.stream.windowing import MESSAGE_BYTES, PartitionWindows, RowRejection, Window
 
 
 @dataclass
@@ -27,23 +27,28 @@ class Recut:
 
 
 def recut(
-    registration: QueryRegistration, partition: int, records: Iterable, published: set[str]
+    registration: QueryRegistration,
+    partition: int,
+    records: Iterable,
+    published: set[str],
+    message_bytes: int = MESSAGE_BYTES,
 ) -> Recut:
     """Cut `records` (kafka-python's, in offset order, from a window start or the move's
     target) as the worker will; the window still open at the end is counted too (the
-    worker closes it on the rows after it, or by its clock)."""
-    cutter = PartitionWindows(registration, partition)
+    worker closes it on the rows after it, or by its clock). `message_bytes`: the broker's
+    message limit the worker cuts under (`kafka.limits.message_limit`)."""
+    cutter = PartitionWindows(registration, partition, message_bytes=message_bytes)
     windows: list[Window] = []
     found = Recut()
     for record in records:
-        checked = check_row(registration, record.value, record.headers)
-        row = None
+        checked = cutter.check(record.value, record.headers)
+        row, size = None, None
         if isinstance(checked, RowRejection):
             found.rejected += 1
         else:
-            row = checked
+            row, size = checked
         stamp = record.timestamp / 1000 if record.timestamp >= 0 else time.time()
-        windows += cutter.add(record.offset, stamp, row)
+        windows += cutter.add(record.offset, stamp, row, size)
     if cutter.open is not None:
         windows.append(cutter.open)
     for window in windows:
