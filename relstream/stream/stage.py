@@ -29,9 +29,9 @@ from relstream.kafka.clients import (
     new_consumer,
     new_producer,
     portable_session,
-    start_all,
 )
 from relstream.kafka.delivery import publish_acked, send_dead_letter
+from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, Demand, demand_of
@@ -59,6 +59,7 @@ class StageSettings:
     broker_kind: str | None = None
     security: KafkaSecurity = PLAINTEXT
     lateness: float = 1.0  # seconds past a window's deadline before it closes live
+    instance_id: str | None = None  # its static member id in the group (None: dynamic)
 
 
 class WindowStage:
@@ -88,6 +89,7 @@ class WindowStage:
             broker_kind=settings.broker_kind,
             security=settings.security,
             group_id=settings.group,
+            group_instance_id=settings.instance_id,  # a restart takes its partitions back
             **portable_session(settings.broker_kind),
         )
         self._consumer.subscribe(
@@ -95,7 +97,7 @@ class WindowStage:
             listener=self._rebalances,
         )
         self._producer = new_producer(settings.bootstrap, settings.security, linger_ms=5)
-        await start_all(self._producer, self._consumer)
+        await start_waiting(None, log, settings.bootstrap, self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
         log.info("query %s: windows of %s", self.registration.name, rows_topic)
         self.ready.set()
@@ -103,7 +105,7 @@ class WindowStage:
             while True:
                 await self._step()
         finally:
-            await self._consumer.stop()
+            await stop_leaving(self._consumer)  # its partitions move at once
             await self._producer.stop()
 
     async def _step(self) -> None:
