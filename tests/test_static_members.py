@@ -286,3 +286,27 @@ def test_an_engine_and_a_worker_waiting_for_their_group_say_so_and_end_on_sigter
             assert "Traceback" not in logs[name].read_text(errors="replace"), logs[name].read_text()
     finally:
         stop(processes)
+
+
+def test_a_slot_is_the_lowest_free_one_per_broker_and_group_and_freed_by_its_holder(
+    tmp_path, monkeypatch
+):
+    import socket
+
+    from relstream.kafka.membership import member_slot
+
+    monkeypatch.delenv("RELSTREAM_INSTANCE_ID", raising=False)
+    host = socket.gethostname()
+    first = member_slot("b:1", "g", folder=tmp_path)
+    second = member_slot("b:1", "g", folder=tmp_path)
+    elsewhere = member_slot("b:2", "g", folder=tmp_path)  # another broker's group
+    other = member_slot("b:1", "h", folder=tmp_path)
+    assert [first.instance_id, second.instance_id] == [f"{host}-0", f"{host}-1"]
+    assert elsewhere.instance_id == other.instance_id == f"{host}-0"
+    first.release()  # as the kernel does when its process dies
+    assert member_slot("b:1", "g", folder=tmp_path).instance_id == f"{host}-0"
+    assert member_slot("b:1", "g", folder=tmp_path).instance_id == f"{host}-2"
+    assert member_slot("b:1", "g", explicit="mine", folder=tmp_path).instance_id == "mine"
+    monkeypatch.setenv("RELSTREAM_INSTANCE_ID", "from-env")
+    assert member_slot("b:1", "g", folder=tmp_path).instance_id == "from-env"
+    assert member_slot("b:1", "g", "tansu", folder=tmp_path).instance_id is None
