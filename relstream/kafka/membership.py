@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,10 +75,13 @@ def member_slot(
     explicit = explicit or os.environ.get(INSTANCE_ID_ENV) or None
     if explicit:
         return MemberSlot(explicit)
-    folder = folder or slots_dir()
     digest = hashlib.sha256(f"{bootstrap}\0{group}".encode()).hexdigest()[:16]
-    folder = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', group)[:64]}-{digest}"
-    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', group)[:64]}-{digest}"
+    try:
+        (folder := (folder or slots_dir()) / name).mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable state dir (a container's read-only home): the temp dir
+        folder = Path(tempfile.gettempdir()) / f"relstream-members-{os.getuid()}" / name
+        folder.mkdir(parents=True, exist_ok=True)
     slot = 0
     while True:
         lock = os.open(folder / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
