@@ -46,13 +46,13 @@ def stream_bin() -> Path:
 
 
 def start_worker(
-    broker, topics, config: Path, log: Path, app_id: str | None = None
+    broker, topics, config: Path, log: Path, app_id: str | None = None, ready_file=None
 ) -> subprocess.Popen:
     """The worker in its Faust environment; a fresh app id (so consumer groups) unless
     given, as a restarted worker keeps its own."""
     executable = [str(stream_bin() / "relstream")]
     app_id = app_id or f"worker-{uuid.uuid4().hex[:8]}"
-    return launch.start_worker(executable, broker, config, log, topics, app_id)
+    return launch.start_worker(executable, broker, config, log, topics, app_id, ready_file)
 
 
 def sink_results(broker, topics, sent: list[str], path: Path, wait_s: float, within_s: float):

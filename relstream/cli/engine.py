@@ -82,6 +82,13 @@ _ENGINE_OPTIONS = (
     ),
     policy_option,
     click.option("--group", default="relstream-engine", show_default=True, help="Consumer group."),
+    click.option(
+        "--instance-id",
+        envvar="RELSTREAM_INSTANCE_ID",
+        default=None,
+        help="This engine's static member id in its group, the same when it is restarted "
+        "(README, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
+    ),
     prefix_option,
     broker_kind_option,
     click.option(
@@ -282,6 +289,8 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.service.service import EngineService, ServiceConfig
 
     door = _listening(http) if http is not None else None
+    if opts["metrics_port"]:  # in use: one line now, not a traceback once the model loaded
+        _listening((opts["metrics_host"], opts["metrics_port"]), "--metrics-port").close()
     if opts["bootstrap"]:  # before the model loads, not minutes after
         from relstream.kafka.clients import BrokerSilent, check_broker
 
@@ -300,10 +309,17 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     doors = []
     service = None
     if opts["bootstrap"]:
+        from relstream.kafka.membership import member_slot
+
+        # Its static member id (held for the life of the process), the same after a restart.
+        slot = member_slot(
+            opts["bootstrap"], opts["group"], opts["broker_kind"], opts["instance_id"]
+        )
         config = ServiceConfig(
             bootstrap=opts["bootstrap"],
             topics=Topics(opts["prefix"]),
             group_id=opts["group"],
+            instance_id=slot.instance_id,
             broker=opts["broker_kind"],
             max_backlog_rows=opts["max_backlog_rows"],
             max_held_rows=opts["max_held_rows"],
@@ -328,9 +344,9 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         backend.shutdown()
 
 
-def _listening(address: tuple[str, int]) -> socket.socket:
-    """The HTTP door's socket, bound before the engine loads (minutes on a real model), so
-    a port in use is one line at once."""
+def _listening(address: tuple[str, int], what: str = "the HTTP door") -> socket.socket:
+    """The HTTP door's socket (or `what`'s), bound before the engine loads (minutes on a
+    real model), so a port in use is one line at once."""
     door = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
     door.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -338,7 +354,7 @@ def _listening(address: tuple[str, int]) -> socket.socket:
     except OSError as exc:
         door.close()
         raise click.ClickException(
-            f"the HTTP door cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
+            f"{what} cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
         ) from None
     return door
 

@@ -33,10 +33,10 @@ from relstream.kafka.clients import (
     new_consumer,
     new_producer,
     portable_session,
-    start_all,
 )
 from relstream.kafka.delivery import Refused, publish_acked, send_dead_letter, send_letter
 from relstream.kafka.limits import message_limit
+from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, Demand, demand_of
@@ -67,6 +67,7 @@ class StageSettings:
     # The largest relQuery message, its windows cut under it (`windowing`); None: the
     # relqueries topic's limit, asked of the broker at start (`kafka.limits`).
     message_bytes: int | None = None
+    instance_id: str | None = None  # its static member id in the group (None: dynamic)
 
 
 class WindowStage:
@@ -96,6 +97,7 @@ class WindowStage:
             broker_kind=settings.broker_kind,
             security=settings.security,
             group_id=settings.group,
+            group_instance_id=settings.instance_id,  # a restart takes its partitions back
             **portable_session(settings.broker_kind),
         )
         self._consumer.subscribe(
@@ -106,7 +108,7 @@ class WindowStage:
         self._message_bytes = settings.message_bytes or await message_limit(
             settings.bootstrap, settings.topics.relqueries, settings.security
         )
-        await start_all(self._producer, self._consumer)
+        await start_waiting(None, log, settings.bootstrap, self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
         log.info(
             "query %s: windows of %s, each relQuery under %d bytes",
@@ -119,7 +121,7 @@ class WindowStage:
             while True:
                 await self._step()
         finally:
-            await self._consumer.stop()
+            await stop_leaving(self._consumer)  # its partitions move at once
             await self._producer.stop()
 
     async def _step(self) -> None:
