@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import os
 import signal
 import socket
 from importlib.metadata import entry_points
@@ -22,6 +21,7 @@ from relstream.cli.common import (
     security_options,
     show_logs,
 )
+from relstream.cli.door import door_limit_options, door_limits
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.ready import clear_ready, mark_ready
@@ -82,6 +82,13 @@ _ENGINE_OPTIONS = (
     ),
     policy_option,
     click.option("--group", default="relstream-engine", show_default=True, help="Consumer group."),
+    click.option(
+        "--instance-id",
+        envvar="RELSTREAM_INSTANCE_ID",
+        default=None,
+        help="This engine's static member id in its group, the same when it is restarted "
+        "(README, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
+    ),
     prefix_option,
     broker_kind_option,
     click.option(
@@ -139,9 +146,8 @@ _ENGINE_OPTIONS = (
         "--answer-secret-file",
         default=None,
         type=click.Path(dir_okay=False),
-        help="With --answer-cache topic (required, or $RELSTREAM_ANSWER_SECRET): the secret "
-        "the engines share; answers are signed with it and others are ignored. Load reports "
-        "are signed with it too, wherever it is given.",
+        help="The secret the engines share (required with --answer-cache topic, or "
+        "$RELSTREAM_ANSWER_SECRET): answers and load reports are signed with it.",
     ),
     click.option(
         "--answer-cache-mb",
@@ -203,10 +209,12 @@ def engine(**opts) -> None:
 @click.option("--bootstrap", default=None, help="Kafka too, at host:port [HTTP only].")
 @click.option("--http-host", default="127.0.0.1", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@door_limit_options
 @engine_options
 def serve(http_host: str, http_port: int, **opts) -> None:
     """The engine behind an HTTP door (OpenAPI docs at /docs), and behind Kafka as
     `relstream engine` is when --bootstrap is given."""
+    opts["door_limits"] = door_limits(opts)
     _run(opts, http=(http_host, http_port))
 
 
@@ -233,13 +241,11 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
 
 
 def _answer_secret(opts: dict) -> bytes | None:
-    """The engines' shared secret: required for `--answer-cache topic`; otherwise the one
-    given, if any (it signs the load reports), else None."""
-    from relstream.service.answercache import SECRET_ENV, AnswerSecretError, answer_secret
+    """The engines' shared secret: required for `--answer-cache topic`, else any given."""
+    from relstream.placer import engines_secret
+    from relstream.service.answercache import AnswerSecretError, answer_secret
 
-    if opts["answer_cache"] != "topic" and not (
-        opts["answer_secret_file"] or os.environ.get(SECRET_ENV)
-    ):
+    if opts["answer_cache"] != "topic" and not (opts["answer_secret_file"] or engines_secret()):
         return None
     try:
         return answer_secret(opts.pop("answer_secret_file"))
@@ -284,6 +290,8 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.service.service import EngineService, ServiceConfig
 
     door = _listening(http) if http is not None else None
+    if opts["metrics_port"]:  # in use: one line now, not a traceback once the model loaded
+        _listening((opts["metrics_host"], opts["metrics_port"]), "--metrics-port").close()
     if opts["bootstrap"]:  # before the model loads, not minutes after
         from relstream.kafka.clients import BrokerSilent, check_broker
 
@@ -302,10 +310,17 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     doors = []
     service = None
     if opts["bootstrap"]:
+        from relstream.kafka.membership import member_slot
+
+        # Its static member id (held for the life of the process), the same after a restart.
+        slot = member_slot(
+            opts["bootstrap"], opts["group"], opts["broker_kind"], opts["instance_id"]
+        )
         config = ServiceConfig(
             bootstrap=opts["bootstrap"],
             topics=Topics(opts["prefix"]),
             group_id=opts["group"],
+            instance_id=slot.instance_id,
             broker=opts["broker_kind"],
             max_backlog_rows=opts["max_backlog_rows"],
             max_held_rows=opts["max_held_rows"],
@@ -323,16 +338,16 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves
     if door is not None:
-        doors.append(_http_door(backend, service, door, stop, opts["ready_file"]))
+        doors.append(_http_door(backend, service, door, stop, opts))
     try:
         await asyncio.gather(*doors)
     finally:
         backend.shutdown()
 
 
-def _listening(address: tuple[str, int]) -> socket.socket:
-    """The HTTP door's socket, bound before the engine loads (minutes on a real model), so
-    a port in use is one line at once."""
+def _listening(address: tuple[str, int], what: str = "the HTTP door") -> socket.socket:
+    """The HTTP door's socket (or `what`'s), bound before the engine loads (minutes on a
+    real model), so a port in use is one line at once."""
     door = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
     door.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -340,38 +355,38 @@ def _listening(address: tuple[str, int]) -> socket.socket:
     except OSError as exc:
         door.close()
         raise click.ClickException(
-            f"the HTTP door cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
+            f"{what} cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
         ) from None
     return door
 
 
-async def _http_door(
-    backend, service, door: socket.socket, stop: asyncio.Event, ready_file: str | None
-) -> None:
+async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event, opts) -> None:
     from relstream.service.forward import door_placement
 
     # With Kafka and load reports, the door places its relQueries as the worker does.
     placement = door_placement(service.config, service.engine_name) if service else None
     if placement is None:
-        await _serve_door(backend, service, door, stop, ready_file, None)
+        await _serve_door(backend, service, door, stop, opts, None)
         return
     await placement.start()  # results followed from their end before any is sent
     try:
-        await _serve_door(backend, service, door, stop, ready_file, placement)
+        await _serve_door(backend, service, door, stop, opts, placement)
     finally:
         await placement.stop()
 
 
-async def _serve_door(backend, service, door, stop, ready_file, placement) -> None:
+async def _serve_door(backend, service, door, stop, opts, placement) -> None:
     import uvicorn
 
     from relstream.service.http import build_http_app
 
+    ready_file = opts["ready_file"]
     app = build_http_app(
         backend,
         service.cancel if service is not None else None,
         registry=service.metrics.registry if service is not None else None,
         placement=placement,
+        limits=opts["door_limits"],
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.install_signal_handlers = lambda: None  # the process's handlers set `stop`

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import (
     KafkaConnectionError,
@@ -33,7 +34,7 @@ from aiokafka.errors import (
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
 from relstream.kafka.outage import RateLimited
-from relstream.schemas import encode
+from relstream.schemas import DeadLetterMessage, encode
 from relstream.schemas.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka.delivery")
@@ -163,33 +164,51 @@ async def send_dead_letter(
     stalled: Callable[[], None] = lambda: None,
 ) -> bool:
     """The dead letter of a consumed `record`, its bytes cut to fit under the request
-    limit, sent to `topic` until the broker has it (`publish_acked`): True then.
+    limit, sent to `topic` until the broker has it (`send_letter`): True then, False if
+    the broker refuses it for good."""
+    letter = dead_letter_message(
+        record.value,
+        record.topic,
+        record.partition,
+        record.offset,
+        reason,
+        record.key,
+        DEAD_LETTER_ORIGINAL_BYTES,
+    )
+    what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    return await send_letter(producer, topic, letter, what, stalled)
 
-    A letter the broker refuses for good is sent once more without the record's bytes
-    (it still names the record's topic, partition and offset, where the bytes can be read
-    again while the topic keeps them, and their size and digest). If that too is refused,
-    False: the loss is counted in `LOST_LETTERS` by the refusal's kind and logged at error
-    on "relstream.deadletters" (the first of each kind, outside the outage rate limit).
-    Nothing a producer sends may stop the process that reads it, and a letter that can
-    never be written would hold its partition for ever."""
-    where = f"{record.topic}[{record.partition}]@{record.offset}"
-    for max_original in (DEAD_LETTER_ORIGINAL_BYTES, 0):
-        letter = dead_letter_message(
-            record.value, record.topic, record.partition, record.offset, reason, record.key,
-            max_original,
-        )  # fmt: skip
-        what = f"the dead letter of {where}" + ("" if max_original else " (without its bytes)")
+
+async def send_letter(
+    producer: AIOKafkaProducer,
+    topic: str,
+    letter: DeadLetterMessage,
+    what: str,
+    stalled: Callable[[], None] = lambda: None,
+) -> bool:
+    """`letter` sent to `topic` until the broker has it: True then.
+
+    A letter the broker refuses for good is sent once more without the original's bytes
+    (it still names the original's topic, partition and offset, where the bytes can be
+    read again while the topic keeps them, and their size and digest). If that too is
+    refused, False: the loss is counted in `LOST_LETTERS` by the refusal's kind and logged
+    at error on "relstream.deadletters" (the first of each kind, outside the outage rate
+    limit). Nothing a producer sends may stop the process that reads it, and a letter
+    that can never be written would hold its partition for ever."""
+    bare = msgspec.structs.replace(letter, original=b"", truncated=letter.original_size > 0)
+    for sent, named in ((letter, what), (bare, f"{what} (without its bytes)")):
         try:
-            await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
+            await publish_acked(producer, topic, encode(sent), sent.key, named, stalled)
             return True
         except Refused as exc:
             refusal = exc
     kind = type(refusal.__cause__ or refusal).__name__
     LOST_LETTERS[kind] += 1
     if LOST_LETTERS[kind] == 1:
+        where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
         lost.error("%s; the dead letter of %s (%s) is lost, its offset committed; "
                    "further losses of this kind are counted, not logged",
-                   refusal, where, reason)  # fmt: skip
+                   refusal, where, letter.reason)  # fmt: skip
     return False
 
 
