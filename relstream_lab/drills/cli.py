@@ -13,6 +13,16 @@ from relstream.cli.common import console, csv_of
 from relstream.extras import require
 from relstream_lab.common.options import typed_command
 
+seeds_option = click.option(
+    "--seeds", default="0,1,2", show_default=True, callback=csv_of(int), help="One run per seed."
+)
+out_option = click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the outcome, the command and the machine to this markdown file.",
+)
+
 
 @click.group()
 def drill() -> None:
@@ -22,25 +32,14 @@ def drill() -> None:
 
 @drill.command()
 @click.option("--count", default=10_000, show_default=True, help="Bad messages per run.")
-@click.option(
-    "--seeds",
-    default="0,1,2",
-    show_default=True,
-    callback=csv_of(int),
-    help="One run per seed.",
-)
+@seeds_option
 @click.option("--big-each", default=5, show_default=True, help="Messages of each 5 MB kind.")
 @click.option("--valid-relqueries", default=50, show_default=True)
 @click.option("--valid-rows", default=200, show_default=True)
 @click.option("--large", default=0, show_default=True, help="Valid relQueries of about 5 MB.")
 @click.option("--large-rows", default=20_000, show_default=True, help="Rows of each of them.")
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds per run.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the tables, the command and the machine to this markdown file.",
-)
+@out_option
 def flood(
     count: int,
     seeds: tuple[int, ...],
@@ -80,22 +79,11 @@ def flood(
 
 
 @drill.command()
-@click.option(
-    "--seeds",
-    default="0,1,2",
-    show_default=True,
-    callback=csv_of(int),
-    help="One run per seed.",
-)
+@seeds_option
 @click.option("--outage", default=60.0, show_default=True, help="Seconds the broker is down.")
 @click.option("--rate", default=20.0, show_default=True, help="Rows per second, all along.")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for results.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the outcome, the command and the machine to this markdown file.",
-)
+@out_option
 def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, out) -> None:
     """Stop the broker (noida-db, on disk) mid-stream for --outage seconds and start it
     again while rows keep arriving; check every row is in exactly one stored result,
@@ -121,13 +109,7 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
 
 
 @drill.command()
-@click.option(
-    "--seeds",
-    default="0,1,2",
-    show_default=True,
-    callback=csv_of(int),
-    help="One run per seed.",
-)
+@seeds_option
 @click.option(
     "--memory", is_flag=True, help="On the Tansu broker (no transactions, no broker restart)."
 )
@@ -147,12 +129,7 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
     multiple=True,
     help="An argument added to every engine's command (repeat for more).",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the outcome, the command and the machine to this markdown file.",
-)
+@out_option
 def crash(
     seeds: tuple[int, ...],
     memory: bool,

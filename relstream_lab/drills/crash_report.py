@@ -26,6 +26,7 @@ from relstream.schemas import (
     ResultMessage,
     decode,
 )
+from relstream_lab.drills.parts import absent, repeated
 
 
 @dataclass
@@ -59,11 +60,12 @@ class CrashReport:
     stored: Counter[str] = field(default_factory=Counter)  # row key -> sink's stored results
     result_messages: int = 0
     result_parts: Counter[tuple[str, int]] = field(default_factory=Counter)  # (id, part) -> n
-    relquery_ids: set[str] = field(default_factory=set)  # on the relQuery topic
+    relquery_ids: dict[str, int] = field(default_factory=dict)  # on the topic -> partition
     lettered_ids: set[str] = field(default_factory=set)  # relQueries dead-lettered
     first_result: dict[str, float] = field(default_factory=dict)  # engine -> first `at`
     relquery_times: list[float] = field(default_factory=list)  # relQuery records' times
     alive: dict[str, bool] = field(default_factory=dict)  # process -> alive at the end
+    pids: list[int] = field(default_factory=list)  # every process the drill started
     exits: dict[str, str] = field(default_factory=dict)  # process -> how it ended, if it did
     left: dict[str, int | None] = field(default_factory=dict)  # process -> its exit code
     windowed: Counter[str] = field(default_factory=Counter)  # row key -> relQueries with it
@@ -82,23 +84,23 @@ class CrashReport:
     @property
     def unanswered(self) -> set[str]:
         answered = {rid for rid, _ in self.result_parts}
-        return self.relquery_ids - answered - self.lettered_ids
+        return set(self.relquery_ids) - answered - self.lettered_ids
 
     @property
     def missing(self) -> set[str]:
-        return {key for key in self.rows_keys | self.bad_keys if self.seen[key] == 0}
+        return absent(self.rows_keys | self.bad_keys, self.seen)
 
     @property
     def repeated(self) -> set[str]:
-        return {key for key in self.rows_keys | self.bad_keys if self.seen[key] > 1}
+        return repeated(self.seen)
 
     @property
     def not_stored(self) -> set[str]:
-        return {key for key in self.rows_keys if self.stored[key] == 0}
+        return absent(self.rows_keys, self.stored)
 
     @property
     def stored_twice(self) -> set[str]:
-        return {key for key, count in self.stored.items() if count > 1}
+        return repeated(self.stored)
 
     @property
     def slow(self) -> list[Fault]:
@@ -120,7 +122,9 @@ class CrashReport:
             "no error in the drill": not self.error,
             "every process alive at the end": all(self.alive.values()),
             "a leaving engine stops cleanly": all(code == 0 for code in self.left.values()),
-            f"every restarted process serves within {self.serve_within_s:g} s": not self.slow,
+            f"every process started anew takes work within {self.serve_within_s:g} s": not (
+                self.slow
+            ),
             "every bad row dead-lettered": not (self.bad_keys - set(self.seen)),
         }
         if self.transactions:
@@ -206,7 +210,7 @@ def _letter(report: CrashReport, relqueries: str, record) -> None:
 
 
 def _relquery(report: CrashReport, record) -> None:
-    report.relquery_ids.add((record.key or b"").decode(errors="replace"))
+    report.relquery_ids[(record.key or b"").decode(errors="replace")] = record.partition
     report.relquery_times.append(record.timestamp / 1000)
     with contextlib.suppress(Exception):  # not a whole relQuery: its rows are not counted
         report.windowed.update(row.key for row in decode(RelQueryMessage, record.value).rows)
@@ -221,10 +225,11 @@ def _metrics(report: CrashReport, record) -> None:
     report.first_result[message.engine] = message.at if first is None else min(first, message.at)
 
 
-def _seconds(value: float | None, limit: float, none: str) -> str:
+def _seconds(value: float | None, limit: float, none: str, since: float) -> str:
+    """`value` s after the start, and when that was since the rows began."""
     if value is None:
         return none
-    return f"{value:.1f} s" + (" (over)" if value > limit else "")
+    return f"{value:.1f} s{' (over)' if value > limit else ''}, at {since + value:.1f}"
 
 
 def _keys(keys: set[str], most: int = 8) -> str:
@@ -240,18 +245,20 @@ def report_text(report: CrashReport) -> str:
     """The drill's outcome as markdown: the faults, the counts, the checks."""
     limit = report.serve_within_s
     lines = [
-        "| at (s) | fault | new pid | took work (ready file) | first output | note |",
+        "| at (s) | fault | new pid | took work (its ready file) | first output | note |",
         "| ---: | --- | ---: | ---: | ---: | --- |",
     ]
     for f in report.faults:
-        ready = _seconds(f.ready_s, limit, f"not in {f.watched_s:.0f} s") if f.restarts else ""
-        first = _seconds(f.first_s, limit, "none") if f.restarts else ""
+        ready = _seconds(f.ready_s, limit, f"not in {f.watched_s:.0f} s", f.at_s)
+        first = _seconds(f.first_s, limit, "none", f.at_s)
+        ready, first = (ready, first) if f.restarts else ("", "")
         lines.append(f"| {f.at_s:.1f} | {f.what} | {f.pid or ''} | {ready} | {first} | {f.note} |")
     rows, bad = len(report.rows_keys), len(report.bad_keys)
     once = sum(1 for key in report.rows_keys | report.bad_keys if report.seen[key] == 1)
     answered = len({rid for rid, _ in report.result_parts})
     unwindowed = {key for key in report.missing if key in report.rows_keys}
     unwindowed = {key for key in unwindowed if not report.windowed[key]}
+    stalled = Counter(report.relquery_ids[rid] for rid in report.unanswered)
     reader = "read_committed" if report.transactions else "read_committed (no transactions)"
     lines += [
         "",
@@ -262,7 +269,8 @@ def report_text(report: CrashReport) -> str:
         f"{len(report.relquery_ids)} relQuery ids published, "
         f"{len(report.lettered_ids)} dead-lettered",
         f"- relQuery ids with more than one result: {_keys(report.duplicate_ids, 5)}",
-        f"- relQueries neither answered nor dead-lettered: {_keys(report.unanswered, 5)}",
+        f"- relQueries neither answered nor dead-lettered: {_keys(report.unanswered, 5)}; "
+        f"by relQuery partition: {dict(sorted(stalled.items()))}",
         f"- rows in exactly one result row or dead letter: {once}/{rows + bad}; "
         f"missing: {_keys(report.missing)} ({len(unwindowed)} of them in no relQuery); "
         f"in more than one: {_keys(report.repeated)}",

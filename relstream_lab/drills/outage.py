@@ -34,9 +34,11 @@ from relstream.schemas import DeadLetterMessage, ResultMessage, decode
 from relstream_lab.drills.parts import (
     TABLE,
     Rows,
+    absent,
     engine_command,
     query_config,
     read_all,
+    repeated,
     start_kafka,
     stop_kafka,
 )
@@ -66,11 +68,11 @@ class OutageReport:
 
     @property
     def missing(self) -> set[str]:
-        return {key for key in self.rows_keys if self.stored[key] == 0}
+        return absent(self.rows_keys, self.stored)
 
     @property
     def repeated(self) -> set[str]:
-        return {key for key, count in self.stored.items() if count > 1}
+        return repeated(self.stored)
 
     @property
     def paused_and_resumed(self) -> bool:

@@ -10,6 +10,7 @@ import random
 import socket
 import subprocess
 import time
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 
@@ -43,6 +44,16 @@ def engine_command(
         "--bootstrap", broker.bootstrap, "--prefix", topics.prefix,
         "--broker-kind", broker.kind, "--ready-file", str(ready_file), *extra,
     ]  # fmt: skip
+
+
+def absent(keys: set[str], counts: Counter[str]) -> set[str]:
+    """The keys never counted (rows in no stored result, say)."""
+    return {key for key in keys if counts[key] == 0}
+
+
+def repeated(counts: Counter[str]) -> set[str]:
+    """The keys counted more than once."""
+    return {key for key, count in counts.items() if count > 1}
 
 
 class Rows:
