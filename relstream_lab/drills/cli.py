@@ -116,12 +116,17 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
 @click.option("--duration", default=60.0, show_default=True, help="Seconds the rows flow.")
 @click.option("--rate", default=20.0, show_default=True, help="Rows per second.")
 @click.option("--broker-down", default=5.0, show_default=True, help="Seconds the broker is down.")
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for results.")
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    help="Seconds each wait may take: start-up, the rows' acknowledgements, the results.",
+)
 @click.option(
     "--serve-within",
     default=30.0,
     show_default=True,
-    help="Seconds a restarted process may take to take work again.",
+    help="Seconds a process started anew may take to take work (its ready file).",
 )
 @click.option(
     "--engine-arg",
@@ -146,9 +151,13 @@ def crash(
     stop and start the broker (noida-db, on disk); check a read_committed reader sees one
     result per relQuery and each row once, and every process serves again."""
     from relstream_lab.common.report import machine_description
-    from relstream_lab.drills.crash import run_crash
+    from relstream_lab.drills.crash import Settings, run_crash
     from relstream_lab.drills.crash_report import report_text
 
+    settings = Settings(
+        memory, duration, rate, broker_down, timeout=timeout, serve_within=serve_within,
+        engine_args=engine_args,
+    )  # fmt: skip
     broker = "Tansu (embedded, in memory)" if memory else "noida-db (embedded, on disk)"
     sections = [
         "# Crash drill",
@@ -160,10 +169,7 @@ def crash(
 
     def one(seed: int, workdir: Path) -> tuple[bool, str]:
         console.print(f"seed {seed}: rows for {duration:g} s, faults; logs in {workdir}")
-        report = run_crash(
-            workdir, seed, memory, duration, rate, broker_down, timeout=timeout,
-            serve_within=serve_within, engine_args=engine_args,
-        )  # fmt: skip
+        report = run_crash(workdir, seed, settings)
         return report.holds, report_text(report)
 
     _each_seed("crash", seeds, one, sections, out)

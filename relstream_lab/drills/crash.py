@@ -24,6 +24,7 @@ import random
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from relstream.kafka.brokers import EmbeddedBroker
@@ -125,30 +126,34 @@ def plan(rng: random.Random, duration: float, broker_restart: bool) -> list[tupl
     return [(start + i * slot + rng.uniform(0, slot / 2), f) for i, f in enumerate(faults)]
 
 
-def run_crash(
-    workdir: Path,
-    seed: int = 0,
-    memory: bool = False,
-    duration: float = 60.0,
-    rate: float = 20.0,
-    broker_down: float = 5.0,
-    bad_every: int = 25,
-    timeout: float = 120.0,
-    serve_within: float = 30.0,
-    engine_args: tuple[str, ...] = (),
-) -> CrashReport:
+@dataclass(frozen=True)
+class Settings:
+    """How long and how hard one run goes (the command's options)."""
+
+    memory: bool = False  # on Tansu: no transactions, no broker restart
+    duration: float = 60.0  # seconds the rows flow
+    rate: float = 20.0  # rows per second
+    broker_down: float = 5.0  # seconds
+    bad_every: int = 25  # one row in this many lacks the template's column
+    timeout: float = 120.0  # seconds for each wait: start-up, acknowledgements, results
+    serve_within: float = 30.0  # seconds a process started anew may take to take work
+    engine_args: tuple[str, ...] = ()  # added to every engine's command
+
+
+def run_crash(workdir: Path, seed: int = 0, settings: Settings = Settings()) -> CrashReport:
     """The drill on its own broker (data and logs in `workdir`): noida-db on disk, or
-    Tansu with `memory`. `engine_args` go to every engine's command."""
+    Tansu with `settings.memory`."""
+    memory, timeout = settings.memory, settings.timeout
     kind = "tansu" if memory else "noida-db"
     topics = Topics(prefix=f"crash{seed}.")
     broker = EmbeddedBroker(kind, data_dir=workdir / "broker", topics=topics, tables=(TABLE,))
     config = workdir / "queries.toml"
     config.write_text(query_config("crash"))
-    report = CrashReport(seed, kind, serve_within)
+    report = CrashReport(seed, kind, settings.serve_within)
     fleet = Fleet(workdir)
 
     def engine(name: str) -> list[str]:
-        return engine_command(broker, topics, fleet.ready(name), *engine_args)
+        return engine_command(broker, topics, fleet.ready(name), *settings.engine_args)
 
     quiet_outages()  # this process's producer and reader retry too
     broker.start()
@@ -164,9 +169,9 @@ def run_crash(
         )  # fmt: skip
         fleet.track("worker", worker)
         wait_ready([fleet.ready("worker")], list(fleet.current.values()), timeout)
-        faults = plan(random.Random(f"faults {seed}"), duration, broker_restart=not memory)
-        drill = _Drill(broker, topics, fleet, report, engine, broker_down)
-        asyncio.run(drill.run(random.Random(seed), faults, duration, rate, bad_every, timeout))
+        faults = plan(random.Random(f"faults {seed}"), settings.duration, not memory)
+        drill = _Drill(broker, topics, fleet, report, engine, settings)
+        asyncio.run(drill.run(random.Random(seed), faults))
     except Exception as exc:  # the report says what stopped the drill
         report.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -179,18 +184,19 @@ def run_crash(
 
 
 class _Drill:
-    def __init__(self, broker, topics, fleet, report, engine, broker_down) -> None:
+    def __init__(self, broker, topics, fleet, report, engine, settings: Settings) -> None:
         self.broker, self.topics, self.fleet, self.report = broker, topics, fleet, report
-        self.engine, self.broker_down = engine, broker_down
+        self.engine, self.settings = engine, settings
         self.watchers: dict[str, asyncio.Task] = {}  # process -> its ready file watched
 
-    async def run(self, rng, faults, duration, rate, bad_every, timeout) -> None:
-        rows = Rows(self.broker, self.topics.rows(TABLE), rng, bad_every)
+    async def run(self, rng: random.Random, faults: list[tuple[float, str]]) -> None:
+        settings, timeout = self.settings, self.settings.timeout
+        rows = Rows(self.broker, self.topics.rows(TABLE), rng, settings.bad_every)
         try:
             await rows.producer.start()
             began = time.monotonic()
             async with asyncio.TaskGroup() as group:
-                group.create_task(rows.stream(rate, duration))
+                group.create_task(rows.stream(settings.rate, settings.duration))
                 group.create_task(self._faults(faults, began))
             await rows.settle(timeout)
             self.report.rows_keys, self.report.bad_keys = rows.acked, rows.bad_acked
@@ -238,7 +244,7 @@ class _Drill:
                 fault.what = "broker stopped (`noida-db stop kafka`) and started again"
                 await stop_kafka(self.broker)
                 stopped = time.monotonic()
-                await asyncio.sleep(self.broker_down)
+                await asyncio.sleep(self.settings.broker_down)
                 await start_kafka(self.broker)
                 fault.note = f"down {time.monotonic() - stopped:.1f} s"
 

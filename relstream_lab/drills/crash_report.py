@@ -86,21 +86,15 @@ class CrashReport:
         answered = {rid for rid, _ in self.result_parts}
         return set(self.relquery_ids) - answered - self.lettered_ids
 
-    @property
-    def missing(self) -> set[str]:
-        return absent(self.rows_keys | self.bad_keys, self.seen)
-
-    @property
-    def repeated(self) -> set[str]:
-        return repeated(self.seen)
-
-    @property
-    def not_stored(self) -> set[str]:
-        return absent(self.rows_keys, self.stored)
-
-    @property
-    def stored_twice(self) -> set[str]:
-        return repeated(self.stored)
+    def not_once(self) -> dict[str, set[str]]:
+        """The rows acknowledged that are not there exactly once: in no result row or
+        dead letter, in more than one; in the sink, not stored, stored twice."""
+        return {
+            "missing": absent(self.rows_keys | self.bad_keys, self.seen),
+            "repeated": repeated(self.seen),
+            "not stored": absent(self.rows_keys, self.stored),
+            "stored twice": repeated(self.stored),
+        }
 
     @property
     def slow(self) -> list[Fault]:
@@ -117,6 +111,7 @@ class CrashReport:
         """Each promise and whether it holds. With transactions (noida-db) the reader sees
         exactly one result per relQuery and each row once; without (Tansu) results may
         repeat, and the sink must store each row once."""
+        rows = self.not_once()
         checks = {
             "rows produced": bool(self.rows_keys),
             "no error in the drill": not self.error,
@@ -132,11 +127,13 @@ class CrashReport:
                 "one result per relQuery id (read_committed)": not self.duplicate_ids,
                 "every relQuery answered or dead-lettered": not self.unanswered,
                 "every row in exactly one result row or dead letter": not (
-                    self.missing or self.repeated
+                    rows["missing"] or rows["repeated"]
                 ),
             }
         else:
-            checks["the sink stores each row once"] = not (self.not_stored or self.stored_twice)
+            checks["the sink stores each row once"] = not (
+                rows["not stored"] or rows["stored twice"]
+            )
         return checks
 
     @property
@@ -177,7 +174,7 @@ async def collect(
                     handlers[record.topic](record)
             if any(part.topic in answers for part in batches):
                 quiet_since = time.monotonic()
-            report.complete = not report.missing
+            report.complete = not report.not_once()["missing"]
             if report.complete and time.monotonic() - quiet_since > quiet_s:
                 break
             await asyncio.sleep(0)
@@ -256,7 +253,8 @@ def report_text(report: CrashReport) -> str:
     rows, bad = len(report.rows_keys), len(report.bad_keys)
     once = sum(1 for key in report.rows_keys | report.bad_keys if report.seen[key] == 1)
     answered = len({rid for rid, _ in report.result_parts})
-    unwindowed = {key for key in report.missing if key in report.rows_keys}
+    wrong = report.not_once()
+    unwindowed = {key for key in wrong["missing"] if key in report.rows_keys}
     unwindowed = {key for key in unwindowed if not report.windowed[key]}
     stalled = Counter(report.relquery_ids[rid] for rid in report.unanswered)
     reader = "read_committed" if report.transactions else "read_committed (no transactions)"
@@ -272,10 +270,11 @@ def report_text(report: CrashReport) -> str:
         f"- relQueries neither answered nor dead-lettered: {_keys(report.unanswered, 5)}; "
         f"by relQuery partition: {dict(sorted(stalled.items()))}",
         f"- rows in exactly one result row or dead letter: {once}/{rows + bad}; "
-        f"missing: {_keys(report.missing)} ({len(unwindowed)} of them in no relQuery); "
-        f"in more than one: {_keys(report.repeated)}",
+        f"missing: {_keys(wrong['missing'])} ({len(unwindowed)} of them in no relQuery); "
+        f"in more than one: {_keys(wrong['repeated'])}",
         f"- the sink (one result per id): stored {sum(report.stored.values())} row results; "
-        f"rows not stored: {len(report.not_stored)}; stored twice: {_keys(report.stored_twice)}",
+        f"rows not stored: {len(wrong['not stored'])}; "
+        f"stored twice: {_keys(wrong['stored twice'])}",
         "- alive at the end: "
         + ", ".join(f"{name} {'yes' if up else 'NO'}" for name, up in report.alive.items()),
     ]
