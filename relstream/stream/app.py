@@ -27,6 +27,7 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, placement_of
 from relstream.ready import mark_ready
+from relstream.stream.heldfetch import HeldFetchTransport
 from relstream.stream.registrations import QueryRegistration, worker_group
 from relstream.stream.stage import StageSettings, WindowStage
 
@@ -73,6 +74,7 @@ def build_app(
         broker_credentials=security.faust_credentials(),
         **settings,
     )
+    app.transport = HeldFetchTransport(app.conf.broker_consumer, app)
     # Each window's relQuery goes to the least loaded engine while engines report their
     # load, else by its key's hash (README, Scale-out); RELSTREAM_PLACEMENT=hash: always.
     placer = None
