@@ -105,3 +105,10 @@ def test_an_idle_worker_idles_on_the_default_broker(default_broker, tmp_path: Pa
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
+
+
+def test_the_idle_bench_counts_processes_born_and_ended_during_the_spell():
+    from relstream_lab.idle.run import spent
+
+    # pid 1 ran on (+0.5 s), pid 2 ended (nothing after the first reading), pid 3 was born
+    assert spent({1: 1.0, 2: 2.0}, {1: 1.5, 3: 0.25}) == 0.75

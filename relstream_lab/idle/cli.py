@@ -31,22 +31,29 @@ from relstream_lab.common.options import typed_command
     help="noida-db: `relstream broker`; tansu: `relstream broker --memory`.",
 )
 @click.option(
+    "--report-only",
+    is_flag=True,
+    help="Rewrite README.md from --out's results.json (and notes.md) without running.",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("docs/benchmarks/idle"),
     show_default=True,
 )
-def idle(runs, seconds, settle, brokers, out):
+def idle(runs, seconds, settle, brokers, report_only, out):
     """The README walkthrough's broker, worker and engine (sim) idle: CPU per process."""
     from relstream_lab.common.report import machine_description
     from relstream_lab.idle.report import markdown, show
     from relstream_lab.idle.run import idle_runs
 
-    records = idle_runs(list(brokers), runs, seconds, settle, show)
-    command = typed_command()
-    out.mkdir(parents=True, exist_ok=True)
-    document = {"command": command, "machine": machine_description(), "runs": records}
-    (out / "results.json").write_text(json.dumps(document, indent=1))
+    if report_only:
+        document = json.loads((out / "results.json").read_text())
+    else:
+        records = idle_runs(list(brokers), runs, seconds, settle, show)
+        document = {"command": typed_command(), "machine": machine_description(), "runs": records}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(document, indent=1))
     lines = markdown(document)
     notes = out / "notes.md"  # the hand-written analysis, kept across re-runs
     if notes.exists():

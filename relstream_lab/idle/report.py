@@ -41,7 +41,7 @@ def markdown(document: dict) -> list[str]:
         "",
         "Median over the runs (lowest-highest):",
         "",
-        "| broker | runs | " + " | ".join(ROLES) + " | first row after idle (s) |",
+        "| on | runs | " + " | ".join(ROLES) + " | first row after idle (s) |",
         "|---|---|" + "---|" * len(ROLES) + "---|",
     ]
     for broker in dict.fromkeys(run["broker"] for run in runs):
@@ -58,7 +58,7 @@ def markdown(document: dict) -> list[str]:
         "Every run (share of one core; the machine's 1-minute load average before and "
         "after the spell):",
         "",
-        "| broker | run | " + " | ".join(ROLES) + " | first row (s) | load |",
+        "| on | run | " + " | ".join(ROLES) + " | first row (s) | load |",
         "|---|---|" + "---|" * len(ROLES) + "---|---|",
     ]
     for run in runs:
