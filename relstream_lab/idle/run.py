@@ -9,6 +9,7 @@ that waits is not charged for the waiting, so the share of a core is its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -86,15 +87,36 @@ def _wait_listening(port: int, process: subprocess.Popen, log: Path, timeout: fl
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGINT, as Ctrl-C in the walkthrough's terminal; killed if still there after 30 s."""
+    """SIGTERM, which every relstream command takes as Ctrl-C (SIGINT would be ignored
+    where the benchmark itself runs in the background); killed if still there after 30 s."""
     if process.poll() is not None:
         return
-    process.send_signal(2)
+    process.terminate()
     try:
         process.wait(30)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def _stop_all(processes: list[subprocess.Popen]) -> None:
+    """Stop each in turn (`_stop`), then end whatever they started and left behind (the
+    broker's own binary, were its command killed before it stopped it)."""
+    import psutil
+
+    started = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            started += psutil.Process(process.pid).children(recursive=True)
+    for process in processes:
+        _stop(process)
+    for child in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(started, timeout=10)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 async def _first_row(bootstrap: str, timeout: float) -> float:
@@ -154,9 +176,7 @@ def idle_run(broker: str, seconds: float, settle: float, workdir: Path) -> IdleR
         first_row = asyncio.run(_first_row(bootstrap, 60))
         return IdleRun(broker, elapsed, cpu, first_row, load_before, load_after)
     finally:
-        for role in ("engine", "worker", "broker"):
-            if role in processes:
-                _stop(processes[role])
+        _stop_all([processes[role] for role in ("engine", "worker", "broker") if role in processes])
 
 
 def idle_runs(brokers: list[str], runs: int, seconds: float, settle: float, on_run) -> list[dict]:
