@@ -40,6 +40,17 @@ log = logging.getLogger("relstream.kafka.delivery")
 STALL_S = 5.0  # unacknowledged this long: the broker is taken to be out
 
 
+@dataclass(frozen=True)
+class Send:
+    """One message to publish, among those answering one input message."""
+
+    topic: str
+    value: bytes
+    key: bytes | None
+    what: str  # names it in log lines
+    headers: list[tuple[str, bytes]] | None = None
+
+
 class Refused(Exception):
     """The broker refused a message for good: sending it again would not help."""
 
@@ -106,6 +117,20 @@ async def publish_acked(
         timer.cancel()
 
 
+async def publish_sends(
+    producer: AIOKafkaProducer,
+    sends: list[Send],
+    stalled: Callable[[], None] = lambda: None,
+    stall_s: float = STALL_S,
+) -> None:
+    """`publish_acked` each of `sends`, in order."""
+    for send in sends:
+        await publish_acked(
+            producer, send.topic, send.value, send.key, send.what, stalled, stall_s,
+            headers=send.headers,
+        )  # fmt: skip
+
+
 async def publish_best_effort(
     producer: AIOKafkaProducer,
     topic: str,
@@ -140,6 +165,18 @@ async def send_dead_letter(
     (logged) if the broker refuses it for good: nothing a producer sends may stop the
     process that reads it, and a letter that can never be written would hold its
     partition for ever."""
+    value, key, what = dead_letter_of(record, reason)
+    try:
+        await publish_acked(producer, topic, value, key, what, stalled)
+    except Refused as exc:
+        log.error("%s; going on without it", exc)
+        return False
+    return True
+
+
+def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[bytes, bytes | None, str]:
+    """The dead letter of a consumed `record` (its bytes cut to fit under the request
+    limit), encoded, its key, and how log lines name it."""
     letter = dead_letter_message(
         record.value,
         record.topic,
@@ -150,12 +187,7 @@ async def send_dead_letter(
         DEAD_LETTER_ORIGINAL_BYTES,
     )
     what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
-    try:
-        await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
-    except Refused as exc:
-        log.error("%s; going on without it", exc)
-        return False
-    return True
+    return encode(letter), letter.key, what
 
 
 _QUIET = "relstream-outage-handler"
