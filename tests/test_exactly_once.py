@@ -10,12 +10,15 @@ import asyncio
 import collections
 import itertools
 import logging
+import time
 import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from engines import engine_process, wait_for
 from helpers import relquery
 
+from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_admin, produce
 from relstream.kafka.delivery import Send
 from relstream.kafka.topics import Topics
@@ -98,6 +101,8 @@ def _check_finishing_order(order) -> None:
 
 # the transactions, on the default broker
 
+SLOW = ["--sim-speed", "0.2"]  # a simulated engine five times slower: work stays in flight
+
 
 def fresh_topics() -> Topics:
     return Topics(prefix=f"x{uuid.uuid4().hex[:6]}.")
@@ -121,6 +126,12 @@ async def read_all(bootstrap: str, topic: str, isolation: str, idle_s: float = 3
     finally:
         await consumer.stop()
     return seen
+
+
+async def results_by_id(bootstrap: str, topic: str, isolation: str) -> collections.Counter:
+    """How many results a reader of `isolation` sees for each relQuery id."""
+    seen = await read_all(bootstrap, topic, isolation, 1.0)
+    return collections.Counter(decode(ResultMessage, m.value).id for m in seen)
 
 
 def test_a_new_owner_fences_the_old_one_and_its_commit_carries_the_metadata(default_broker):
@@ -161,10 +172,11 @@ def test_a_new_owner_fences_the_old_one_and_its_commit_carries_the_metadata(defa
 
 def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default_broker, caplog):
     # Engine A serves slowly (four relQueries in flight); B joins its group while A is
-    # mid-flight, so partitions move with work running on them. On 1d50ea0 A publishes
-    # what it was serving for the partitions it lost, and their new owner answers them
-    # again from the last commit: two results for one relQuery. With transactions A is
-    # fenced, and a read_committed reader sees each relQuery's result once.
+    # mid-flight, so partitions move with work running on them: A's is fenced, and a
+    # read_committed reader sees each relQuery's result once. On 1d50ea0 (noida-db) the
+    # join stalls the group: A's commit in its revocation callback is refused
+    # (IllegalGeneration) and the rebalance did not complete, so not every relQuery was
+    # answered within 120 s (twice out of twice).
     topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
     sent = [relquery(i) for i in range(40)]
     caplog.set_level(logging.INFO, logger="relstream.engine")
@@ -174,12 +186,11 @@ def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default
             default_broker.bootstrap, topics, group, broker=default_broker.kind,
             max_backlog_rows=12,
         )  # fmt: skip
-        backend = SimRelQueryBackend(SimSettings(time_scale=1.0))
+        backend = SimRelQueryBackend(SimSettings(time_scale=1.0, speed=0.2))
         await EngineService(config, backend).run(stop)
 
     async def results(isolation: str) -> collections.Counter:
-        seen = await read_all(default_broker.bootstrap, topics.results, isolation, 1.0)
-        return collections.Counter(decode(ResultMessage, m.value).id for m in seen)
+        return await results_by_id(default_broker.bootstrap, topics.results, isolation)
 
     async def scenario():
         await create_topics(default_broker.bootstrap, topics.layout())
@@ -202,3 +213,54 @@ def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default
     assert set(committed.values()) == {1}, {i: n for i, n in committed.items() if n > 1}
     assert sum(uncommitted.values()) >= len(sent)
     assert "exactly once" in caplog.text
+
+
+def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tmp_path):
+    # A large relQuery heads partition 0 and six small ones follow: the engine answers
+    # the small ones first, so its committed offset cannot pass the large one. It is
+    # SIGKILLed before the large one is done; the broker restarts (noida-db keeps a
+    # SIGKILLed member in its group until then) and a new engine of the group takes over.
+    # On 1d50ea0 it answers the six again from the committed offset: two results each.
+    # With transactions their offsets ride in the commit's metadata and it skips them.
+    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker.start()
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    large = relquery(0, size=60)
+    small = [relquery(i, size=1) for i in range(1, 7)]
+    log = tmp_path / "engines.log"
+
+    async def send() -> None:
+        await create_topics(broker.bootstrap, topics.layout())
+        messages = [(rq.id.encode(), encode(relquery_message(rq))) for rq in [large, *small]]
+        await produce(broker.bootstrap, topics.relqueries, messages, partitioner=lambda *a: 0)
+
+    def committed() -> collections.Counter:
+        return asyncio.run(results_by_id(broker.bootstrap, topics.results, "read_committed"))
+
+    engines = []
+    try:
+        asyncio.run(send())
+        engines.append(engine_process(broker, topics, group, log, budget_rows=200, extra=SLOW))
+        assert wait_for(lambda: len(committed()) >= 4, 90), log.read_text()
+        engines[0].kill()
+        engines[0].wait()
+        seen_before = committed()
+        assert large.id not in seen_before, "the large relQuery finished before the kill"
+        broker.stop()
+        broker.start()
+        engines.append(engine_process(broker, topics, group, log, budget_rows=200, extra=SLOW))
+        assert wait_for(lambda: len(committed()) == 7, 120), log.read_text()
+        time.sleep(3)  # anything answered twice would be out by now
+        final = committed()
+        uncommitted = asyncio.run(
+            results_by_id(broker.bootstrap, topics.results, "read_uncommitted")
+        )
+    finally:
+        for engine in engines:
+            engine.kill()
+            engine.wait()
+        broker.stop()
+    assert set(final) == {rq.id for rq in [large, *small]}
+    assert set(final.values()) == {1}, final
+    assert "answered by its previous owner" in log.read_text()
+    assert sum(uncommitted.values()) >= 7

@@ -202,6 +202,8 @@ class EngineService:
             return
         batches = await self._consumer.getmany(timeout_ms=200, max_records=backlog.FETCH_RECORDS)
         for partition, messages in batches.items():
+            if self._commits.settling(partition):  # sought once its previous owner is fenced
+                continue
             for message in messages:
                 if self.budget.full:
                     # Back-pressure: a decoded relQuery already waits for room, so the
