@@ -4,6 +4,8 @@ another."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import subprocess
 import time
@@ -15,6 +17,7 @@ import pytest
 from relstream import launch
 from relstream.backend import EngineFailure
 from relstream.connectors.sinks import JsonlSink
+from relstream.kafka.brokers import free_port
 from relstream.kafka.clients import read_messages
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
@@ -43,13 +46,13 @@ def stream_bin() -> Path:
 
 
 def start_worker(
-    broker, topics, config: Path, log: Path, app_id: str | None = None
+    broker, topics, config: Path, log: Path, app_id: str | None = None, ready_file=None
 ) -> subprocess.Popen:
     """The worker in its Faust environment; a fresh app id (so consumer groups) unless
     given, as a restarted worker keeps its own."""
     executable = [str(stream_bin() / "relstream")]
     app_id = app_id or f"worker-{uuid.uuid4().hex[:8]}"
-    return launch.start_worker(executable, broker, config, log, topics, app_id)
+    return launch.start_worker(executable, broker, config, log, topics, app_id, ready_file)
 
 
 def sink_results(broker, topics, sent: list[str], path: Path, wait_s: float, within_s: float):
@@ -70,6 +73,41 @@ def sink_results(broker, topics, sent: list[str], path: Path, wait_s: float, wit
         wanted = len(messages) + 1
     sink.close()
     return answered
+
+
+@contextlib.asynccontextmanager
+async def http_server(app):
+    """`app` (the HTTP door) served by uvicorn on a free port of 127.0.0.1, in this event
+    loop, as `relstream serve` serves it: its port."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not (server.started or task.done()):
+        await asyncio.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def post_and_leave(port: int, body: dict, after_s: float, stream: bool = False) -> None:
+    """POST `body` to the door's /v1/relqueries, then close the connection `after_s`
+    later, unanswered: a client that goes away."""
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode()
+    path = "/v1/relqueries?stream=true" if stream else "/v1/relqueries"
+    head = f"POST {path} HTTP/1.1\r\nhost: door\r\ncontent-type: application/json\r\n"
+    writer.write(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    await asyncio.sleep(after_s)
+    writer.close()
+    await writer.wait_closed()
 
 
 class FaultyBackend(SimRelQueryBackend):

@@ -173,3 +173,20 @@ def test_output_to_a_pipe_is_not_cut_at_80_columns_and_has_no_escape_codes():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
     )
     assert run.stdout == "relstream-worker-" + "x" * 150 + "\n"
+
+
+def test_a_busy_metrics_port_is_one_line_before_the_engine_loads():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "relstream", "engine", "--backend", "sim"]
+        command += ["--bootstrap", "127.0.0.1:9", "--metrics-port", str(port)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 1
+    assert said == [
+        f"Error: --metrics-port cannot listen on 127.0.0.1:{port} (Address already in use)"
+    ]

@@ -13,6 +13,7 @@ import httpx
 import msgspec
 from aiokafka.structs import ConsumerRecord
 from engines import answers_by, engine_process, keys_written, wait_for
+from helpers import http_server, post_and_leave
 
 from relstream.kafka.brokers import EmbeddedBroker, free_port
 from relstream.kafka.clients import create_topics, new_producer, read_messages, start_all
@@ -31,6 +32,7 @@ from relstream.schemas import (
 )
 from relstream.schemas.messages import ResultRow
 from relstream.schemas.parts import split_result
+from relstream.service.doorlimits import DoorLimits
 from relstream.service.forward import DoorPlacement, ResultFollower
 from relstream.service.http import build_http_app
 from relstream.service.loadreport import HEADERS
@@ -209,3 +211,116 @@ def test_the_results_follower_answers_a_waiter_with_its_whole_result_or_its_dead
         "the engine it was sent to dead-lettered it: served 3 times",
     )
     assert (kept, waiting) == (False, 1)
+
+
+async def report_hung(broker, topics: Topics, placement: DoorPlacement) -> None:
+    """Report an engine, "hung", idle on partition 0 (it answers nothing sent to it), and
+    wait until `placement` knows it: the door then forwards every relQuery there."""
+    report = LoadReportMessage(
+        engine="hung", topic=topics.relqueries, partitions=[0], outstanding_s=0.0, at=time.time()
+    )
+    producer = new_producer(broker.bootstrap)
+    await producer.start()
+    try:
+        await publish_acked(
+            producer, topics.metrics, encode(report), b"hung", "a report", headers=HEADERS
+        )
+    finally:
+        await producer.stop()
+    async with asyncio.timeout(30):
+        while placement.reader.book.engines() != ["hung"]:
+            await asyncio.sleep(0.1)
+
+
+def door_topics() -> Topics:
+    return Topics(prefix=f"dl{uuid.uuid4().hex[:6]}.", partitions=2)
+
+
+def test_two_requests_under_one_id_at_once_are_one_answer_and_one_409(default_broker):
+    # No engine reports: the door weighs each relQuery (in a thread) and keeps it.
+    topics = door_topics()
+
+    async def scenario():
+        await create_topics(default_broker.bootstrap, topics.layout())
+        placement = DoorPlacement(default_broker.bootstrap, topics, "here", default_broker.kind)
+        await placement.start()
+        try:
+            app = build_http_app(SimRelQueryBackend(SimSettings()), placement=placement)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://door") as client:
+                posts = [client.post("/v1/relqueries", json=payload("twice")) for _ in range(2)]
+                return await asyncio.gather(*posts)
+        finally:
+            await placement.stop()
+
+    responses = asyncio.run(scenario())
+    assert sorted(response.status_code for response in responses) == [200, 409]
+    refused = next(response for response in responses if response.status_code == 409)
+    assert refused.json() == {"error": "relQuery 'door-twice' is already being served"}
+
+
+def test_a_forwarded_relquerys_client_that_goes_away_cancels_it_on_the_control_topic(
+    default_broker,
+):
+    topics = door_topics()
+
+    async def scenario():
+        await create_topics(default_broker.bootstrap, topics.layout())
+        placement = DoorPlacement(default_broker.bootstrap, topics, "here", default_broker.kind)
+        await placement.start()
+        try:
+            await report_hung(default_broker, topics, placement)
+            app = build_http_app(SimRelQueryBackend(SimSettings()), placement=placement)
+            async with http_server(app) as port:
+                gone = payload("gone") | {"deadline_s": 60.0}  # a 504 only a minute later
+                await post_and_leave(port, gone, after_s=1.0)
+                left = time.monotonic()
+                cancels = await read_messages(
+                    default_broker.bootstrap, topics.control, 1, default_broker.kind, 10.0
+                )
+                took = time.monotonic() - left
+                waiting = placement.forwarded("door-gone")
+        finally:
+            await placement.stop()
+        sent = await read_messages(
+            default_broker.bootstrap, topics.relqueries, 1, default_broker.kind, 10.0
+        )
+        return cancels, took, waiting, sent
+
+    cancels, took, waiting, sent = asyncio.run(scenario())
+    # It was sent to the hung engine, then cancelled there once its client left.
+    assert [(m.key, m.partition) for m in sent] == [(b"door-gone", 0)]
+    assert [decode(ControlMessage, m.value).cancel for m in cancels] == ["door-gone"]
+    assert took < 5 and not waiting
+
+
+def test_forwarded_relqueries_hold_their_places_in_the_doors_bound(default_broker):
+    topics = door_topics()
+
+    async def scenario():
+        await create_topics(default_broker.bootstrap, topics.layout())
+        placement = DoorPlacement(default_broker.bootstrap, topics, "here", default_broker.kind)
+        await placement.start()
+        try:
+            await report_hung(default_broker, topics, placement)
+            app = build_http_app(
+                SimRelQueryBackend(SimSettings()),
+                placement=placement,
+                limits=DoorLimits(relqueries=1),
+            )
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://door") as client:
+                held = payload("held") | {"deadline_s": 3.0}
+                first = asyncio.create_task(client.post("/v1/relqueries", json=held))
+                async with asyncio.timeout(10):
+                    while not placement.forwarded("door-held"):
+                        await asyncio.sleep(0.05)
+                second = await client.post("/v1/relqueries", json=payload("next"))
+                return await first, second
+        finally:
+            await placement.stop()
+
+    first, second = asyncio.run(scenario())
+    # Not served here past the bound: a 429 while the forwarded one awaits its answer.
+    assert second.status_code == 429 and second.headers["retry-after"] == "1"
+    assert first.status_code == 504

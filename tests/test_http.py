@@ -1,5 +1,5 @@
-"""The HTTP door over the simulated backend: answers, streamed rows, cancel, and 4xx
-naming what is wrong (never a 500)."""
+"""The HTTP door over the simulated backend: answers, streamed rows, cancel, 4xx naming
+what is wrong (never a 500), its bounds (429), and a client that goes away."""
 
 import asyncio
 import json
@@ -7,9 +7,12 @@ import time
 
 import httpx
 import pytest
+from helpers import http_server, post_and_leave
 
+from relstream.service.doorlimits import DoorLimits
 from relstream.service.http import MAX_BODY_BYTES, build_http_app
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.stream.windowing import Window
 
 
 def body(relquery_id: str = "q1", **fields) -> dict:
@@ -124,3 +127,134 @@ def test_health_metrics_and_models_answer_as_operators_expect():
         "object": "list",
         "data": [{"id": "sim", "object": "model", "owned_by": "relstream"}],
     }
+
+
+SLOW = 50.0  # the simulator at 50x real time: a relQuery of body() takes about 12 s
+
+
+def test_past_its_bound_of_relqueries_a_request_is_a_429_with_retry_after():
+    async def scenario(client):
+        held = [
+            asyncio.create_task(client.post("/v1/relqueries", json=body(f"h{i}"))) for i in (0, 1)
+        ]
+        await asyncio.sleep(0.5)  # both held, being answered
+        refused = await client.post("/v1/relqueries", json=body("third"))
+        for relquery_id in ("h0", "h1"):
+            await client.delete(f"/v1/relqueries/{relquery_id}")
+        await asyncio.gather(*held)
+        later = await client.post("/v1/relqueries", json=body("third"))
+        metrics = await client.get("/metrics")
+        return refused, later, metrics.text
+
+    refused, later, metrics = call(SLOW, scenario, limits=DoorLimits(relqueries=2))
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json() == {"error": "the door holds 2 relQueries, its most; try again later"}
+    assert later.status_code == 200  # their places given back
+    assert 'relstream_http_relqueries_total{outcome="busy"} 1.0' in metrics
+
+
+def test_past_its_bound_of_rows_or_bytes_a_request_is_a_429_and_one_over_it_alone_a_413():
+    # Every body below is about this size (as httpx sends JSON).
+    size = len(json.dumps(body("a"), separators=(",", ":")).encode())
+
+    async def scenario(client):
+        held = asyncio.create_task(client.post("/v1/relqueries", json=body("a")))
+        await asyncio.sleep(0.5)
+        rows = await client.post("/v1/relqueries", json=body("b"))  # 2 + 2 rows
+        await client.delete("/v1/relqueries/a")
+        await held
+        many = body("c", rows=[{"key": f"k{i}", "values": {"city": "Oslo"}} for i in range(4)])
+        return rows, await client.post("/v1/relqueries", json=many)
+
+    busy, alone = call(SLOW, scenario, limits=DoorLimits(rows=3))
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+    assert busy.json()["error"] == "the door holds 2 rows, its most; try again later"
+    assert (alone.status_code, alone.json()) == (413, {"error": "4 rows; the door holds at most 3"})
+
+    async def by_bytes(client):
+        held = asyncio.create_task(client.post("/v1/relqueries", json=body("a")))
+        await asyncio.sleep(0.5)
+        busy = await client.post("/v1/relqueries", json=body("b"))
+        await client.delete("/v1/relqueries/a")
+        await held
+        big = await client.post("/v1/relqueries", json=body("c", system_prompt="x" * size))
+        return busy, big
+
+    busy, big = call(SLOW, by_bytes, limits=DoorLimits(body_bytes=size * 3 // 2))
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+    assert busy.json()["error"].endswith("bytes of bodies, its most; try again later")
+    assert big.status_code == 413, big.text
+
+
+def test_an_id_in_the_workers_window_form_is_refused_and_others_are_not():
+    window = Window(partition=0, first_offset=12, deadline=0.0, rows=[], last_offset=12,
+                    first_ms=1763800000000)  # fmt: skip
+    workers = f"reviews-{window.window_id}"  # as the worker names a window's relQuery
+
+    async def scenario(client):
+        ids = (workers, "reviews-0-12", "fill-1", "a@b")
+        return [await client.post("/v1/relqueries", json=body(i)) for i in ids]
+
+    refused, *taken = call(0.0, scenario)
+    assert refused.status_code == 400
+    assert refused.json()["error"].startswith(
+        "field id: 'reviews-0-12@1763800000000' has the form of a worker's window id"
+    )
+    assert [response.status_code for response in taken] == [200, 200, 200]
+
+
+class KeptHandles(SimRelQueryBackend):
+    """The simulated backend, keeping the handle of each relQuery it was given."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        super().__init__(settings)
+        self.handles = []
+
+    async def submit(self, relquery):
+        handle = await super().submit(relquery)
+        self.handles.append(handle)
+        return handle
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_goes_away_cancels_its_relquery(stream):
+    backend = KeptHandles(SimSettings(time_scale=SLOW))
+    app = build_http_app(backend)
+
+    async def scenario():
+        async with http_server(app) as port:
+            await post_and_leave(port, body("gone"), after_s=0.5, stream=stream)
+            left = time.monotonic()
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                async with asyncio.timeout(30):
+                    while (await client.get("/health")).json()["serving"]:
+                        await asyncio.sleep(0.05)
+                took = time.monotonic() - left
+                metrics = (await client.get("/metrics")).text
+            async with asyncio.timeout(5):
+                result = await backend.handles[0].result()
+            return took, backend.load().outstanding_s, result, metrics
+
+    took, outstanding, result, metrics = asyncio.run(scenario())
+    # Cancelled at once (its answer takes about 12 s): the engine has nothing left to do.
+    assert took < 3 and outstanding == 0.0, (took, outstanding)
+    assert [row.status for row in result.rows] == ["cancelled", "cancelled"]
+    assert 'relstream_http_relqueries_total{outcome="disconnected"} 1.0' in metrics
+
+
+def test_a_client_that_goes_away_gives_back_its_place():
+    backend = SimRelQueryBackend(SimSettings(time_scale=SLOW))
+    app = build_http_app(backend, limits=DoorLimits(relqueries=1))
+
+    async def scenario():
+        async with http_server(app) as port:
+            await post_and_leave(port, body("gone"), after_s=0.5)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                async with asyncio.timeout(3):  # its answer would take about 12 s
+                    while True:  # an empty relQuery: a 400 once it is read, until then a 429
+                        response = await client.post("/v1/relqueries", json=body(rows=[]))
+                        if response.status_code != 429:
+                            return response.status_code
+                        await asyncio.sleep(0.05)
+
+    assert asyncio.run(scenario()) == 400

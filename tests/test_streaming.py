@@ -17,7 +17,17 @@ from helpers import encode_row, start_worker, stream_bin
 
 from relstream import launch
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
+from relstream.kafka.clients import (
+    MAX_REQUEST_BYTES,
+    Subscription,
+    assign_all,
+    create_topics,
+    new_admin,
+    new_consumer,
+    new_producer,
+    produce,
+    read_messages,
+)
 from relstream.kafka.topics import Topics
 from relstream.placer import is_load_report
 from relstream.schemas import (
@@ -31,6 +41,7 @@ from relstream.schemas import (
     encode,
 )
 from relstream.schemas.formats import decode_record
+from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
@@ -133,6 +144,153 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
     cut = [letter for letter in map(decode_dead_letter, dead) if letter.truncated]
     assert len(cut) == malformed.count(HUGE)
     assert all(c.original_size == len(HUGE) and HUGE.startswith(c.original) for c in cut)
+
+
+BIG_ROW_CHARS = 200_000  # under the 256 KiB row limit; five make a window over 1 MiB
+
+
+async def answered_or_dead(broker, topics, keys: set[str], worker, within_s: float):
+    """Rows answered (key -> output) and dead-lettered (key -> reason) until every key is
+    one or the other, `within_s` passed or the worker process ended."""
+    consumer = new_consumer(broker.bootstrap, broker_kind=broker.kind)
+    await consumer.start()
+    answered: dict[str, str] = {}
+    dead: dict[str, str] = {}
+    try:
+        await assign_all(consumer, topics.results, topics.deadletter)
+        deadline = time.monotonic() + within_s
+        while keys - answered.keys() - dead.keys() and time.monotonic() < deadline:
+            if worker.poll() is not None:
+                break
+            for part, messages in (await consumer.getmany(timeout_ms=500)).items():
+                for message in messages:
+                    if part.topic == topics.results:
+                        for row in decode_result(message).rows:
+                            answered[row.key] = row.output
+                    else:
+                        letter = decode_dead_letter(message)
+                        dead[letter.key.decode() if letter.key else "?"] = letter.reason
+    finally:
+        await consumer.stop()
+    return answered, dead
+
+
+def big_rows(count: int, small: int = 3) -> list[dict]:
+    """`count` rows of 200 KB, then `small` small ones, of table "docs"."""
+    big = [
+        {"key": f"big{i}", "values": {"title": f"t{i}", "body": "ab"[i % 2] * BIG_ROW_CHARS}}
+        for i in range(count)
+    ]
+    return big + [
+        {"key": f"small{i}", "values": {"title": f"s{i}", "body": "x"}} for i in range(small)
+    ]
+
+
+def window_rows(broker, tmp_path, rows: list[dict], relqueries_limit: int | None = None):
+    """The worker and a sim engine given `rows` (to partition 0 if `relqueries_limit`):
+    (answered: key -> output, dead-lettered: key -> reason, the worker's exit code or
+    None, its log). `relqueries_limit`: the relqueries topic's max.message.bytes, set
+    once the worker runs (so after it asked the broker)."""
+    topics = Topics(prefix=f"b{uuid.uuid4().hex[:6]}.")
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "big"\ntable = "docs"\ntemplate = "Title: {title}"\n'
+        "window_seconds = 5.0\nmax_rows = 100\nmax_output_tokens = 8\n"
+    )
+    worker_log, ready = tmp_path / "worker.log", tmp_path / "worker.ready"
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout(("docs",)))
+        executable = [str(stream_bin() / "relstream")]
+        worker = launch.start_worker(executable, broker, config, worker_log, topics, None, ready)
+        stop = asyncio.Event()
+        service_config = ServiceConfig(
+            broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
+        )
+        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        try:
+            await asyncio.to_thread(launch.wait_ready, [ready], [worker], 60)
+            if relqueries_limit is not None:
+                await set_topic_config(
+                    broker, topics.relqueries, {"max.message.bytes": str(relqueries_limit)}
+                )
+            messages = [
+                (row["key"].encode(), encode_row({"version": 1, "table": "docs", **row}))
+                for row in rows
+            ]
+            assert max(len(value) for _, value in messages) < MAX_ROW_BYTES
+            partition = None if relqueries_limit is None else 0
+            producer = new_producer(broker.bootstrap)
+            await producer.start()
+            for key, value in messages:
+                await producer.send_and_wait(topics.rows("docs"), value, key, partition=partition)
+            await producer.stop()
+            keys = {row["key"] for row in rows}
+            answered, dead = await answered_or_dead(broker, topics, keys, worker, 120)
+            return answered, dead, worker.poll()
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+            stop.set()
+            await service
+
+    answered, dead, exited = asyncio.run(scenario())
+    return answered, dead, exited, worker_log.read_text()
+
+
+async def set_topic_config(broker, topic: str, configs: dict[str, str]) -> None:
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = new_admin(broker.bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs)])
+    finally:
+        await admin.close()
+
+
+def test_a_topics_message_limit_is_asked_of_the_broker_within_the_request_limit(broker):
+    """What the worker cuts its windows under: a topic's own max.message.bytes, never over
+    the producer's request limit (which is also what a broker telling none gets)."""
+    from relstream.kafka.limits import message_limit
+
+    prefix = f"l{uuid.uuid4().hex[:6]}."
+    small, plain = f"{prefix}small", f"{prefix}plain"
+
+    async def limits():
+        await create_topics(broker.bootstrap, {small: 1}, configs={"max.message.bytes": "300000"})
+        await create_topics(broker.bootstrap, {plain: 1})
+        return [await message_limit(broker.bootstrap, topic) for topic in (small, plain)]
+
+    assert asyncio.run(limits()) == [300_000, MAX_REQUEST_BYTES]
+
+
+def test_rows_that_fit_alone_never_make_a_window_the_broker_refuses(default_broker, tmp_path):
+    """24 rows of 200 KB (each under the row limit) and three small ones after them, on the
+    default broker (it refuses messages over 1 MiB): windows are cut by bytes too, so every
+    row is answered, the worker never stops and the broker refuses nothing."""
+    rows = big_rows(24)
+    answered, dead, exited, log = window_rows(default_broker, tmp_path, rows)
+    assert exited is None, log[-3000:]
+    assert not dead, dead
+    assert answered == {row["key"]: f"Title: {row['values']['title']}" for row in rows}
+    assert "refused" not in log and "TooLarge" not in log, log[-3000:]
+
+
+def test_a_window_the_broker_refuses_becomes_its_rows_dead_letters(default_broker, tmp_path):
+    """The relqueries topic's limit lowered to 300,000 bytes after the worker asked for it:
+    the first window (five 200 KB rows, 1 MB) is refused, and each of its rows is
+    dead-lettered with the reason, naming it; the worker goes on and answers the rest."""
+    rows = big_rows(6)
+    answered, dead, exited, log = window_rows(default_broker, tmp_path, rows, 300_000)
+    assert exited is None, log[-3000:]
+    assert set(dead) == {f"big{i}" for i in range(5)}, (dead, log[-3000:])
+    for key, reason in dead.items():
+        assert reason.startswith(f"row {key!r}") and "MessageSizeTooLarge" in reason, reason
+    assert answered == {
+        key: f"Title: {title}"
+        for key, title in [("big5", "t5")] + [(f"small{i}", f"s{i}") for i in range(3)]
+    }
 
 
 EXAMPLE_AGENTS = REPO / "docs" / "examples" / "enrich_reviews.py"

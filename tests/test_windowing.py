@@ -70,6 +70,67 @@ def test_a_recreated_topic_names_its_windows_anew():
     assert [i for i, _ in after] == ["2-10@3600500", "2-14@3610500"]
 
 
+# Windows cut by bytes: up to 10 rows, so only the byte budget closes them here.
+BY_BYTES = QueryRegistration("q", "t", Template("{x}"), window_seconds=2.0, max_rows=10)
+# Its relQuery with no rows and the longest window id, in msgpack: map16 header 3;
+# version 8+1; id 3 + 2+53 ("q-2147483647-9223372036854775807@-9223372036854775807");
+# template 9+4; rows 5 + its array header, kept at its largest, 5; max_output_tokens 18+1;
+# submitted_at 13+9; temperature 12+9; top_p 6+9.
+BY_BYTES_FIXED = 3 + 9 + 58 + 13 + 5 + 5 + 19 + 22 + 21 + 15  # 170
+ABC_ROW_BYTES = 1 + 4 + 2 + 7 + 1 + 2 + 4  # {"key": "a", "values": {"x": "abc"}}: 21
+
+
+def test_a_row_takes_its_key_and_values_encoded_in_a_relquery():
+    from relstream.schemas import RelQueryRow
+    from relstream.stream.windowing import row_bytes
+
+    abc = RowMessage(table="t", key="a", values={"x": "abc"}, produced_at=1.5)
+    assert row_bytes(abc) == ABC_ROW_BYTES == 21  # the table and produced_at stay out
+    assert row_bytes(abc) == len(encode(RelQueryRow(key="a", values={"x": "abc"})))
+
+
+def test_the_rows_budget_is_the_message_limit_less_the_envelope_and_the_other_fields():
+    from relstream.kafka.clients import MAX_REQUEST_BYTES
+    from relstream.stream.windowing import ENVELOPE_BYTES, MESSAGE_BYTES, rows_budget
+
+    assert rows_budget(BY_BYTES, 10_000) == 10_000 - ENVELOPE_BYTES - BY_BYTES_FIXED == 5_734
+    assert MESSAGE_BYTES == MAX_REQUEST_BYTES  # the bound where the broker tells none
+
+
+def test_a_window_closes_before_the_row_that_would_take_it_over_the_byte_budget():
+    from relstream.stream.windowing import ENVELOPE_BYTES, RowRejection, relquery_for_window
+
+    limit = ENVELOPE_BYTES + BY_BYTES_FIXED + 50  # room for 50 bytes of rows: two of 21
+    rows = [RowMessage(table="t", key=key, values={"x": "abc"}) for key in "abcde"]
+
+    def feed():
+        cutter = PartitionWindows(BY_BYTES, partition=0, message_bytes=limit)
+        closed = []
+        for offset, one in enumerate(rows):
+            checked = cutter.check(encode(one))
+            closed += cutter.add(offset, offset * 0.1, *checked)
+        return cutter, closed
+
+    cutter, closed = feed()
+    assert cutter.budget == 50
+    assert [([r.key for r in w.rows], w.rows_bytes, list(w.offsets)) for w in closed] == [
+        (["a", "b"], 42, [0, 1]),
+        (["c", "d"], 42, [2, 3]),
+    ]
+    assert (cutter.open.rows_bytes, cutter.committable()) == (21, 4)  # e's window, open
+    _, replayed = feed()
+    assert [w.window_id for w in replayed] == [w.window_id for w in closed] == ["0-0@0", "0-2@200"]
+    for window in closed:  # the relQuery with its envelope fits, with the id's room to spare
+        message = relquery_for_window(BY_BYTES, window.rows, f"q-{window.window_id}")
+        assert len(encode(message)) + ENVELOPE_BYTES <= limit
+    # A row that alone takes more: 1 + 4 + 4 ("big") + 7 + 1 + 2 + (2 + 40) = 61 bytes.
+    alone = RowMessage(table="t", key="big", values={"x": "y" * 40})
+    refused = cutter.check(encode(alone))
+    assert isinstance(refused, RowRejection)
+    assert refused.reason.startswith("row 'big' takes 61 bytes in a relQuery")
+    assert f"room for 50 bytes of rows (the broker's message limit, {limit} bytes" in refused.reason
+
+
 def registrations(tmp_path, extra: str):
     from relstream.stream.registrations import load_registrations
 

@@ -21,6 +21,7 @@ from relstream.cli.common import (
     security_options,
     show_logs,
 )
+from relstream.cli.door import door_limit_options, door_limits
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.ready import clear_ready, mark_ready
@@ -81,6 +82,13 @@ _ENGINE_OPTIONS = (
     ),
     policy_option,
     click.option("--group", default="relstream-engine", show_default=True, help="Consumer group."),
+    click.option(
+        "--instance-id",
+        envvar="RELSTREAM_INSTANCE_ID",
+        default=None,
+        help="This engine's static member id in its group, the same when it is restarted "
+        "(README, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
+    ),
     prefix_option,
     broker_kind_option,
     click.option(
@@ -201,10 +209,12 @@ def engine(**opts) -> None:
 @click.option("--bootstrap", default=None, help="Kafka too, at host:port [HTTP only].")
 @click.option("--http-host", default="127.0.0.1", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@door_limit_options
 @engine_options
 def serve(http_host: str, http_port: int, **opts) -> None:
     """The engine behind an HTTP door (OpenAPI docs at /docs), and behind Kafka as
     `relstream engine` is when --bootstrap is given."""
+    opts["door_limits"] = door_limits(opts)
     _run(opts, http=(http_host, http_port))
 
 
@@ -279,6 +289,8 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.service.service import EngineService, ServiceConfig
 
     door = _listening(http) if http is not None else None
+    if opts["metrics_port"]:  # in use: one line now, not a traceback once the model loaded
+        _listening((opts["metrics_host"], opts["metrics_port"]), "--metrics-port").close()
     if opts["bootstrap"]:  # before the model loads, not minutes after
         from relstream.kafka.clients import BrokerSilent, check_broker
 
@@ -297,10 +309,17 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     doors = []
     service = None
     if opts["bootstrap"]:
+        from relstream.kafka.membership import member_slot
+
+        # Its static member id (held for the life of the process), the same after a restart.
+        slot = member_slot(
+            opts["bootstrap"], opts["group"], opts["broker_kind"], opts["instance_id"]
+        )
         config = ServiceConfig(
             bootstrap=opts["bootstrap"],
             topics=Topics(opts["prefix"]),
             group_id=opts["group"],
+            instance_id=slot.instance_id,
             broker=opts["broker_kind"],
             max_backlog_rows=opts["max_backlog_rows"],
             max_held_rows=opts["max_held_rows"],
@@ -318,16 +337,16 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves
     if door is not None:
-        doors.append(_http_door(backend, service, door, stop, opts["ready_file"]))
+        doors.append(_http_door(backend, service, door, stop, opts))
     try:
         await asyncio.gather(*doors)
     finally:
         backend.shutdown()
 
 
-def _listening(address: tuple[str, int]) -> socket.socket:
-    """The HTTP door's socket, bound before the engine loads (minutes on a real model), so
-    a port in use is one line at once."""
+def _listening(address: tuple[str, int], what: str = "the HTTP door") -> socket.socket:
+    """The HTTP door's socket (or `what`'s), bound before the engine loads (minutes on a
+    real model), so a port in use is one line at once."""
     door = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
     door.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -335,38 +354,38 @@ def _listening(address: tuple[str, int]) -> socket.socket:
     except OSError as exc:
         door.close()
         raise click.ClickException(
-            f"the HTTP door cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
+            f"{what} cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
         ) from None
     return door
 
 
-async def _http_door(
-    backend, service, door: socket.socket, stop: asyncio.Event, ready_file: str | None
-) -> None:
+async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event, opts) -> None:
     from relstream.service.forward import door_placement
 
     # With Kafka and load reports, the door places its relQueries as the worker does.
     placement = door_placement(service.config, service.engine_name) if service else None
     if placement is None:
-        await _serve_door(backend, service, door, stop, ready_file, None)
+        await _serve_door(backend, service, door, stop, opts, None)
         return
     await placement.start()  # results followed from their end before any is sent
     try:
-        await _serve_door(backend, service, door, stop, ready_file, placement)
+        await _serve_door(backend, service, door, stop, opts, placement)
     finally:
         await placement.stop()
 
 
-async def _serve_door(backend, service, door, stop, ready_file, placement) -> None:
+async def _serve_door(backend, service, door, stop, opts, placement) -> None:
     import uvicorn
 
     from relstream.service.http import build_http_app
 
+    ready_file = opts["ready_file"]
     app = build_http_app(
         backend,
         service.cancel if service is not None else None,
         registry=service.metrics.registry if service is not None else None,
         placement=placement,
+        limits=opts["door_limits"],
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.install_signal_handlers = lambda: None  # the process's handlers set `stop`

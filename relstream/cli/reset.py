@@ -39,7 +39,12 @@ def _target(ctx, param, value: str):
     "rows topics the group has committed on].",
 )
 @click.option("--app-id", default="relstream-worker", show_default=True, help="The worker's.")
-@click.option("--dry-run", is_flag=True, help="Print each partition's move; commit nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print each partition's move and the rows read again (with --config: in which "
+    "windows, under which ids); commit nothing.",
+)
 @security_options
 def reset(
     query: str,
@@ -53,7 +58,9 @@ def reset(
 ) -> None:
     """Move the consumer group with which the worker reads QUERY's rows, on every partition
     of its rows topic, as kafka-consumer-groups --reset-offsets does; the next worker reads
-    from there. Refused while a worker runs the group."""
+    from there. A target before the committed offset snaps back to the start of its
+    window, so the rows read again come under the ids they had. Refused while a worker
+    runs the group."""
     from relstream.kafka.reset import (
         GroupBusy,
         ResetError,
@@ -64,6 +71,7 @@ def reset(
     )
     from relstream.kafka.sync import sync_admin, sync_consumer
     from relstream.kafka.topics import Topics
+    from relstream.kafka.windowstarts import known_starts
     from relstream.stream.registrations import worker_group
 
     group = worker_group(app_id, query)
@@ -71,8 +79,9 @@ def reset(
     consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
     try:
         check_idle(admin, group)
-        if config_path is not None:
-            topic_names = [Topics(prefix).rows(_table(config_path, query))]
+        registration = None if config_path is None else _registration(config_path, query)
+        if registration is not None:
+            topic_names = [Topics(prefix).rows(registration.table)]
         else:
             topic_names = committed_topics(admin, group, prefix)
             if not topic_names:
@@ -80,7 +89,19 @@ def reset(
                     f"group {group} has committed no offsets on a rows topic under "
                     f"{prefix!r}: give --config to name query {query}'s table"
                 )
-        moves = [m for t in topic_names for m in plan_moves(consumer, admin, group, t, target)]
+        published = _published(consumer, Topics(prefix))
+        starts = known_starts(published, query)
+        moves = [
+            move
+            for name in topic_names
+            for move in plan_moves(consumer, admin, group, name, target, starts)
+        ]
+        recuts = {}
+        if dry_run and registration is not None:
+            limit = _message_limit(bootstrap, Topics(prefix).relqueries, security)
+            recuts = {
+                m: _recut(consumer, registration, m, published, limit) for m in moves if m.again()
+            }
         if not dry_run:
             check_idle(admin, group)  # a worker started meanwhile
             commit_moves(admin, group, moves)
@@ -93,11 +114,16 @@ def reset(
     console.print(f"{verb} group {group} to {target}:", markup=False)
     for move in moves:
         console.print(f"  {move.line()}", markup=False)
+        if move.sinks() is not None:
+            console.print(f"    {move.sinks()}", markup=False)
+        if move in recuts:
+            for line in _recut_lines(recuts[move]):
+                console.print(f"    {line}", markup=False)
     if dry_run:
         console.print("dry run: nothing committed", markup=False)
 
 
-def _table(config_path: Path, query: str) -> str:
+def _registration(config_path: Path, query: str):
     from relstream.stream.registrations import RegistrationError, load_registrations
 
     try:
@@ -106,6 +132,48 @@ def _table(config_path: Path, query: str) -> str:
         raise click.ClickException(str(exc)) from None
     for registration in registrations:
         if registration.name == query:
-            return registration.table
+            return registration
     names = ", ".join(r.name for r in registrations)
     raise click.ClickException(f"{config_path} registers no query {query!r} (it has: {names})")
+
+
+def _published(consumer, topics) -> set[str]:
+    """Every relQuery id on the relqueries and results topics: the windows published."""
+    from relstream.kafka.windowstarts import published_ids
+
+    return set(published_ids(consumer, [topics.relqueries, topics.results]))
+
+
+def _message_limit(bootstrap: str, topic: str, security: KafkaSecurity) -> int:
+    """The byte limit the worker cuts windows under (`kafka.limits.message_limit`)."""
+    import asyncio
+
+    from relstream.kafka.limits import message_limit
+
+    return asyncio.run(message_limit(bootstrap, topic, security))
+
+
+def _recut(consumer, registration, move, published: set[str], message_bytes: int):
+    """The windows the worker will cut from the rows `move` reads again."""
+    from relstream.kafka.bounds import Span
+    from relstream.stream.recut import recut
+
+    first, last = move.again()
+    records = Span(consumer, {move.partition: (first, last + 1)}, None)
+    return recut(registration, move.partition.partition, records, published, message_bytes)
+
+
+def _recut_lines(found) -> list[str]:
+    """A dry run's account of the windows cut again, each new one named."""
+    known, new = found.known, found.new
+    lines = [
+        f"{len(known)} window(s) of {found.rows(known)} row(s) again under the ids they had, "
+        f"{len(new)} of {found.rows(new)} row(s) under new ids; "
+        f"{found.rejected} row(s) dead-lettered again"
+    ]
+    for window in new:
+        lines.append(
+            f"new: {window.window_id} (offsets {window.first_offset}..{window.last_offset}, "
+            f"{len(window.rows)} row(s)): a sink stores these rows a second time"
+        )
+    return lines

@@ -53,6 +53,13 @@ from relstream.ready import clear_ready
     help="A Python file whose agents(app, topics) adds your own Faust agents to the "
     "worker's app, e.g. to filter or enrich rows before they are windowed.",
 )
+@click.option(
+    "--instance-id",
+    envvar="RELSTREAM_INSTANCE_ID",
+    default=None,
+    help="This worker's static member id in each query's group, the same when it is "
+    "restarted (README, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
+)
 @security_options
 def worker(
     config_path: Path,
@@ -63,10 +70,12 @@ def worker(
     ready_file: Path | None,
     data_dir: Path | None,
     agents_path: Path | None,
+    instance_id: str | None,
     security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
     from relstream.kafka.clients import create_topics
+    from relstream.kafka.membership import member_slot
     from relstream.kafka.topics import Topics
     from relstream.stream.registrations import RegistrationError, load_registrations
 
@@ -85,11 +94,13 @@ def worker(
     asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
     clear_ready(ready_file)  # a restarted container keeps the last run's file
     app = build_app(
-        bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir
-    )
+        bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir,
+        instance_id,
+    )  # fmt: skip
     if agents_path is not None:
         try:
-            add_agents(app, topics, agents_path)
+            slot = member_slot(bootstrap, app_id, broker_kind, instance_id)  # Faust's consumer
+            add_agents(app, topics, agents_path, slot.instance_id)
         except AgentsError as exc:
             raise click.ClickException(str(exc)) from None
     show_logs("relstream.worker")

@@ -32,7 +32,7 @@ from aiokafka.errors import (
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
 from relstream.kafka.outage import RateLimited
-from relstream.schemas import encode
+from relstream.schemas import DeadLetterMessage, encode
 from relstream.schemas.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka.delivery")
@@ -165,18 +165,30 @@ async def send_dead_letter(
     (logged) if the broker refuses it for good: nothing a producer sends may stop the
     process that reads it, and a letter that can never be written would hold its
     partition for ever."""
-    value, key, what = dead_letter_of(record, reason)
+    letter, what = dead_letter_of(record, reason)
+    return await send_letter(producer, topic, letter, what, stalled)
+
+
+async def send_letter(
+    producer: AIOKafkaProducer,
+    topic: str,
+    letter: DeadLetterMessage,
+    what: str,
+    stalled: Callable[[], None] = lambda: None,
+) -> bool:
+    """`letter` sent to `topic` until the broker has it: True then, False (logged) if the
+    broker refuses it for good (`send_dead_letter`)."""
     try:
-        await publish_acked(producer, topic, value, key, what, stalled)
+        await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
     except Refused as exc:
         log.error("%s; going on without it", exc)
         return False
     return True
 
 
-def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[bytes, bytes | None, str]:
+def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[DeadLetterMessage, str]:
     """The dead letter of a consumed `record` (its bytes cut to fit under the request
-    limit), encoded, its key, and how log lines name it."""
+    limit), and how log lines name it."""
     letter = dead_letter_message(
         record.value,
         record.topic,
@@ -187,7 +199,7 @@ def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[bytes, bytes | 
         DEAD_LETTER_ORIGINAL_BYTES,
     )
     what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
-    return encode(letter), letter.key, what
+    return letter, what
 
 
 _QUIET = "relstream-outage-handler"

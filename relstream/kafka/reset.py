@@ -11,8 +11,11 @@ listing a stopped consumer as a member ("Stable", measured 12 s after it left) a
 a commit from outside the group (UnknownMemberId), so there a group that ever had a
 member cannot be moved; noida-db and Apache Kafka drop a member that leaves.
 
-Windows the worker published before come again under their old ids (sinks keep one
-result per id); rows dead-lettered before are cut into windows they never were in.
+Moving back, each partition snaps to the start of the window that holds its target
+(`windowstarts.snap`): the worker cuts the same windows again from there, so the rows it
+reads again come under the ids they had and sinks, which keep one result per id, store
+each row once. A move says which rows are read again and whether under known ids; rows
+dead-lettered before are dead-lettered again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from relstream.kafka.bounds import extents, partitions
 from relstream.kafka.inspect import group_members
 from relstream.kafka.replay import parse_time
+from relstream.kafka.windowstarts import Snap, record_stamp, snap
 
 EARLIEST, LATEST = "earliest", "latest"
 
@@ -58,10 +62,40 @@ class Move:
     partition: object  # kafka.TopicPartition
     current: int | None  # the group's committed offset; None where it has none
     new: int
+    snapped: Snap | None = None  # why `new`, where the target was snapped (`windowstarts`)
 
     def line(self) -> str:
         current = "none" if self.current is None else str(self.current)
-        return f"{self.partition.topic}[{self.partition.partition}]: {current} -> {self.new}"
+        line = f"{self.partition.topic}[{self.partition.partition}]: {current} -> {self.new}"
+        snapped = self.snapped
+        if snapped is not None and snapped.asked != self.new:
+            line += f" (asked {snapped.asked}: {snapped.why})"
+        elif snapped is not None and (self.again() is not None or self.current is None):
+            line += f" ({snapped.why})"
+        return line
+
+    def again(self) -> tuple[int, int] | None:
+        """The offsets (first, last) the worker reads again after the move; None: none."""
+        if self.current is None or self.new >= self.current:
+            return None
+        return self.new, self.current - 1
+
+    def sinks(self) -> str | None:
+        """Which rows the move reads again or skips, and what a sink makes of them."""
+        if self.current is not None and self.new > self.current:
+            skipped = self.new - self.current
+            return f"offsets {self.current}..{self.new - 1} ({skipped}) are skipped, never read"
+        again = self.again()
+        if again is None:
+            return None
+        rows = f"offsets {again[0]}..{again[1]} ({again[1] - again[0] + 1}) are read again"
+        if self.snapped is not None and self.snapped.known:
+            return f"{rows}, from a window's start: under the ids they had (sinks store each once)"
+        return (
+            f"{rows}, from inside a window: under a new id, which a sink stores a second "
+            "time, and so are later windows until the cut meets a window start (a dry run "
+            "with --config names them)"
+        )
 
 
 class GroupBusy(RuntimeError):
@@ -89,8 +123,17 @@ def committed_topics(admin, group: str, prefix: str) -> list[str]:
     return sorted({p.topic for p in committed if p.topic.startswith(f"{prefix}rows.")})
 
 
-def plan_moves(consumer, admin, group: str, topic: str, target: ResetTarget) -> list[Move]:
-    """Where each partition of `topic` would move; `consumer` joins no group."""
+def plan_moves(
+    consumer,
+    admin,
+    group: str,
+    topic: str,
+    target: ResetTarget,
+    starts: dict[int, dict[int, int]] | None = None,
+) -> list[Move]:
+    """Where each partition of `topic` would move; `consumer` joins no group. A target
+    before the group's committed offset snaps back to the start of its window among
+    `starts` (partition -> {first offset: first row's ms}, `windowstarts.known_starts`)."""
     parts = partitions(consumer, [topic])
     if not parts:
         raise ResetError(f"topic {topic} does not exist")
@@ -112,7 +155,15 @@ def plan_moves(consumer, admin, group: str, topic: str, target: ResetTarget) -> 
             new = end if at_time.get(part) is None else at_time[part]
         current = committed.get(part)
         current = None if current is None or current.offset < 0 else current.offset
-        moves.append(Move(part, current, min(max(new, start), end)))
+        asked = min(max(new, start), end)
+        snapped = snap(
+            asked,
+            current,
+            start,
+            (starts or {}).get(part.partition, {}),
+            lambda offset, part=part: record_stamp(consumer, part, offset),
+        )
+        moves.append(Move(part, current, snapped.new, snapped))
     return moves
 
 

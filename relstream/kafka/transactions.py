@@ -34,7 +34,7 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger("relstream.kafka.transactions")
 
-PROBE_S = 15.0  # how long the start-up probe waits for the broker's answer
+PROBE_S = 30.0  # how long the start-up probe waits for the broker's answer
 STOP_S = 5.0  # how long a producer given up on may take to close
 
 
@@ -56,21 +56,26 @@ async def _stop(producer: AIOKafkaProducer) -> None:
 
 
 async def has_transactions(
-    bootstrap: str, group: str, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str, group: str, security: KafkaSecurity = PLAINTEXT, timeout_s: float = PROBE_S
 ) -> tuple[bool, str]:
     """Whether the broker gives producers transactional ids, and if not why: a producer
-    with the id `{group}.probe` is started and stopped."""
-    producer = new_producer(bootstrap, security, transactional_id=f"{group}.probe")
-    try:
-        async with asyncio.timeout(PROBE_S):
-            await producer.start()
-    except TimeoutError:
-        return False, f"no answer to InitProducerId within {PROBE_S:g} s"
-    except KafkaError as exc:
-        return False, f"InitProducerId refused: {exc!r}"
-    finally:
-        await _stop(producer)
-    return True, ""
+    with the id `{group}.probe` is started and stopped. A broker that cannot be reached
+    is asked again, for `timeout_s` in all: only a refusal says it has none."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        producer = new_producer(bootstrap, security, transactional_id=f"{group}.probe")
+        try:
+            async with asyncio.timeout(max(deadline - asyncio.get_running_loop().time(), 0.1)):
+                await producer.start()
+            return True, ""
+        except TimeoutError:
+            return False, f"no answer to InitProducerId within {timeout_s:g} s"
+        except KafkaError as exc:
+            if not unavailable(exc) or asyncio.get_running_loop().time() > deadline:
+                return False, f"InitProducerId refused: {exc!r}"
+        finally:
+            await _stop(producer)
+        await asyncio.sleep(1.0)
 
 
 class PartitionProducers:

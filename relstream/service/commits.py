@@ -40,6 +40,7 @@ from relstream.kafka.delivery import (
     send_dead_letter,
 )
 from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions
+from relstream.schemas import encode
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
 
 log = logging.getLogger("relstream.engine")
@@ -159,7 +160,8 @@ class ExactlyOnce:
         False (logged) if the broker refuses the letter for good, its offset then
         committed without it: nothing may hold a partition for ever."""
         partition = TopicPartition(message.topic, message.partition)
-        value, key, what = dead_letter_of(message, reason)
+        letter, what = dead_letter_of(message, reason)
+        value, key = encode(letter), letter.key
         try:
             await self._publish(partition, message.offset, [Send(topic, value, key, what)], stalled)
         except Refused as exc:

@@ -6,16 +6,18 @@ The door keeps it where placement cannot tell (no fresh report), where this engi
 within the placement margin of the least (no needless Kafka hop), and where it cannot be
 forwarded: streamed requests (an engine publishes partial results only with
 `--partial-results`, and best effort, so rows could not be streamed faithfully), a message
-over the producer's request limit, more than MAX_FORWARDED awaited at once, or one the
-broker refuses. Otherwise it is published, acknowledged, to a partition of the chosen
-engine, and its result is read back from the results topic: the same message the engine
-publishes for every relQuery, returned as the door's own JSON.
+over the producer's request limit, or one the broker refuses. Otherwise it is published,
+acknowledged, to a partition of the chosen engine, and its result is read back from the
+results topic: the same message the engine publishes for every relQuery, returned as the
+door's own JSON. How many the door awaits at once is bounded by what it admits
+(`service/doorlimits.py`).
 
 Forwarding loses and doubles nothing: the relQuery is written once, to one partition,
 and answered there at least once as any relQuery on Kafka; the door answers its client
 with the first whole result under its id. A relQuery dead-lettered where it went is a
 502; no result within its deadline (else FORWARD_WAIT_S) is a 504, and the door then
-cancels it on the control topic. A DELETE cancels it there too.
+cancels it on the control topic. A DELETE cancels it there too, and so does its client's
+leaving: the door cancels the task awaiting its answer.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ log = logging.getLogger("relstream.forward")
 
 FORWARD_WAIT_S = 300.0  # the longest the door awaits a forwarded result without a deadline
 CANCEL_S = 10.0  # the longest the door tries to cancel what it waited for in vain
-MAX_FORWARDED = 1000  # forwarded relQueries one door awaits at once; past it, served here
 
 
 class NotAnswered(Exception):
@@ -72,7 +73,7 @@ class ResultFollower:
     """One consumer (no group) over the results and dead-letter topics, each partition
     assigned from its end when the door starts, before anything is forwarded. It decodes
     only the records whose key a waiter awaits and skips the rest unread, so what it holds
-    is bounded by the door's waiters (MAX_FORWARDED) and their results' parts."""
+    is bounded by the door's waiters (its admission bound) and their results' parts."""
 
     def __init__(self, bootstrap: str, topics: Topics, broker_kind: str | None,
                  security: KafkaSecurity) -> None:  # fmt: skip
@@ -196,24 +197,24 @@ class DoorPlacement:
         return relquery_id in self.results
 
     async def answer(self, message: RelQueryMessage) -> bytes | None:
-        if len(self.results) >= MAX_FORWARDED or not self.results.following:
+        if not self.results.following:
             return None
         demand, value = await asyncio.to_thread(_weighed, message)
         if len(value) > MAX_REQUEST_BYTES:
             return None
         if message.id in self.results:  # sent twice at once
             raise NotAnswered(409, f"relQuery {message.id!r} is already being served")
-        if len(self.results) >= MAX_FORWARDED:  # again: others came while it was weighed
-            return None
         choice = self.reader.pick(demand, prefer=self.engine)
         if choice is None or choice.engine == self.engine:
             return None
         wait_s = message.deadline_s or self.wait_s
         answer = self.results.expect(message.id)  # before it is sent: no result is missed
+        sent = False  # from its first try on: it may be on the broker
         try:
             async with asyncio.timeout(wait_s):
                 what = f"relQuery {message.id} (forwarded to {choice.engine})"
                 try:
+                    sent = True
                     await publish_acked(self._producer, self.topics.relqueries, value,
                                         demand.key, what, partition=choice.partition)  # fmt: skip
                 except Refused as exc:  # nothing is on the broker: served here
@@ -221,18 +222,25 @@ class DoorPlacement:
                     return None
                 result = await answer
         except TimeoutError:
-            with contextlib.suppress(TimeoutError, Refused):  # best effort: it may be done
-                async with asyncio.timeout(CANCEL_S):
-                    await self.cancel(message.id)
+            await self._cancel_quietly(message.id)
             raise NotAnswered(
                 504,
                 f"no result for relQuery {message.id!r} from engine {choice.engine} within "
                 f"{wait_s:g} s; the door asked to cancel it",
             ) from None
+        except asyncio.CancelledError:  # its client went away: cancelled where it went
+            if sent:  # in a task of its own, which this one's cancellation does not reach
+                await asyncio.shield(self._cancel_quietly(message.id))
+            raise
         finally:
             self.results.forget(message.id)
         log.info("answered %s through engine %s", message.id, choice.engine)
         return await asyncio.to_thread(msgspec.json.encode, result)
+
+    async def _cancel_quietly(self, relquery_id: str) -> None:
+        with contextlib.suppress(TimeoutError, Refused):  # best effort: it may be done
+            async with asyncio.timeout(CANCEL_S):
+                await self.cancel(relquery_id)
 
     async def cancel(self, relquery_id: str) -> None:
         """Ask the engines, on the control topic, to stop it: the one serving it does, or

@@ -19,7 +19,9 @@ no result came within its deadline.
 
 A bad request is a 4xx naming the field (400), the size (413), the id (404, 409) or
 the time its body took (408); an engine failure is a 503, never a row error. Bodies are
-read up to MAX_BODY_BYTES, within BODY_SECONDS.
+read up to MAX_BODY_BYTES, within BODY_SECONDS. What the door holds at once is bounded
+(`service/doorlimits.py`): past it, a 429 with `Retry-After`. A client that disconnects
+before its answer cancels its relQuery, here or where it was forwarded.
 """
 
 from __future__ import annotations
@@ -39,18 +41,13 @@ from relstream.model import RelQuery, RelQueryResult, with_deadline
 from relstream.schemas import MessageError, RelQueryMessage, decode_json
 from relstream.schemas.codec import MAX_MESSAGE_BYTES
 from relstream.schemas.convert import partial_result_message, result_message
+from relstream.service.doorlimits import DoorAdmission, DoorLimits, HttpError, Ticket
 from relstream.service.forward import DoorPlacement, NotAnswered
 from relstream.service.offloop import relquery_of
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same bound as a message on the relqueries topic
 BODY_SECONDS = 30.0  # the longest a client may take to send its body
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+GONE = 499  # the status logged for a client that went away before its answer (as nginx)
 
 
 def build_http_app(
@@ -59,13 +56,14 @@ def build_http_app(
     body_seconds: float = BODY_SECONDS,
     registry: CollectorRegistry | None = None,
     placement: DoorPlacement | None = None,
+    limits: DoorLimits | None = None,
 ) -> FastAPI:
     """The door over `backend`. `cancel_elsewhere(id)` also reaches relQueries that came by
     Kafka (the engine service's cancel). A body not received within `body_seconds` is a
     408: a client that trickles its bytes holds no connection for long. `registry` (the
     engine service's, when it serves Kafka too) gets the door's counter and is what
     /metrics shows. `placement` sends a relQuery to a less loaded engine where it says
-    so."""
+    so. `limits` bound what the door holds at once."""
     app = FastAPI(title="relstream", summary="LLM answers over table rows", version="1")
     serving: dict[str, RelQueryHandle] = {}
     registry = registry or CollectorRegistry()
@@ -76,6 +74,7 @@ def build_http_app(
         registry=registry,
     )
     failed: list[str] = []  # the engine's failure, once it failed
+    admission = DoorAdmission(limits or DoorLimits())
 
     @app.get("/health", summary="200 while the engine serves, 503 once it failed")
     async def health() -> JSONResponse:
@@ -94,7 +93,11 @@ def build_http_app(
 
     @app.exception_handler(HttpError)
     async def refuse(_request: Request, error: HttpError) -> JSONResponse:
-        return JSONResponse({"error": error.reason}, status_code=error.status)
+        if error.retry_after is None:
+            return JSONResponse({"error": error.reason}, status_code=error.status)
+        answered.labels("busy").inc()
+        headers = {"Retry-After": str(error.retry_after)}
+        return JSONResponse({"error": error.reason}, status_code=error.status, headers=headers)
 
     @app.post(
         "/v1/relqueries",
@@ -102,35 +105,63 @@ def build_http_app(
         openapi_extra={"requestBody": _request_body()},
     )
     async def submit(request: Request, stream: bool = False) -> Response:
+        ticket = admission.enter()  # a 429 before the body is read, once the door is full
+        streaming = False  # the ticket is then the stream's to give back
         try:
-            async with asyncio.timeout(body_seconds):
-                message = await _read_message(request)
-        except TimeoutError:
-            raise HttpError(408, f"the body did not arrive within {body_seconds:g} s") from None
-        relquery = await relquery_of(message)  # rows and free field layout, off the loop
-        if relquery.id in serving or (placement and placement.forwarded(relquery.id)):
-            raise HttpError(409, f"relQuery {relquery.id!r} is already being served")
-        if placement is not None and not stream:  # streamed rows come only from here
             try:
-                forwarded = await placement.answer(message)
-            except NotAnswered as exc:
-                answered.labels("forward failed").inc()
-                raise HttpError(exc.status, exc.reason) from None
-            if forwarded is not None:
-                answered.labels("forwarded").inc()
-                return Response(forwarded, media_type="application/json")
-        handle = await backend.submit(relquery)
-        serving[relquery.id] = handle
-        if stream:
-            return StreamingResponse(
-                _events(handle, relquery, serving), media_type="text/event-stream"
-            )
+                async with asyncio.timeout(body_seconds):
+                    message = await _read_message(request, ticket)
+            except TimeoutError:
+                reason = f"the body did not arrive within {body_seconds:g} s"
+                raise HttpError(408, reason) from None
+            ticket.hold_rows(len(message.rows))
+            ticket.claim(message.id)  # at once: no other request can take it meanwhile
+            relquery = await relquery_of(message)  # rows and free field layout, off the loop
+            if placement is not None and not stream:  # streamed rows come only from here
+                forwarded = await forward(request, message)
+                if forwarded is not None:
+                    return forwarded
+            handle = await backend.submit(relquery)
+            serving[relquery.id] = handle
+            if stream:
+                streaming = True
+                return _Streamed(request, handle, relquery, answered, serving, ticket).response
+            return await answer_here(request, handle, relquery)
+        finally:
+            if not streaming:
+                ticket.release()
+
+    async def forward(request: Request, message: RelQueryMessage) -> Response | None:
+        """Its answer from where placement sends it; None to serve it here."""
         try:
-            result = with_deadline(await handle.result(), relquery.deadline_s)
+            forwarded = await _unless_gone(request, placement.answer(message), _cancelled)
+        except NotAnswered as exc:
+            answered.labels("forward failed").inc()
+            raise HttpError(exc.status, exc.reason) from None
+        except _Gone:  # the placement asked the engine to cancel it
+            answered.labels("disconnected").inc()
+            return Response(status_code=GONE)
+        if forwarded is None:
+            return None
+        answered.labels("forwarded").inc()
+        return Response(forwarded, media_type="application/json")
+
+    async def answer_here(request: Request, handle: RelQueryHandle, relquery: RelQuery):
+        async def stop(result: asyncio.Task) -> None:
+            await handle.cancel()
+            await asyncio.gather(result, return_exceptions=True)
+
+        try:
+            result = with_deadline(
+                await _unless_gone(request, handle.result(), stop), relquery.deadline_s
+            )
         except EngineFailure as exc:
             failed.append(str(exc))
             answered.labels("engine failed").inc()
             raise HttpError(503, f"the engine failed: {exc}") from None
+        except _Gone:
+            answered.labels("disconnected").inc()
+            return Response(status_code=GONE)
         finally:
             serving.pop(relquery.id, None)
         answered.labels("answered").inc()
@@ -156,16 +187,55 @@ def build_http_app(
     return app
 
 
-async def _read_message(request: Request) -> RelQueryMessage:
+async def _read_message(request: Request, ticket: Ticket) -> RelQueryMessage:
+    """The body, its bytes held by `ticket` as they arrive (all it declares, at once)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise HttpError(413, f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+    if declared is not None and declared.isdigit():
+        if int(declared) > MAX_BODY_BYTES:
+            raise HttpError(413, f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+        ticket.hold_bytes(int(declared))
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise HttpError(413, f"body is over the limit of {MAX_BODY_BYTES} bytes")
+        ticket.hold_bytes(len(body))
     return await asyncio.to_thread(decode_json, RelQueryMessage, bytes(body))
+
+
+class _Gone(Exception):
+    """The client disconnected before its answer."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone, or (the server says so too) once it was answered:
+    called after the body was read, so no other message can come."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work, stop):
+    """What `work` (a coroutine) returns, unless its client disconnects first: then
+    `stop(task)` (the task running it) and _Gone."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the server stops this request
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        await stop(task)
+        raise _Gone
+    return task.result()
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    """A forwarded relQuery's wait cancelled: the placement cancels it where it went."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _result_json(result: RelQueryResult) -> bytes:
@@ -173,20 +243,52 @@ async def _result_json(result: RelQueryResult) -> bytes:
     return await asyncio.to_thread(lambda: msgspec.json.encode(result_message(result)))
 
 
-async def _events(
-    handle: RelQueryHandle, relquery: RelQuery, serving: dict
-) -> AsyncIterator[bytes]:
-    """A `row` event as each row finishes, then the `result` (or an `error`)."""
-    try:
-        async for row in handle.rows():
-            partial = partial_result_message(relquery.id, row)
-            yield _event("row", msgspec.json.encode(partial))
-        result = with_deadline(await handle.result(), relquery.deadline_s)
-        yield _event("result", await _result_json(result))
-    except EngineFailure as exc:
-        yield _event("error", json.dumps({"error": f"the engine failed: {exc}"}).encode())
-    finally:
-        serving.pop(relquery.id, None)
+class _Streamed:
+    """A streamed relQuery: its events, and its client watched meanwhile. A client that
+    leaves mid-stream cancels it; the request's place (`ticket`) is given back when the
+    last event is sent or the client has gone, whichever is first. (The server stops
+    iterating the events of a client that has gone, or never starts them: the watch,
+    not the events, is sure to see the end.)"""
+
+    def __init__(self, request: Request, handle: RelQueryHandle, relquery: RelQuery,
+                 answered: Counter, serving: dict, ticket: Ticket) -> None:  # fmt: skip
+        self._handle, self._relquery, self._answered = handle, relquery, answered
+        self._serving, self._ticket = serving, ticket
+        self._finished = False
+        self._watch = asyncio.create_task(self._watch_client(request))
+        self.response = StreamingResponse(self._events(), media_type="text/event-stream")
+
+    def _release(self) -> None:
+        self._serving.pop(self._relquery.id, None)
+        self._ticket.release()
+
+    async def _watch_client(self, request: Request) -> None:
+        try:
+            await _disconnected(request)
+            if not self._finished:
+                self._answered.labels("disconnected").inc()
+                await self._handle.cancel()
+        finally:
+            self._release()
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        """A `row` event as each row finishes, then the `result` (or an `error`)."""
+        handle, relquery = self._handle, self._relquery
+        try:
+            try:
+                async for row in handle.rows():
+                    partial = partial_result_message(relquery.id, row)
+                    yield _event("row", msgspec.json.encode(partial))
+                result = with_deadline(await handle.result(), relquery.deadline_s)
+                yield _event("result", await _result_json(result))
+            except EngineFailure as exc:
+                error = json.dumps({"error": f"the engine failed: {exc}"}).encode()
+                yield _event("error", error)
+            self._finished = True
+        finally:
+            if self._finished:  # else the watch cancels it (this may be its cancellation)
+                self._watch.cancel()
+                self._release()
 
 
 def _event(name: str, data: bytes) -> bytes:

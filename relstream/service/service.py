@@ -43,7 +43,6 @@ from relstream.kafka.clients import (
     RevocationListener,
     new_consumer,
     new_producer,
-    start_all,
 )
 from relstream.kafka.delivery import (
     STALL_S,
@@ -52,6 +51,7 @@ from relstream.kafka.delivery import (
     publish_best_effort,
     send_dead_letter,
 )
+from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult, with_queued
@@ -96,6 +96,7 @@ class ServiceConfig:
     answer_secret: bytes | None = None  # the engines' shared secret, signing answers
     stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
     load_report_s: float = 0.0  # > 0: report load this often (service/loadreport.py)
+    instance_id: str | None = None  # its static member id in the group (None: dynamic)
     transactions: bool = True  # exactly once where the broker has them (service/commits.py)
 
 
@@ -137,6 +138,7 @@ class EngineService:
             broker_kind=config.broker,
             security=config.security,
             group_id=config.group_id,
+            group_instance_id=config.instance_id,  # a restart takes its partitions back
         )
         self._commits = await ExactlyOnce.start(config, self._book) or AtLeastOnce(
             self._book, self._producer, config.stall_s
@@ -145,7 +147,8 @@ class EngineService:
         self._consumer.subscribe([self.config.topics.relqueries], listener=rebalances)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
-        await start_all(self._producer, self._consumer)
+        if not await start_waiting(stop, log, config.bootstrap, self._producer, self._consumer):
+            return  # stopped while it waited for its group
         await offloop.start_threads()
         answers = None
         if config.answer_topic:
@@ -184,12 +187,11 @@ class EngineService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        # A consumer stuck joining its group (noida-db never evicts a killed member)
-        # must not keep the process from stopping; uncommitted work is replayed.
+        # A consumer's stop must not keep the process from stopping; uncommitted work is replayed.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await self._commit()
-                await self._consumer.stop()
+                await stop_leaving(self._consumer)  # its partitions move at once
         await self._commits.stop()
         await self._producer.stop()
 

@@ -23,6 +23,7 @@ import faust
 import platformdirs
 
 from relstream.kafka.clients import client_settings, portable_session
+from relstream.kafka.membership import member_slot
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, placement_of
@@ -45,12 +46,14 @@ def build_app(
     security: KafkaSecurity = PLAINTEXT,
     ready_file: Path | None = None,
     data_dir: Path | None = None,
+    instance_id: str | None = None,
 ) -> faust.App:
     """The worker's Faust app: one window stage per registration. Once every stage reads
     its rows topic (its group joined), `ready_file` (if given) is written
     (`relstream.ready`), for launchers and a container's healthcheck.
     Faust keeps its (here empty) state under `data_dir` / `app_id`: by default the user
-    data dir, never the current directory (Faust's own default)."""
+    data dir, never the current directory (Faust's own default). `instance_id`: each
+    stage's static member id in its group (`kafka.membership`; None: this host's slot)."""
     topics = topics or Topics()
     data_dir = data_dir if data_dir is not None else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last folder
@@ -73,21 +76,22 @@ def build_app(
         broker_credentials=security.faust_credentials(),
         **settings,
     )
+    # Faust's own consumer reads nothing here (only agents of your own, `add_agents`, give
+    # it topics), so it is not started: it would only wait for its group, for good on a
+    # broker that never evicts a killed worker's member, and hold back the stages.
+    app.boot_strategy = faust.app.BootStrategy(app, enable_kafka_consumer=False)
     # Each window's relQuery goes to the least loaded engine while engines report their
     # load, else by its key's hash (README, Scale-out); RELSTREAM_PLACEMENT=hash: always.
     placer = None
     if placement_of(None) == "load":
         placer = AsyncLoadReader(bootstrap, topics, broker_kind, security)
-    stages = [
-        WindowStage(
-            registration,
-            StageSettings(
-                bootstrap, topics, worker_group(app_id, registration.name), broker_kind, security
-            ),
-            placer,
-        )
-        for registration in registrations
-    ]
+    stages = []
+    for registration in registrations:
+        group = worker_group(app_id, registration.name)
+        # Its static member id (held for the life of the process), the same after a restart.
+        member = member_slot(bootstrap, group, broker_kind, instance_id).instance_id
+        stage = StageSettings(bootstrap, topics, group, broker_kind, security, instance_id=member)
+        stages.append(WindowStage(registration, stage, placer))
 
     @app.task
     async def window_stages() -> None:
@@ -95,13 +99,16 @@ def build_app(
             await placer.start()
         runs = asyncio.gather(*(stage.run() for stage in stages))
         ready = asyncio.gather(*(stage.ready.wait() for stage in stages))
-        await asyncio.wait([runs, ready], return_when=asyncio.FIRST_COMPLETED)
-        if ready.done() and ready_file is not None:
-            mark_ready(ready_file, f"{len(stages)} window stages ready")
-        ready.cancel()
-        try:
+        try:  # a stop while the stages wait for their groups lands in the first wait
+            await asyncio.wait([runs, ready], return_when=asyncio.FIRST_COMPLETED)
+            if ready.done() and ready_file is not None:
+                mark_ready(ready_file, f"{len(stages)} window stages ready")
+            ready.cancel()
             await runs
         finally:
+            for gathered in (ready, runs):
+                gathered.cancel()
+            await asyncio.gather(ready, runs, return_exceptions=True)
             if placer is not None:
                 await placer.stop()
 
@@ -112,12 +119,13 @@ class AgentsError(Exception):
     """A file given as the worker's own agents that does not declare them."""
 
 
-def add_agents(app: faust.App, topics: Topics, path: Path) -> None:
+def add_agents(app: faust.App, topics: Topics, path: Path, instance_id: str | None = None) -> None:
     """Your own Faust agents beside the window stages (`relstream worker --agents`): the
     Python file at `path` defines `agents(app, topics)`, which declares them on `app`, for
     example one that filters or enriches rows on their way to a rows topic
     (docs/examples/enrich_reviews.py). They run under Faust's own acks: an event is
-    committed once the agent has handled it and the app's producer has flushed."""
+    committed once the agent has handled it and the app's producer has flushed. Faust's
+    consumer is then started, as the static member `instance_id` of the app's group."""
     spec = importlib.util.spec_from_file_location(f"relstream_agents_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise AgentsError(f"{path} is not a Python file")
@@ -127,3 +135,5 @@ def add_agents(app: faust.App, topics: Topics, path: Path) -> None:
     if not callable(declare):
         raise AgentsError(f"{path} defines no agents(app, topics) function")
     declare(app, topics)
+    app.boot_strategy = faust.app.BootStrategy(app)  # Faust's consumer reads for them
+    app.conf.consumer_group_instance_id = instance_id

@@ -8,6 +8,9 @@ and cuts the same windows under the same ids. A relQuery or dead letter the brok
 not take (an outage) is held and re-published with backoff until it is acknowledged
 (`kafka.delivery`); meanwhile the stage's partitions are paused and nothing is committed,
 so an outage holds at most one fetch (`BATCH_RECORDS` rows) and the windows it closed.
+Windows are cut under the relqueries topic's message limit, asked of the broker at start
+(`windowing`, `kafka.limits`); a relQuery the broker still refuses for good (`Refused`)
+becomes a dead letter for each of its rows, and the stage goes on.
 Each registration reads with its own consumer group, so registrations over one table keep
 their own offsets.
 """
@@ -24,24 +27,26 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from relstream.kafka.clients import (
+    DEAD_LETTER_ORIGINAL_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
     portable_session,
-    start_all,
 )
-from relstream.kafka.delivery import publish_acked, send_dead_letter
+from relstream.kafka.delivery import Refused, publish_acked, send_dead_letter, send_letter
+from relstream.kafka.limits import message_limit
+from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, Demand, demand_of
 from relstream.schemas import RelQueryMessage, encode
+from relstream.schemas.convert import dead_letter_message
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import (
     PartitionWindows,
     RowRejection,
     Window,
-    check_row,
     relquery_for_window,
 )
 
@@ -59,6 +64,10 @@ class StageSettings:
     broker_kind: str | None = None
     security: KafkaSecurity = PLAINTEXT
     lateness: float = 1.0  # seconds past a window's deadline before it closes live
+    # The largest relQuery message, its windows cut under it (`windowing`); None: the
+    # relqueries topic's limit, asked of the broker at start (`kafka.limits`).
+    message_bytes: int | None = None
+    instance_id: str | None = None  # its static member id in the group (None: dynamic)
 
 
 class WindowStage:
@@ -88,6 +97,7 @@ class WindowStage:
             broker_kind=settings.broker_kind,
             security=settings.security,
             group_id=settings.group,
+            group_instance_id=settings.instance_id,  # a restart takes its partitions back
             **portable_session(settings.broker_kind),
         )
         self._consumer.subscribe(
@@ -95,15 +105,23 @@ class WindowStage:
             listener=self._rebalances,
         )
         self._producer = new_producer(settings.bootstrap, settings.security, linger_ms=5)
-        await start_all(self._producer, self._consumer)
+        self._message_bytes = settings.message_bytes or await message_limit(
+            settings.bootstrap, settings.topics.relqueries, settings.security
+        )
+        await start_waiting(None, log, settings.bootstrap, self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
-        log.info("query %s: windows of %s", self.registration.name, rows_topic)
+        log.info(
+            "query %s: windows of %s, each relQuery under %d bytes",
+            self.registration.name,
+            rows_topic,
+            self._message_bytes,
+        )
         self.ready.set()
         try:
             while True:
                 await self._step()
         finally:
-            await self._consumer.stop()
+            await stop_leaving(self._consumer)  # its partitions move at once
             await self._producer.stop()
 
     async def _step(self) -> None:
@@ -114,15 +132,15 @@ class WindowStage:
         for partition, records in batches.items():
             cutter = self._cutter(partition)
             for record in records:
-                checked = check_row(self.registration, record.value, record.headers)
-                row = None
+                checked = cutter.check(record.value, record.headers)
+                row = size = None
                 if isinstance(checked, RowRejection):
                     sends.append(self._dead_letter(record, checked.reason))
                     rejected.append(checked.reason)
                 else:
-                    row = checked
+                    row, size = checked
                 stamp = record.timestamp / 1000 if record.timestamp >= 0 else time.time()
-                closed += cutter.add(record.offset, stamp, row)
+                closed += cutter.add(record.offset, stamp, row, size)
             self.rows_seen += len(records)
         now = time.time()
         for cutter in self._cutters.values():
@@ -156,7 +174,7 @@ class WindowStage:
         if cutter is None:
             published = self._published.setdefault(partition.partition, {})
             cutter = self._cutters[partition] = PartitionWindows(
-                self.registration, partition.partition, published
+                self.registration, partition.partition, published, self._message_bytes
             )
         return cutter
 
@@ -172,9 +190,35 @@ class WindowStage:
         topic, what = self.settings.topics.relqueries, f"relQuery {message.id}"
         key = message.id.encode()
         partition = None if demand is None else self.placer.place(demand)
-        return lambda stalled: publish_acked(
-            self._producer, topic, value, key, what, stalled, partition=partition
-        )
+
+        async def send(stalled: Callable[[], None]) -> int:
+            try:
+                return await publish_acked(
+                    self._producer, topic, value, key, what, stalled, partition=partition
+                )
+            except Refused as exc:  # for good: its rows are dead-lettered, the stage goes on
+                await self._dead_letter_rows(window, str(exc), stalled)
+                return 0
+
+        return send
+
+    async def _dead_letter_rows(self, window: Window, reason: str, stalled) -> None:
+        """A dead letter for each row of a window whose relQuery the broker refused for
+        good, naming the row; its original is the row as decoded, in msgpack."""
+        log.error("%s; its %d rows are dead-lettered", reason, len(window.rows))
+        rows_topic = self.settings.topics.rows(self.registration.table)
+        topic = self.settings.topics.deadletter
+
+        def letter(row, offset: int) -> Awaitable[bool]:
+            reason_of_row = f"row {row.key!r} (offset {offset}): {reason}"
+            letter = dead_letter_message(
+                encode(row), rows_topic, window.partition, offset, reason_of_row,
+                row.key.encode(), DEAD_LETTER_ORIGINAL_BYTES,
+            )  # fmt: skip
+            what = f"the dead letter of row {row.key!r}"
+            return send_letter(self._producer, topic, letter, what, stalled)
+
+        await asyncio.gather(*map(letter, window.rows, window.offsets))
 
     def _dead_letter(self, record, reason: str) -> Callable[[Callable[[], None]], Awaitable]:
         """The row's dead letter, to send until the broker has it (`send_dead_letter`): a

@@ -24,19 +24,55 @@ a worker remembers the windows it has published and not yet committed past
 (`published`: first offset → last offset) and cuts a replay of one at the same row; only a
 restarted worker, which has forgotten them, can still cut differently.
 
+A window also closes before the row that would take its relQuery message over
+`message_bytes`, the largest message the broker takes on the relqueries topic (the stage
+reads it from the broker when it starts: `kafka.limits`), so no valid row can make a
+message the broker refuses. The cut sums each row's own encoded size in the relQuery
+(`row_bytes`: exact, a row is encoded once, never the whole window again) against a budget
+fixed when the cutter is made (`rows_budget`): `message_bytes` less `ENVELOPE_BYTES` for the
+Kafka record around the value, less the relQuery's fields besides its rows (template,
+system prompt, output spec..., with the longest id a window can have). A row that alone
+exceeds the budget is refused (dead-lettered, naming the row and the limit). The budget
+is the same on every run while the broker's limit and the registration are: a broker whose
+limit was changed (or a worker given another) may cut a replay differently, like a late
+row above.
+
+So an open window holds at most `max_rows` rows and at most the budget (under 1 MiB by
+Kafka's default) of encoded rows; its decoded rows take a few times that in memory.
+
 Kept free of Faust and Kafka so the rules are tested directly; the worker only feeds it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from array import array
+from dataclasses import dataclass, field
 
-from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage
+import msgspec
+
+from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage, encode
 from relstream.schemas.convert import output_message, sampling_fields
 from relstream.schemas.formats import Headers, decode_record
 from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.stream.registrations import QueryRegistration
+
+# Kafka's default message limit, and relstream producers' request limit
+# (`kafka.clients.MAX_REQUEST_BYTES`): the bound where none is given.
+MESSAGE_BYTES = 1_048_576
+# Room in a message for what is not the relQuery's value: its key (the id, at most 1 KiB
+# in UTF-8), headers (none today), the record's varints and the record batch's 61 bytes.
+ENVELOPE_BYTES = 4096
+# A window id with the most digits it can have: partition, first offset, milliseconds.
+_LONGEST_WINDOW_ID = f"{2**31 - 1}-{2**63 - 1}@-{2**63 - 1}"
+_ROWS_HEADER_BYTES = 5  # msgpack's array header for the rows: 1 byte when empty, at most 5
+_ENCODER = msgspec.msgpack.Encoder()
+# A RelQueryRow's own bytes besides its key and values: a 2-entry map and the two names.
+_ROW_FRAME_BYTES = (
+    len(_ENCODER.encode(RelQueryRow(key="k", values={})))
+    - len(_ENCODER.encode("k"))
+    - len(_ENCODER.encode({}))
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +125,20 @@ def relquery_for_window(
     )
 
 
+def row_bytes(row: RowMessage) -> int:
+    """The bytes `row` takes in its window's relQuery (a `RelQueryRow`, msgpack): its key
+    and values encoded, no other copy made."""
+    return _ROW_FRAME_BYTES + len(_ENCODER.encode(row.key)) + len(_ENCODER.encode(row.values))
+
+
+def rows_budget(registration: QueryRegistration, message_bytes: int) -> int:
+    """The bytes a window's rows may take (`row_bytes` summed) so that its relQuery, with
+    the longest id a window can have, and its Kafka envelope fit in `message_bytes`."""
+    frame = relquery_for_window(registration, [], _LONGEST_WINDOW_ID)
+    fixed = len(encode(frame)) - 1 + _ROWS_HEADER_BYTES  # the empty list's header was 1 byte
+    return message_bytes - ENVELOPE_BYTES - fixed
+
+
 @dataclass
 class Window:
     """Valid rows of one input partition, from `first_offset` to `last_offset`."""
@@ -99,6 +149,8 @@ class Window:
     rows: list[RowMessage]
     last_offset: int
     first_ms: int  # the first row's timestamp in milliseconds: names the topic's incarnation
+    offsets: array = field(default_factory=lambda: array("q"))  # each row's, as `rows`
+    rows_bytes: int = 0  # `row_bytes` summed over `rows`
 
     @property
     def window_id(self) -> str:
@@ -114,26 +166,53 @@ class PartitionWindows:
         registration: QueryRegistration,
         partition: int,
         published: dict[int, int] | None = None,
+        message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.registration = registration
         self.partition = partition
+        self.message_bytes = message_bytes
+        self.budget = rows_budget(registration, message_bytes)
         self.open: Window | None = None
         self.next_offset: int | None = None  # just past the last record fed
         # windows already on the broker, first offset -> last: a replay ends them there
         self.published = published if published is not None else {}
 
-    def add(self, offset: int, timestamp: float, row: RowMessage | None) -> list[Window]:
+    def check(
+        self, raw: bytes | None, headers: Headers = None
+    ) -> tuple[RowMessage, int] | RowRejection:
+        """`check_row`, then the row's bytes in a relQuery (`row_bytes`), or why no window
+        can hold it: alone it is over the budget."""
+        row = check_row(self.registration, raw, headers)
+        if isinstance(row, RowRejection):
+            return row
+        size = row_bytes(row)
+        if size > self.budget:
+            return RowRejection(
+                f"row {row.key!r} takes {size} bytes in a relQuery; a relQuery of query "
+                f"{self.registration.name!r} has room for {max(self.budget, 0)} bytes of rows "
+                f"(the broker's message limit, {self.message_bytes} bytes, less its template, "
+                "settings and envelope)"
+            )
+        return row, size
+
+    def add(
+        self, offset: int, timestamp: float, row: RowMessage | None, size: int | None = None
+    ) -> list[Window]:
         """Feed one record (`row` None: a rejected one) with its Kafka timestamp in
-        seconds. Returns the windows it closed: the open one if this row is past its
-        deadline, and this row's own if it filled it. The first row's timestamp also names
-        its window, so it must be the record's own (a record of a pre-0.10 message format
-        has none; the worker gives it its clock, and a replay names that window anew)."""
+        seconds, and the row's `row_bytes` (None: measured here; a row over the budget
+        must have been refused by `check`). Returns the windows it closed: the open one if
+        this row is past its deadline or would take it over the budget, and this row's own
+        if it filled it. The first row's timestamp also names its window, so it must be
+        the record's own (a record of a pre-0.10 message format has none; the worker gives
+        it its clock, and a replay names that window anew)."""
         self.next_offset = offset + 1
         if row is None:
             return []
+        size = row_bytes(row) if size is None else size
         closed = []
         if self.open is not None and (
             timestamp >= self.open.deadline
+            or self.open.rows_bytes + size > self.budget
             or offset > self.published.get(self.open.first_offset, offset)
         ):
             closed.append(self.open)
@@ -143,6 +222,8 @@ class PartitionWindows:
             first_ms = round(timestamp * 1000)  # the record's own: a float of its ms
             self.open = Window(self.partition, offset, deadline, [], offset, first_ms)
         self.open.rows.append(row)
+        self.open.offsets.append(offset)
+        self.open.rows_bytes += size
         self.open.last_offset = offset
         if len(self.open.rows) >= self.registration.max_rows:
             closed.append(self.open)
