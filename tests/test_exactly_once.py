@@ -264,3 +264,37 @@ def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tm
     assert set(final.values()) == {1}, final
     assert "answered by its previous owner" in log.read_text()
     assert sum(uncommitted.values()) >= 7
+
+
+def test_without_transactions_the_engine_says_so_once_and_answers(caplog):
+    # Tansu refuses InitProducerId: one line at start, then at least once as before.
+    broker = EmbeddedBroker("tansu")
+    broker.start()
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    sent = [relquery(i) for i in range(3)]
+    caplog.set_level(logging.INFO, logger="relstream.engine")
+
+    async def scenario() -> collections.Counter:
+        await create_topics(broker.bootstrap, topics.layout())
+        messages = [(rq.id.encode(), encode(relquery_message(rq))) for rq in sent]
+        await produce(broker.bootstrap, topics.relqueries, messages)
+        config = ServiceConfig(broker.bootstrap, topics, group, broker=broker.kind)
+        stop = asyncio.Event()
+        task = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        async with asyncio.timeout(60):
+            while (
+                len(seen := await results_by_id(broker.bootstrap, topics.results, "read_committed"))
+                < 3
+            ):
+                await asyncio.sleep(0.5)
+        stop.set()
+        await task
+        return seen
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        broker.stop()
+    assert set(seen) == {rq.id for rq in sent}
+    assert caplog.text.count("the broker has no transactions") == 1
+    assert "exactly once" not in caplog.text
