@@ -39,14 +39,21 @@ def test_answered_offsets_are_remembered_until_a_commit_passes_them():
     # p0 was revoked while offsets 5 and 7 were answered (not committed); handed back, it
     # replays from 5: both are known. A commit to 6 forgets 5, keeps 7; one to 8, all.
     published = PublishedOffsets()
-    published.add("p0", 5)
-    published.add("p0", 7)
-    assert ("p0", 5) in published and ("p0", 7) in published and ("p0", 6) not in published
-    assert ("p1", 5) not in published
+    published.add("p0", 5, b"a")
+    published.add("p0", 7, b"b")
+    assert ("p0", 5, b"a") in published and ("p0", 7, b"b") in published
+    assert ("p0", 6, b"a") not in published and ("p1", 5, b"a") not in published
     published.committed({"p0": 6})
-    assert ("p0", 5) not in published and ("p0", 7) in published
+    assert ("p0", 5, b"a") not in published and ("p0", 7, b"b") in published
     published.committed({"p0": 8})
-    assert ("p0", 7) not in published
+    assert ("p0", 7, b"b") not in published
+
+
+def test_an_answered_offset_holding_another_relquery_is_not_taken_for_a_replay():
+    # The broker restarted empty: offset 5 now holds a new relQuery (another id).
+    published = PublishedOffsets()
+    published.add("p0", 5, b"rq-old")
+    assert ("p0", 5, b"rq-new") not in published
 
 
 def test_results_map_to_rows_and_bad_messages_are_dead_lettered(broker):

@@ -40,9 +40,11 @@ def new_consumer(
 ) -> AIOKafkaConsumer:
     """Every consumer relstream makes: the broker's settings and the security ones. It
     commits only when told (after the work is done), a new group starts from the
-    earliest offset, and a fetch holds at most `FETCH_BYTES`."""
+    earliest offset, a fetch holds at most `FETCH_BYTES`, and it reads only committed
+    messages (what an aborted transaction wrote is never seen)."""
     options = {
         "enable_auto_commit": False,
+        "isolation_level": "read_committed",
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": FETCH_PARTITION_BYTES,
         "fetch_max_bytes": FETCH_BYTES,
@@ -330,17 +332,26 @@ async def commit_assigned(consumer, offsets: dict) -> dict:
 
 
 class RevocationListener(ConsumerRebalanceListener):
-    """Calls `on_revoked(partitions)` before partitions are taken away, and sets `joined`
-    once the consumer has joined its group (given its partitions, maybe none): from then
-    on it takes its share of the work, so its process may say it is ready."""
+    """Calls `on_revoked(partitions)` before partitions are taken away and
+    `on_assigned(partitions)` (if given) once they are handed over, before they are read,
+    and sets `joined` once the consumer has joined its group (given its partitions, maybe
+    none): from then on it takes its share of the work, so its process may say it is
+    ready."""
 
-    def __init__(self, on_revoked: Callable[[set], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        on_revoked: Callable[[set], Awaitable[None]],
+        on_assigned: Callable[[set], Awaitable[None]] | None = None,
+    ) -> None:
         self._on_revoked = on_revoked
+        self._on_assigned = on_assigned
         self.joined = asyncio.Event()
 
     async def on_partitions_revoked(self, revoked) -> None:
         await self._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned) -> None:
-        """New partitions start from their committed offsets: nothing else to do."""
+        """New partitions start from their committed offsets (`on_assigned` may seek)."""
+        if self._on_assigned is not None:
+            await self._on_assigned(set(assigned))
         self.joined.set()

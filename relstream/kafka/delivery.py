@@ -44,6 +44,17 @@ BEST_EFFORT_WAIT_S = 1.0  # the longest a best-effort message waits to be handed
 DROPPED: Counter[str] = Counter()  # best-effort messages dropped, by topic
 
 
+@dataclass(frozen=True)
+class Send:
+    """One message to publish, among those answering one input message."""
+
+    topic: str
+    value: bytes
+    key: bytes | None
+    what: str  # names it in log lines
+    headers: list[tuple[str, bytes]] | None = None
+
+
 class Refused(Exception):
     """The broker refused a message for good: sending it again would not help."""
 
@@ -122,6 +133,20 @@ async def publish_acked(
         timer.cancel()
 
 
+async def publish_sends(
+    producer: AIOKafkaProducer,
+    sends: list[Send],
+    stalled: Callable[[], None] = lambda: None,
+    stall_s: float = STALL_S,
+) -> None:
+    """`publish_acked` each of `sends`, in order."""
+    for send in sends:
+        await publish_acked(
+            producer, send.topic, send.value, send.key, send.what, stalled, stall_s,
+            headers=send.headers,
+        )  # fmt: skip
+
+
 async def publish_best_effort(
     producer: AIOKafkaProducer,
     topic: str,
@@ -166,16 +191,7 @@ async def send_dead_letter(
     """The dead letter of a consumed `record`, its bytes cut to fit under the request
     limit, sent to `topic` until the broker has it (`send_letter`): True then, False if
     the broker refuses it for good."""
-    letter = dead_letter_message(
-        record.value,
-        record.topic,
-        record.partition,
-        record.offset,
-        reason,
-        record.key,
-        DEAD_LETTER_ORIGINAL_BYTES,
-    )
-    what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    letter, what = dead_letter_of(record, reason)
     return await send_letter(producer, topic, letter, what, stalled)
 
 
@@ -195,13 +211,24 @@ async def send_letter(
     at error on "relstream.deadletters" (the first of each kind, outside the outage rate
     limit). Nothing a producer sends may stop the process that reads it, and a letter
     that can never be written would hold its partition for ever."""
-    bare = msgspec.structs.replace(letter, original=b"", truncated=letter.original_size > 0)
-    for sent, named in ((letter, what), (bare, f"{what} (without its bytes)")):
+    for sent, named in letter_tries(letter, what):
         try:
             await publish_acked(producer, topic, encode(sent), sent.key, named, stalled)
             return True
         except Refused as exc:
             refusal = exc
+    letter_lost(letter, refusal)
+    return False
+
+
+def letter_tries(letter: DeadLetterMessage, what: str) -> list[tuple[DeadLetterMessage, str]]:
+    """The letter, then the same without the original's bytes, each with its log name."""
+    bare = msgspec.structs.replace(letter, original=b"", truncated=letter.original_size > 0)
+    return [(letter, what), (bare, f"{what} (without its bytes)")]
+
+
+def letter_lost(letter: DeadLetterMessage, refusal: Refused) -> None:
+    """Count (and the first of its kind, log) a letter the broker refused in every form."""
     kind = type(refusal.__cause__ or refusal).__name__
     LOST_LETTERS[kind] += 1
     if LOST_LETTERS[kind] == 1:
@@ -209,11 +236,26 @@ async def send_letter(
         lost.error("%s; the dead letter of %s (%s) is lost, its offset committed; "
                    "further losses of this kind are counted, not logged",
                    refusal, where, letter.reason)  # fmt: skip
-    return False
 
 
 LOST_LETTERS: Counter[str] = Counter()  # dead letters the broker refused for good, by kind
 lost = logging.getLogger("relstream.deadletters")
+
+
+def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[DeadLetterMessage, str]:
+    """The dead letter of a consumed `record` (its bytes cut to fit under the request
+    limit), and how log lines name it."""
+    letter = dead_letter_message(
+        record.value,
+        record.topic,
+        record.partition,
+        record.offset,
+        reason,
+        record.key,
+        DEAD_LETTER_ORIGINAL_BYTES,
+    )
+    what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    return letter, what
 
 
 _QUIET = "relstream-outage-handler"

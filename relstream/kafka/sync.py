@@ -46,6 +46,8 @@ def sync_producer(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options
 def sync_consumer(
     bootstrap: str, *topics: str, security: KafkaSecurity = PLAINTEXT, **options: Any
 ):
+    """A kafka-python consumer that reads only committed messages (`clients.new_consumer`)."""
+    options = {"isolation_level": "read_committed", **options}
     return _connected("KafkaConsumer", bootstrap, security, *topics, **options)
 
 

@@ -1,9 +1,10 @@
 """`relstream engine`: serve the relqueries topic and publish results.
 
-At-least-once: a relQuery's offset is committed only after its result is published (or
-the message is dead-lettered), and only once every earlier offset of its partition is
-done, so a crash replays unfinished work. Results are keyed by relQuery id; consumers
-de-duplicate on it.
+Exactly once where the broker has transactions: a relQuery's answer and its offset
+commit in one transaction (`commits`). Elsewhere at least once: a relQuery's offset is
+committed only after its result is published (or the message is dead-lettered), and
+only once every earlier offset of its partition is done, so a crash replays unfinished
+work. Results are keyed by relQuery id; consumers de-duplicate on it.
 
 - **Backlog and memory.** The engine is handed relQueries up to a budget of rows in
   flight (`backlog.RowBudget`), so its scheduler orders the real backlog; while one
@@ -23,7 +24,7 @@ de-duplicate on it.
   status, tokens); Prometheus gauges give the backlog and the consumer lag.
 - **Rebalances.** On revocation the service commits what finished in those partitions,
   stops taking their work and forgets them; relQueries of theirs already being served
-  may still publish (results are keyed by id).
+  are fenced (transactions) or may still publish (results are keyed by id).
 """
 
 from __future__ import annotations
@@ -39,14 +40,13 @@ from dataclasses import dataclass, field
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
     RevocationListener,
-    commit_assigned,
     new_consumer,
     new_producer,
 )
 from relstream.kafka.delivery import (
     STALL_S,
     Refused,
-    publish_acked,
+    Send,
     publish_best_effort,
     send_dead_letter,
 )
@@ -61,11 +61,12 @@ from relstream.schemas.formats import Format, encode_as, headers_for, wire_forma
 from relstream.service import backlog, offloop
 from relstream.service.answercache import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
+from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced
 from relstream.service.control import Cancels, follow_control, record_time
 from relstream.service.loadreport import report_load
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
-from relstream.service.offsets import OffsetBook, PublishedOffsets
+from relstream.service.offsets import OffsetBook
 from relstream.service.pauses import Pauses
 
 log = logging.getLogger("relstream.engine")
@@ -94,6 +95,7 @@ class ServiceConfig:
     stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
     load_report_s: float = 0.0  # > 0: report load this often (service/loadreport.py)
     instance_id: str | None = None  # its static member id in the group (None: dynamic)
+    transactions: bool = True  # exactly once where the broker has them (service/commits.py)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,6 @@ class EngineService:
         budget = min(config.max_backlog_rows, backend.backlog_rows())
         self.budget: RowBudget[_Work] = RowBudget(budget, held_limit=config.max_held_rows)
         self._book = OffsetBook()
-        self._published = PublishedOffsets()  # answered, maybe not committed
         self._tasks: set[asyncio.Task] = set()
         self._pauses = Pauses(self._apply_pauses)
         self._letters = LettersInFlight()  # dead letters of undecodable relQueries
@@ -137,7 +138,10 @@ class EngineService:
             group_id=config.group_id,
             group_instance_id=config.instance_id,  # a restart takes its partitions back
         )
-        rebalances = RevocationListener(self._on_revoked)  # `joined`: it takes work
+        self._commits = await ExactlyOnce.start(config, self._book) or AtLeastOnce(
+            self._book, self._producer, config.stall_s
+        )
+        rebalances = RevocationListener(self._on_revoked, self._on_assigned)  # `joined`
         self._consumer.subscribe([self.config.topics.relqueries], listener=rebalances)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
@@ -186,6 +190,7 @@ class EngineService:
             async with asyncio.timeout(10):
                 await self._commit()
                 await stop_leaving(self._consumer)  # its partitions move at once
+        await self._commits.stop()
         await self._producer.stop()
 
     # taking work
@@ -197,6 +202,8 @@ class EngineService:
             return
         batches = await self._consumer.getmany(timeout_ms=200, max_records=backlog.FETCH_RECORDS)
         for partition, messages in batches.items():
+            if self._commits.settling(partition):  # sought once its previous owner is fenced
+                continue
             for message in messages:
                 if self.budget.full:
                     # Back-pressure: a decoded relQuery already waits for room, so the
@@ -204,7 +211,7 @@ class EngineService:
                     self._consumer.seek(partition, message.offset)
                     break
                 self._book.start(partition, message.offset)
-                if (partition, message.offset) in self._published:  # handed back: answered
+                if self._commits.replayed(partition, message):  # handed back: answered
                     self._book.finish(partition, message.offset)
                     self.metrics.replays_skipped.inc()
                     continue
@@ -248,10 +255,9 @@ class EngineService:
 
     async def _reject(self, partition, message, reason: str) -> None:
         """Dead-letter an undecodable relQuery; its offset is done once the letter is on
-        the broker (or refused by it for good)."""
+        the broker (or refused by it for good: `_dead_letter`)."""
         with self._pauses.holding(partition) as stalled:
             await self._dead_letter(message, reason, stalled)
-        self._book.finish(partition, message.offset)
 
     def _start(self, admitted: list[_Work]) -> None:
         for work in admitted:
@@ -267,19 +273,17 @@ class EngineService:
     async def _handle(self, work: _Work) -> None:
         """Answer `work` and, once the broker has its result or dead letter, mark its
         offset done. While the broker does not take them, the partition is held."""
-        message = work.message
         try:
             with self._pauses.holding(work.partition) as stalled:
                 await self._answer(work, stalled)
-            self._book.finish(work.partition, message.offset)
-            self._published.add(work.partition, message.offset)
+        except Fenced as exc:  # its partition moved: the new owner answers it
+            log.info("left %s to its partition's new owner (%s)", work.relquery.id, exc)
         except EngineFailure as exc:
             log.error("engine failed serving %s: %s", work.relquery.id, exc)
             self._failure = self._failure or exc
         except Exception as exc:  # unforeseen: dead-lettered, never a partition held for good
             log.exception("could not finish %s", work.relquery.id)
-            await self._dead_letter(message, f"the engine could not finish it: {exc!r}")
-            self._book.finish(work.partition, message.offset)
+            await self._dead_letter(work.message, f"the engine could not finish it: {exc!r}")
         finally:
             self.budget.release(len(work.relquery.rows))
 
@@ -297,13 +301,13 @@ class EngineService:
         # A result of any size reaches the user: in parts under the request limit.
         parts = await offloop.result_parts(result, work.result_format)
         headers = headers_for(work.result_format)
+        sends = [
+            Send(self.config.topics.results, part, key,
+                 f"the result of {relquery.id} (part {index + 1} of {len(parts)})", headers)
+            for index, part in enumerate(parts)
+        ]  # fmt: skip
         try:
-            for index, part in enumerate(parts):
-                what = f"the result of {relquery.id} (part {index + 1} of {len(parts)})"
-                await publish_acked(
-                    self._producer, self.config.topics.results, part, key, what, stalled,
-                    self.config.stall_s, headers=headers,
-                )  # fmt: skip
+            await self._commits.publish(work.partition, work.message, sends, stalled)
         except Refused as exc:
             await self._dead_letter(work.message, f"its result was refused: {exc}", stalled)
             return
@@ -368,14 +372,19 @@ class EngineService:
 
     async def _dead_letter(self, message, reason: str, stalled=lambda: None) -> None:
         """Dead-letter `message`; returns once the broker has the letter (or refused it
-        for good: logged and counted)."""
+        for good: logged and counted). A relQuery's letter finishes its offset (in one
+        transaction, if any), even if the broker refuses the letter."""
         log.warning(
             "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
         )
         topic = self.config.topics.deadletter
-        if await send_dead_letter(self._producer, topic, message, reason, stalled):
-            self.metrics.dead_letters.inc()
+        if message.topic == self.config.topics.relqueries:
+            delivered = await self._commits.dead_letter(message, topic, reason, stalled)
         else:
+            delivered = await send_dead_letter(self._producer, topic, message, reason, stalled)
+        if delivered:
+            self.metrics.dead_letters.inc()
+        elif delivered is not None:  # None: its partition moved, the new owner letters it
             self.metrics.dead_letter_failures.inc()
 
     async def _publish_best_effort(
@@ -388,12 +397,13 @@ class EngineService:
 
     # offsets
     async def _commit(self) -> None:
-        committed = await commit_assigned(self._consumer, self._book.committable())
-        self._published.committed(committed)
+        await self._commits.commit(self._consumer)
+
+    async def _on_assigned(self, assigned) -> None:
+        await self._commits.assigned(self._consumer, assigned)
 
     async def _on_revoked(self, revoked) -> None:
-        committed = await commit_assigned(self._consumer, self._book.committable(revoked))
-        self._published.committed(committed)
+        await self._commits.revoked(self._consumer, revoked)
         self._book.forget(revoked)
         dropped = self.budget.drop_waiting(lambda work: work.partition not in revoked)
         if revoked:

@@ -1,0 +1,239 @@
+"""Exactly once through the broker's transactions: one transactional producer per input
+partition, so a message's output and its partition's offset are committed together.
+
+An input partition's producer has the transactional id `{group}.{topic}.{partition}`.
+The owner a rebalance hands the partition to starts a producer with that id, and the
+broker then aborts whatever transaction the previous owner had open and refuses it any
+later one (`ProducerFenced`): a consumer that lost its partitions without knowing it (a
+stalled process, a zombie) cannot commit. This is the fencing: aiokafka's
+`send_offsets_to_transaction` sends the group id but no generation, so the group itself
+would take a zombie's offsets.
+
+One transaction at a time per partition (a lock): the caller computes its offset commit
+under the lock (`Transact.offsets`), so each commit's offset and metadata extend the
+previous one's. A transaction the broker does not take (an outage) is retried with the
+same messages, by a new producer under the same id (starting it aborts the open one),
+for as long as the partition stays assigned; a message the broker refuses for good
+aborts it as `Refused`. Brokers without transactions (Tansu refuses `InitProducerId`)
+are found at start by `has_transactions`, and the caller runs at least once instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from relstream.kafka.clients import new_producer
+from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send, unavailable
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+
+log = logging.getLogger("relstream.kafka.transactions")
+
+PROBE_S = 30.0  # how long the start-up probe waits for the broker's answer
+STOP_S = 5.0  # how long a producer given up on may take to close
+
+
+class Fenced(Exception):
+    """The partition is no longer this process's: a new owner's producer fenced ours, or
+    it was revoked while its transaction waited. Its work is the new owner's."""
+
+
+def transactional_id(group: str, partition: TopicPartition) -> str:
+    return f"{group}.{partition.topic}.{partition.partition}"
+
+
+async def _stop(producer: AIOKafkaProducer) -> None:
+    """Close a producer, whatever state its transaction is in (a fenced one re-raises its
+    fencing on stop; one cut off by an outage would flush for its whole timeout). An open
+    transaction (its task cancelled at shutdown) is aborted first: left open, it would
+    hold back `read_committed` readers of its partitions until it timed out."""
+    with contextlib.suppress(Exception):  # not in a transaction: nothing to abort
+        async with asyncio.timeout(STOP_S):
+            await producer.abort_transaction()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(STOP_S):
+            await producer.stop()
+
+
+async def has_transactions(
+    bootstrap: str, group: str, security: KafkaSecurity = PLAINTEXT, timeout_s: float = PROBE_S
+) -> tuple[bool, str]:
+    """Whether the broker gives producers transactional ids, and if not why: a producer
+    with the id `{group}.probe` is started and stopped. A broker that cannot be reached
+    is asked again, for `timeout_s` in all: only a refusal says it has none."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        producer = new_producer(bootstrap, security, transactional_id=f"{group}.probe")
+        try:
+            async with asyncio.timeout(max(deadline - asyncio.get_running_loop().time(), 0.1)):
+                await producer.start()
+            return True, ""
+        except TimeoutError:
+            return False, f"no answer to InitProducerId within {timeout_s:g} s"
+        except KafkaError as exc:
+            if not unavailable(exc) or asyncio.get_running_loop().time() > deadline:
+                return False, f"InitProducerId refused: {exc!r}"
+        finally:
+            await _stop(producer)
+        await asyncio.sleep(1.0)
+
+
+class PartitionProducers:
+    """The transactional producers of the input partitions this process owns."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        security: KafkaSecurity = PLAINTEXT,
+        stall_s: float = STALL_S,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._group = group
+        self._security = security
+        self._stall_s = stall_s
+        self._backoff = backoff or Backoff()
+        self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self._locks: dict[TopicPartition, asyncio.Lock] = {}
+
+    async def open(self, partitions) -> None:
+        """Start the producers of newly assigned `partitions`. Each start fences the
+        partition's previous owner and aborts its open transaction, so the committed
+        offsets read after this are final."""
+        partitions = [p for p in partitions if p not in self._producers]
+        for partition in partitions:
+            self._locks.setdefault(partition, asyncio.Lock())
+        await asyncio.gather(*(self._open(p) for p in partitions))
+
+    async def _open(self, partition: TopicPartition) -> None:
+        tries = 0
+        while partition in self._locks:
+            producer = new_producer(
+                self._bootstrap,
+                self._security,
+                transactional_id=transactional_id(self._group, partition),
+            )
+            try:
+                await producer.start()
+            except Exception as exc:
+                await _stop(producer)
+                tries += 1
+                log.warning("transactional producer for %s not started (%r)", partition, exc)
+                await asyncio.sleep(self._backoff.after(tries))
+                continue
+            if partition not in self._locks:  # revoked meanwhile: fence nobody
+                await _stop(producer)
+                return
+            self._producers[partition] = producer
+            return
+
+    async def close(self, partitions) -> None:
+        """Stop the producers of revoked `partitions`, once their transactions end (one
+        waiting on the broker gives up: `Fenced`)."""
+        for partition in partitions:
+            producer = self._producers.pop(partition, None)
+            lock = self._locks.pop(partition, None)
+            if producer is None:
+                continue
+            if lock is not None and lock.locked():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STOP_S):
+                        async with lock:
+                            pass
+            await _stop(producer)
+
+    async def close_all(self) -> None:
+        await self.close(list(self._producers))
+
+    def owns(self, partition: TopicPartition) -> bool:
+        return partition in self._producers
+
+    async def transact(
+        self,
+        partition: TopicPartition,
+        sends: list[Send],
+        offsets: Callable[[], tuple[int, str]],
+        stalled: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Publish `sends` and commit `partition` to `offsets()` (the next offset and its
+        metadata, asked under the partition's lock) in one transaction, retried until the
+        broker commits it. Raises `Fenced` once the partition is not ours, `Refused` if
+        the broker refuses a message for good (the transaction aborted)."""
+        lock = self._locks.get(partition)
+        if lock is None:
+            raise Fenced(f"{partition} is not assigned here")
+        timer = asyncio.get_running_loop().call_later(self._stall_s, stalled)
+        tries = 0
+        try:
+            async with lock:
+                while True:
+                    producer = self._producers.get(partition)
+                    if producer is None:
+                        raise Fenced(f"{partition} was revoked")
+                    tries += 1
+                    try:
+                        await self._once(producer, partition, sends, offsets)
+                        return
+                    except ProducerFenced as exc:
+                        await self._drop(partition, producer)
+                        raise Fenced(f"{partition}: {exc}") from exc
+                    except Refused:
+                        await self._abort(partition, producer)
+                        raise
+                    except Fenced:  # `offsets` found the partition forgotten
+                        raise
+                    except Exception as exc:  # an outage, or a producer in a bad state
+                        stalled()
+                        wait = self._backoff.after(tries)
+                        log.warning(
+                            "transaction for %s not committed (%r); retried in %.1f s",
+                            partition, exc, wait,
+                        )  # fmt: skip
+                        await self._renew(partition, producer)
+                        await asyncio.sleep(wait)
+        finally:
+            timer.cancel()
+
+    async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
+        await producer.begin_transaction()
+        sent = [
+            (s, await producer.send(s.topic, s.value, key=s.key, headers=s.headers)) for s in sends
+        ]
+        for send, future in sent:
+            try:
+                await future
+            except KafkaError as exc:
+                if isinstance(exc, ProducerFenced) or unavailable(exc):
+                    raise
+                raise Refused(f"the broker refused {send.what}: {exc!r}") from exc
+        await producer.send_offsets_to_transaction({partition: offsets()}, self._group)
+        await producer.commit_transaction()
+
+    async def _abort(self, partition, producer) -> None:
+        """Abort after a refused message; a producer that cannot is replaced."""
+        try:
+            async with asyncio.timeout(self._stall_s):
+                await producer.abort_transaction()
+        except Exception:
+            await self._renew(partition, producer)
+
+    async def _renew(self, partition, producer) -> None:
+        """Replace a producer whose transaction failed: the new one, same id, aborts it.
+        Not once the partition is revoked (the new owner's producer would be fenced)."""
+        if self._producers.get(partition) is not producer:
+            return
+        del self._producers[partition]
+        await _stop(producer)
+        if partition in self._locks:  # still assigned
+            await self._open(partition)
+
+    async def _drop(self, partition, producer) -> None:
+        if self._producers.get(partition) is producer:
+            del self._producers[partition]
+        await _stop(producer)
