@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from relstream import launch
 from relstream.backend import EngineFailure
@@ -256,3 +257,23 @@ class CachingBackend:
             self._shared.settle(role, answer)
             rows.append(answered_row(relquery, request, answer))
         return RelQueryResult(relquery.id, rows, None, self.policy, self.model_name)
+
+
+async def read_all(bootstrap: str, topic: str, isolation: str, idle_s: float = 3.0) -> list:
+    """Every message of `topic` a reader of `isolation` sees (to 3 s of silence)."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level=isolation,
+        group_id=None,
+    )
+    await consumer.start()
+    seen = []
+    try:
+        while batches := await consumer.getmany(timeout_ms=int(idle_s * 1000)):
+            for messages in batches.values():
+                seen.extend(messages)
+    finally:
+        await consumer.stop()
+    return seen

@@ -14,9 +14,9 @@ import time
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from engines import engine_process, wait_for
-from helpers import relquery
+from helpers import read_all, relquery
 
 from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_admin, produce
@@ -106,26 +106,6 @@ SLOW = ["--sim-speed", "0.2"]  # a simulated engine five times slower: work stay
 
 def fresh_topics() -> Topics:
     return Topics(prefix=f"x{uuid.uuid4().hex[:6]}.")
-
-
-async def read_all(bootstrap: str, topic: str, isolation: str, idle_s: float = 3.0) -> list:
-    """Every message of `topic` a reader of `isolation` sees (to 3 s of silence)."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level=isolation,
-        group_id=None,
-    )
-    await consumer.start()
-    seen = []
-    try:
-        while batches := await consumer.getmany(timeout_ms=int(idle_s * 1000)):
-            for messages in batches.values():
-                seen.extend(messages)
-    finally:
-        await consumer.stop()
-    return seen
 
 
 async def results_by_id(bootstrap: str, topic: str, isolation: str) -> collections.Counter:

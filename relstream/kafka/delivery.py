@@ -53,10 +53,16 @@ class Send:
     key: bytes | None
     what: str  # names it in log lines
     headers: list[tuple[str, bytes]] | None = None
+    partition: int | None = None  # None: the key's hash
 
 
 class Refused(Exception):
-    """The broker refused a message for good: sending it again would not help."""
+    """The broker refused a message for good: sending it again would not help. `what`
+    names the refused message where several were sent together (a transaction)."""
+
+    def __init__(self, message: str, what: str | None = None) -> None:
+        super().__init__(message)
+        self.what = what
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
-from relstream.kafka.clients import new_producer
+from relstream.kafka.clients import new_admin, new_producer
 from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send, unavailable
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 
@@ -101,6 +101,47 @@ class PartitionProducers:
         self._backoff = backoff or Backoff()
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._settling: set[TopicPartition] = set()  # assigned, their position not yet set
+
+    async def take_over(self, consumer, partitions) -> dict:
+        """Fence newly assigned `partitions`' previous owners (`open`), then seek each to
+        its committed offset (read after the fencing, so final; none: the beginning).
+        Returns the committed marks (offset and metadata) of those still assigned. Until
+        then the partitions are paused and what the consumer fetched of them is to be
+        dropped (`settling`): it may start fetching from the offsets it read itself,
+        before the fencing."""
+        partitions = list(partitions)
+        if not partitions:
+            return {}
+        self._settling.update(partitions)
+        consumer.pause(*partitions)
+        try:
+            await self.open(partitions)
+            committed = await self._committed(partitions)
+            marks = {}
+            for partition in set(partitions) & consumer.assignment():  # not revoked since
+                mark = committed.get(partition)
+                if mark is None or mark.offset < 0:
+                    await consumer.seek_to_beginning(partition)
+                    continue
+                consumer.seek(partition, mark.offset)
+                marks[partition] = mark
+            return marks
+        finally:
+            self._settling.difference_update(partitions)
+            consumer.resume(*(set(partitions) & consumer.assignment()))
+
+    def settling(self, partition) -> bool:
+        """Whether the partition's position is still being set (`take_over`)."""
+        return partition in self._settling
+
+    async def _committed(self, partitions) -> dict:
+        admin = new_admin(self._bootstrap, self._security)
+        await admin.start()
+        try:
+            return await admin.list_consumer_group_offsets(self._group, partitions=partitions)
+        finally:
+            await admin.close()
 
     async def open(self, partitions) -> None:
         """Start the producers of newly assigned `partitions`. Each start fences the
@@ -203,7 +244,8 @@ class PartitionProducers:
     async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
         await producer.begin_transaction()
         sent = [
-            (s, await producer.send(s.topic, s.value, key=s.key, headers=s.headers)) for s in sends
+            (s, await producer.send(s.topic, s.value, s.key, s.partition, headers=s.headers))
+            for s in sends
         ]
         for send, future in sent:
             try:
@@ -211,7 +253,7 @@ class PartitionProducers:
             except KafkaError as exc:
                 if isinstance(exc, ProducerFenced) or unavailable(exc):
                     raise
-                raise Refused(f"the broker refused {send.what}: {exc!r}") from exc
+                raise Refused(f"the broker refused {send.what}: {exc!r}", send.what) from exc
         await producer.send_offsets_to_transaction({partition: offsets()}, self._group)
         await producer.commit_transaction()
 

@@ -31,7 +31,7 @@ from collections import Counter
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.clients import commit_assigned, new_admin
+from relstream.kafka.clients import commit_assigned
 from relstream.kafka.delivery import (
     Refused,
     Send,
@@ -58,7 +58,6 @@ class ExactlyOnce:
             config.bootstrap, config.group_id, config.security, config.stall_s
         )
         self._skip: dict[object, frozenset[int]] = {}  # finished above the commit read
-        self._settling: set = set()  # assigned, their position not yet set
         self._reserved: Counter = Counter()  # results on their way above each prefix
         self._moved = asyncio.Condition()  # a prefix moved, or a partition left
 
@@ -80,48 +79,21 @@ class ExactlyOnce:
         return cls(config, book)
 
     async def assigned(self, consumer, partitions) -> None:
-        """Fence the partitions' previous owners, then read where they left off: each
-        partition is sought to its committed offset (read after the fencing, so final)
-        and the offsets finished above it are to be skipped. Until then the partitions
-        are paused and what the consumer fetched of them is dropped (`settling`): it may
-        start fetching from the offsets it read itself, before the fencing."""
-        partitions = list(partitions)
-        if not partitions:
-            return
-        self._settling.update(partitions)
-        consumer.pause(*partitions)
-        try:
-            await self._producers.open(partitions)
-            committed = await self._committed(partitions)
-            for partition in set(partitions) & consumer.assignment():  # not revoked since
-                mark = committed.get(partition)
-                if mark is None or mark.offset < 0:
-                    await consumer.seek_to_beginning(partition)
-                    continue
-                consumer.seek(partition, mark.offset)
-                self._skip[partition] = decode_ahead(mark.metadata, mark.offset)
-                if self._skip[partition]:
-                    log.info(
-                        "%s: %d relQueries above offset %d were answered by its previous owner",
-                        partition, len(self._skip[partition]), mark.offset,
-                    )  # fmt: skip
-        finally:
-            self._settling.difference_update(partitions)
-            consumer.resume(*(set(partitions) & consumer.assignment()))
-
-    async def _committed(self, partitions) -> dict:
-        admin = new_admin(self._config.bootstrap, self._config.security)
-        await admin.start()
-        try:
-            return await admin.list_consumer_group_offsets(
-                self._config.group_id, partitions=partitions
-            )
-        finally:
-            await admin.close()
+        """Fence the partitions' previous owners and seek each to where they left off
+        (`PartitionProducers.take_over`); the offsets finished above a committed offset
+        are to be skipped."""
+        marks = await self._producers.take_over(consumer, partitions)
+        for partition, mark in marks.items():
+            self._skip[partition] = decode_ahead(mark.metadata, mark.offset)
+            if self._skip[partition]:
+                log.info(
+                    "%s: %d relQueries above offset %d were answered by its previous owner",
+                    partition, len(self._skip[partition]), mark.offset,
+                )  # fmt: skip
 
     def settling(self, partition) -> bool:
         """Whether the partition's position is still being set (`assigned`)."""
-        return partition in self._settling
+        return self._producers.settling(partition)
 
     async def revoked(self, consumer, partitions) -> None:
         await self._producers.close(partitions)

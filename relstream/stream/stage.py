@@ -27,22 +27,34 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from relstream.kafka.clients import (
-    DEAD_LETTER_ORIGINAL_BYTES,
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
     portable_session,
 )
-from relstream.kafka.delivery import Refused, publish_acked, send_dead_letter, send_letter
+from relstream.kafka.delivery import (
+    Refused,
+    Send,
+    publish_acked,
+    send_dead_letter,
+    send_letter,
+)
 from relstream.kafka.limits import message_limit
 from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
+from relstream.kafka.transactions import PartitionProducers, has_transactions
 from relstream.placer import AsyncLoadReader, Demand, demand_of
 from relstream.schemas import RelQueryMessage, encode
-from relstream.schemas.convert import dead_letter_message
 from relstream.stream.registrations import QueryRegistration
+from relstream.stream.transacted import (
+    Part,
+    WindowTransactions,
+    commit_all,
+    letter_part,
+    row_letters,
+)
 from relstream.stream.windowing import (
     PartitionWindows,
     RowRejection,
@@ -68,6 +80,7 @@ class StageSettings:
     # relqueries topic's limit, asked of the broker at start (`kafka.limits`).
     message_bytes: int | None = None
     instance_id: str | None = None  # its static member id in the group (None: dynamic)
+    transactions: bool = True  # exactly once where the broker has them (`transacted`)
 
 
 class WindowStage:
@@ -82,11 +95,13 @@ class WindowStage:
         self.placer = placer  # where engines' load reports place relQueries (None: the hash)
         self._cutters: dict[TopicPartition, PartitionWindows] = {}
         self._committed: dict[TopicPartition, int] = {}
-        # Per partition: windows published and not yet committed past (first offset ->
-        # last), kept across a rebalance so a replay cuts them the same (`windowing`).
+        # At least once only: per partition, windows published and not yet committed past
+        # (first offset -> last), kept across a rebalance so a replay cuts them the same
+        # (`windowing`). With transactions nothing uncommitted is visible (`transacted`).
         self._published: dict[int, dict[int, int]] = {}
+        self._tx: WindowTransactions | None = None  # exactly once, where the broker can
         self.rows_seen = 0
-        self._rebalances = RevocationListener(self._forget)
+        self._rebalances = RevocationListener(self._forget, self._assigned)
         self.ready = self._rebalances.joined  # set once it has joined its group
 
     async def run(self) -> None:
@@ -108,6 +123,7 @@ class WindowStage:
         self._message_bytes = settings.message_bytes or await message_limit(
             settings.bootstrap, settings.topics.relqueries, settings.security
         )
+        await self._choose_delivery()
         await start_waiting(None, log, settings.bootstrap, self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
         log.info(
@@ -123,19 +139,45 @@ class WindowStage:
         finally:
             await stop_leaving(self._consumer)  # its partitions move at once
             await self._producer.stop()
+            if self._tx is not None:
+                await self._tx.producers.close_all()
+
+    async def _choose_delivery(self) -> None:
+        """Exactly once (`transacted`) where the broker has transactions, else at least
+        once, said once in the log."""
+        settings, name = self.settings, self.registration.name
+        if not settings.transactions:
+            log.info("query %s: transactions off: at least once (relQueries keyed by id)", name)
+            return
+        ok, why = await has_transactions(settings.bootstrap, settings.group, settings.security)
+        if not ok:
+            log.warning(
+                "query %s: the broker has no transactions (%s): at least once, a window may "
+                "be published twice after a crash (relQueries keyed by window id)", name, why,
+            )  # fmt: skip
+            return
+        producers = PartitionProducers(settings.bootstrap, settings.group, settings.security)
+        self._tx = WindowTransactions(producers, settings.topics.deadletter)
+        log.info("query %s: exactly once: windows and their offsets in one transaction", name)
 
     async def _step(self) -> None:
         batches = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=BATCH_RECORDS)
         sends: list[Callable[[Callable[[], None]], Awaitable[object]]] = []
         closed: list[Window] = []
         rejected: list[str] = []
+        tx = self._tx
         for partition, records in batches.items():
+            if tx is not None and tx.producers.settling(partition):  # sought once fenced
+                continue
             cutter = self._cutter(partition)
             for record in records:
                 checked = cutter.check(record.value, record.headers)
                 row = size = None
                 if isinstance(checked, RowRejection):
-                    sends.append(self._dead_letter(record, checked.reason))
+                    if tx is not None:  # sent with the commit that passes it
+                        tx.hold(partition, record, checked.reason)
+                    else:
+                        sends.append(self._dead_letter(record, checked.reason))
                     rejected.append(checked.reason)
                 else:
                     row, size = checked
@@ -147,6 +189,10 @@ class WindowStage:
             expired = cutter.expire(now, self.settings.lateness)
             if expired is not None:
                 closed.append(expired)
+        self._log_rejected(rejected)
+        if tx is not None:
+            await self._transact(closed)
+            return
         published = self._published
         for window in closed:
             if published.get(window.partition, {}).get(window.first_offset) != window.last_offset:
@@ -160,6 +206,9 @@ class WindowStage:
                 await asyncio.gather(*(send(stalled) for send in sends))
         for window in closed:
             published.setdefault(window.partition, {})[window.first_offset] = window.last_offset
+        await self._commit()
+
+    def _log_rejected(self, rejected: list[str]) -> None:
         if rejected:
             log.warning(
                 "query %s: %d rows dead-lettered (relstream deadletters lists them); first: %s",
@@ -167,34 +216,62 @@ class WindowStage:
                 len(rejected),
                 rejected[0],
             )
-        await self._commit()
+
+    async def _transact(self, closed: list[Window]) -> None:
+        """Per partition, one transaction: its closed windows' relQueries, the held dead
+        letters the commit passes, and the commit (`transacted`)."""
+        rows_topic = self.settings.topics.rows(self.registration.table)
+        windows: dict[TopicPartition, list[Part]] = {}
+        for window in closed:
+            part = await self._window_part(window)
+            windows.setdefault(TopicPartition(rows_topic, window.partition), []).append(part)
+        with self._holding(len(closed) + self._tx.held()) as stalled:
+            fenced = await commit_all(self._tx, self._cutters, windows, stalled)
+        for partition in fenced:
+            self._cutters.pop(partition, None)
+
+    async def _window_part(self, window: Window) -> Part:
+        """The window's relQuery in a transaction; refused for good, its rows' letters."""
+        send = await self._relquery(window)
+        rows_topic = self.settings.topics.rows(self.registration.table)
+        topic = self.settings.topics.deadletter
+
+        def instead(refusal: Refused) -> list[Part]:
+            log.error("%s; its %d rows are dead-lettered", refusal, len(window.rows))
+            letters = row_letters(window, rows_topic, str(refusal))
+            return [letter_part(topic, letter, what) for letter, what in letters]
+
+        return Part(send, instead)
 
     def _cutter(self, partition: TopicPartition) -> PartitionWindows:
         cutter = self._cutters.get(partition)
         if cutter is None:
-            published = self._published.setdefault(partition.partition, {})
+            published = {} if self._tx else self._published.setdefault(partition.partition, {})
             cutter = self._cutters[partition] = PartitionWindows(
                 self.registration, partition.partition, published, self._message_bytes
             )
         return cutter
 
-    async def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
-        """The window's relQuery, to send until the broker has it (`publish_acked`); built,
-        encoded and, where it is placed by load, sized off the event loop (a window may
-        hold 100,000 rows)."""
+    async def _relquery(self, window: Window) -> Send:
+        """The window's relQuery: built, encoded and, where it is placed by load, sized
+        off the event loop (a window may hold 100,000 rows)."""
         placed = self.placer is not None
         message, value, demand = await asyncio.to_thread(
             _encoded, self.registration, window, placed
         )
         log.info("window %s: %d rows", message.id, len(message.rows))
-        topic, what = self.settings.topics.relqueries, f"relQuery {message.id}"
-        key = message.id.encode()
         partition = None if demand is None else self.placer.place(demand)
+        topic, key = self.settings.topics.relqueries, message.id.encode()
+        return Send(topic, value, key, f"relQuery {message.id}", partition=partition)
+
+    async def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
+        """The window's relQuery, to send until the broker has it (`publish_acked`)."""
+        s = await self._relquery(window)
 
         async def send(stalled: Callable[[], None]) -> int:
             try:
                 return await publish_acked(
-                    self._producer, topic, value, key, what, stalled, partition=partition
+                    self._producer, s.topic, s.value, s.key, s.what, stalled, partition=s.partition
                 )
             except Refused as exc:  # for good: its rows are dead-lettered, the stage goes on
                 await self._dead_letter_rows(window, str(exc), stalled)
@@ -208,17 +285,10 @@ class WindowStage:
         log.error("%s; its %d rows are dead-lettered", reason, len(window.rows))
         rows_topic = self.settings.topics.rows(self.registration.table)
         topic = self.settings.topics.deadletter
-
-        def letter(row, offset: int) -> Awaitable[bool]:
-            reason_of_row = f"row {row.key!r} (offset {offset}): {reason}"
-            letter = dead_letter_message(
-                encode(row), rows_topic, window.partition, offset, reason_of_row,
-                row.key.encode(), DEAD_LETTER_ORIGINAL_BYTES,
-            )  # fmt: skip
-            what = f"the dead letter of row {row.key!r}"
-            return send_letter(self._producer, topic, letter, what, stalled)
-
-        await asyncio.gather(*map(letter, window.rows, window.offsets))
+        letters = row_letters(window, rows_topic, reason)
+        await asyncio.gather(
+            *(send_letter(self._producer, topic, letter, what, stalled) for letter, what in letters)
+        )
 
     def _dead_letter(self, record, reason: str) -> Callable[[Callable[[], None]], Awaitable]:
         """The row's dead letter, to send until the broker has it (`send_dead_letter`): a
@@ -276,6 +346,16 @@ class WindowStage:
         for partition in revoked:
             self._cutters.pop(partition, None)
             self._committed.pop(partition, None)
+            if self._tx is not None:
+                self._tx.forget(partition)
+        if self._tx is not None:
+            await self._tx.producers.close(revoked)
+
+    async def _assigned(self, assigned: set) -> None:
+        """With transactions: fence the partitions' previous owners, then seek each to its
+        committed offset (`PartitionProducers.take_over`)."""
+        if self._tx is not None:
+            await self._tx.producers.take_over(self._consumer, assigned)
 
 
 def _encoded(

@@ -1,0 +1,163 @@
+"""The worker exactly once by the broker's transactions (issue 39, item 1): a worker
+SIGKILLed while windows are being published, restarted with the same command, leaves a
+`read_committed` reader of the relqueries topic each window once and every row in
+exactly one relQuery or dead letter (default broker, noida-db); on Tansu, which has no
+transactions, the worker says once that it runs at least once, and windows rows."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import time
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from helpers import encode_row, read_all, start_worker
+
+from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import create_topics, produce
+from relstream.kafka.topics import Topics
+from relstream.launch import wait_ready
+from relstream.schemas import DeadLetterMessage, RelQueryMessage, decode
+
+QUERY = (
+    '[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
+    "window_seconds = 0.5\nmax_rows = 2\nmax_output_tokens = 4\n"
+)
+ROWS = 6000  # a backlog; every 7th row lacks its column (a dead letter)
+
+
+def rows(start: int, stop: int) -> list[tuple[bytes, bytes]]:
+    made = []
+    for index in range(start, stop):
+        key = f"r{index}"
+        values = {} if index % 7 == 0 else {"review": key}
+        made.append((key.encode(), encode_row({"version": 1, "table": "reviews", "key": key,
+                                               "values": values})))  # fmt: skip
+    return made
+
+
+def wait_for_messages(broker, topic: str, within_s: float) -> None:
+    """Until `topic` has messages, committed or not (its high watermark past 0)."""
+
+    async def wait() -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+        await consumer.start()
+        try:
+            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)
+                          or await _partitions(consumer, topic)]  # fmt: skip
+            async with asyncio.timeout(within_s):
+                while not any((await consumer.end_offsets(partitions)).values()):
+                    await asyncio.sleep(0.02)
+        finally:
+            await consumer.stop()
+
+    asyncio.run(wait())
+
+
+async def _partitions(consumer, topic: str) -> set:
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic) or set()
+
+
+def committed_view(broker, topics: Topics) -> tuple[collections.Counter, collections.Counter]:
+    """Per window id, its relQueries; per row key, the relQueries and dead letters holding
+    it; as a `read_committed` reader sees them."""
+
+    async def read():
+        relqueries = await read_all(broker.bootstrap, topics.relqueries, "read_committed", 2.0)
+        letters = await read_all(broker.bootstrap, topics.deadletter, "read_committed", 2.0)
+        return relqueries, letters
+
+    relqueries, letters = asyncio.run(read())
+    windows, keys = collections.Counter(), collections.Counter()
+    for message in relqueries:
+        relquery = decode(RelQueryMessage, message.value)
+        windows[relquery.id] += 1
+        keys.update(row.key for row in relquery.rows)
+    for message in letters:
+        keys[decode(DeadLetterMessage, message.value).key.decode()] += 1
+    return windows, keys
+
+
+def wait_for_all(broker, topics: Topics, within_s: float):
+    deadline = time.monotonic() + within_s
+    while True:
+        windows, keys = committed_view(broker, topics)
+        if len(keys) >= ROWS or time.monotonic() > deadline:
+            return windows, keys
+        time.sleep(1)
+
+
+def stop(process) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except Exception:
+            process.kill()
+            process.wait(10)
+
+
+def topics_on(broker) -> Topics:
+    made = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
+    asyncio.run(create_topics(broker.bootstrap, made.layout(("reviews",))))
+    return made
+
+
+def test_a_worker_killed_mid_publish_and_restarted_cuts_each_window_once(default_broker, tmp_path):
+    topics = topics_on(default_broker)
+    config = tmp_path / "queries.toml"
+    config.write_text(QUERY)
+    app_id, log, ready = f"w-{uuid.uuid4().hex[:6]}", tmp_path / "worker.log", tmp_path / "ready"
+    asyncio.run(produce(default_broker.bootstrap, topics.rows("reviews"), rows(0, ROWS)))
+    worker = start_worker(default_broker, topics, config, log, app_id, ready)
+    processes = [worker]
+    try:
+        wait_for_messages(default_broker, topics.relqueries, 120)  # windows being published
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        processes.append(start_worker(default_broker, topics, config, log, app_id, ready))
+        windows, keys = wait_for_all(default_broker, topics, 120)
+    finally:
+        for process in processes:
+            stop(process)
+    text = log.read_text(errors="replace")
+    twice = {window: n for window, n in windows.items() if n > 1}
+    assert not twice, f"{len(twice)} windows published more than once, e.g. {list(twice)[:3]}"
+    expected = {f"r{index}" for index in range(ROWS)}
+    assert set(keys) == expected, f"{len(expected - set(keys))} rows missing:\n{text[-3000:]}"
+    again = {key: n for key, n in keys.items() if n > 1}
+    assert not again, f"{len(again)} rows in two relQueries or dead letters: {list(again)[:5]}"
+    assert text.count("exactly once: windows and their offsets") == 2, text[-3000:]  # each run
+
+
+@pytest.fixture(scope="module")
+def tansu(tmp_path_factory):
+    embedded = EmbeddedBroker("tansu", data_dir=tmp_path_factory.mktemp("tansu"))
+    embedded.start()
+    yield embedded
+    embedded.stop()
+
+
+def test_without_transactions_the_worker_says_so_once_and_windows_rows(tansu, tmp_path):
+    topics = topics_on(tansu)
+    config = tmp_path / "queries.toml"
+    config.write_text(QUERY)
+    log, ready = tmp_path / "worker.log", tmp_path / "ready"
+    worker = start_worker(tansu, topics, config, log, None, ready)
+    try:
+        wait_ready([ready], [worker], 120)
+        asyncio.run(produce(tansu.bootstrap, topics.rows("reviews"), rows(1, 7)))
+        deadline = time.monotonic() + 60
+        while True:
+            _, keys = committed_view(tansu, topics)
+            if len(keys) >= 6 or time.monotonic() > deadline:
+                break
+    finally:
+        stop(worker)
+    text = log.read_text(errors="replace")
+    assert set(keys) == {f"r{index}" for index in range(1, 7)}, text[-3000:]
+    assert text.count("the broker has no transactions") == 1, text[-3000:]
