@@ -14,6 +14,14 @@ lost or doubled by it. An engine that stops reporting stops being chosen once it
 report expires; what was sent to its partitions meanwhile is served by whichever engine
 the group gives them, as with the hash.
 
+A book takes only reports it can trust: of its topic, naming partitions that exist (the
+relqueries topic's partition count as its reader last read it), dated neither older than
+the expiry nor more than MAX_SKEW_S ahead of its clock (one dated in the future would
+outlive the engine's real reports), with finite numbers, and signed with the engines'
+secret where one is set (the answers' secret: `--answer-secret-file` on the engine,
+`RELSTREAM_ANSWER_SECRET` for every process). Anything else is ignored, counted by
+reason and logged once a period: no report can stop or steer a placer.
+
 Two followers feed a book: `LoadReader` (a kafka-python consumer in a thread, for the
 synchronous client) and `AsyncLoadReader` (aiokafka, for asyncio programs such as the
 worker).
@@ -23,25 +31,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import os
 import threading
 import time
+from collections import Counter
 from typing import NamedTuple
 
+import msgspec
 from aiokafka.errors import KafkaError
 
 from relstream.backend import template_id
 from relstream.kafka.clients import assign_all, new_consumer
+from relstream.kafka.outage import RateLimited
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.supervise import supervised
 from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.scheduler.placement import EXPIRY_S, Choice, EngineLoad, Placement
-from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage
+from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage, encode
 from relstream.schemas.formats import Headers, decode_record
 from relstream.schemas.messages import KIND_HEADER
 
 log = logging.getLogger("relstream.placer")
+log.addFilter(RateLimited(30.0))  # a flood of bad reports: one line per kind and period
 
 PLACEMENTS = ("load", "hash")
 PLACEMENT_ENV = "RELSTREAM_PLACEMENT"  # "hash" turns placement by load off
@@ -49,6 +64,28 @@ CHARS_PER_TOKEN = 4  # a prompt's tokens, estimated from its characters
 LOOKBACK_RECORDS = 500  # a reader starts this far before the metrics topic's end
 CATCH_UP_S = 3.0  # a reader reads up to the end, at most this long, before placing
 POLL_MS = 200
+MAX_SKEW_S = 2.0  # a report dated further ahead of the reader's clock is not taken
+PARTITIONS_EVERY_S = 30.0  # how often a reader reads the relqueries topic's partitions again
+SECRET_ENV = "RELSTREAM_ANSWER_SECRET"  # the engines' secret (service/answercache.py)
+MAC_CONTEXT = b"relstream.load_report.v1\0"
+
+
+def engines_secret() -> bytes | None:
+    """The engines' secret from `RELSTREAM_ANSWER_SECRET`, or None where it is not set."""
+    return os.environ.get(SECRET_ENV, "").encode() or None
+
+
+def report_mac(secret: bytes, report: LoadReportMessage) -> bytes:
+    """HMAC-SHA256 over the report's message without its MAC."""
+    unsigned = encode(msgspec.structs.replace(report, mac=None))
+    return hmac.new(secret, MAC_CONTEXT + unsigned, hashlib.sha256).digest()
+
+
+def signed(report: LoadReportMessage, secret: bytes | None) -> LoadReportMessage:
+    """The report signed with `secret`; unchanged without one."""
+    if not secret:
+        return report
+    return msgspec.structs.replace(report, mac=report_mac(secret, report))
 
 
 def placement_of(asked: str | None) -> str:
@@ -97,9 +134,14 @@ class LoadBook:
     """The latest report of each engine serving `topic`, and the partition for a
     relQuery chosen from them. Not thread-safe: a reader guards it."""
 
-    def __init__(self, topic: str, expiry: float = EXPIRY_S, clock=time.time) -> None:
+    def __init__(self, topic: str, expiry: float = EXPIRY_S, clock=time.time,
+                 secret: bytes | None = None, partitions: int | None = None) -> None:  # fmt: skip
         self.topic = topic
         self.clock = clock
+        self.expiry = expiry
+        self.secret = secret  # where set, only reports signed with it are taken
+        self.partitions = partitions  # the topic's partition count, where known
+        self.ignored: Counter[str] = Counter()  # reports not taken, by reason
         # Its hash fallback is never reached: with no fresh report the caller's producer
         # hashes the key, as it always has.
         self._placement = Placement(partitions=1, expiry=expiry)
@@ -115,9 +157,11 @@ class LoadBook:
             return False
         if report.topic != self.topic:
             return False
-        if not report.finite:
-            log.warning("ignored a load report of engine %s: work or prices not finite",
-                        report.engine)  # fmt: skip
+        why = self._untrusted(report)
+        if why is not None:
+            self.ignored[why] += 1
+            if why != "expired":  # a reader starting behind the topic's end reads those
+                log.warning(f"ignored load reports: {why} (engine %s)", report.engine)
             return False
         self._placement.report(
             EngineLoad(
@@ -132,6 +176,22 @@ class LoadBook:
             )
         )
         return True
+
+    def _untrusted(self, report: LoadReportMessage) -> str | None:
+        """Why `report` is not to be taken, or None."""
+        if self.secret is not None:
+            if report.mac is None:
+                return "unsigned"
+            if not hmac.compare_digest(report.mac, report_mac(self.secret, report)):
+                return "badly signed"
+        if not report.finite:
+            return "work or prices not finite"
+        now = self.clock()
+        if not now - self.expiry <= report.at <= now + MAX_SKEW_S:
+            return "expired" if report.at < now else "dated in the future"
+        if self.partitions is not None and any(p >= self.partitions for p in report.partitions):
+            return "names a partition the topic does not have"
+        return None
 
     def engines(self) -> list[str]:
         """Engines with a fresh report that own partitions."""
@@ -171,14 +231,18 @@ class LoadReader:
         topics: Topics,
         security: KafkaSecurity = PLAINTEXT,
         expiry: float = EXPIRY_S,
+        secret: bytes | None = None,
     ) -> None:
-        self.book = LoadBook(topics.relqueries, expiry)
+        self.book = LoadBook(topics.relqueries, expiry, secret=secret or engines_secret())
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
         from relstream.kafka.bounds import partitions
 
         consumer = self._consumer
+        self._relqueries = topics.relqueries
+        self._partitions_read = 0.0
+        self._read_partitions()
         parts = partitions(consumer, [topics.metrics])
         consumer.assign(parts)
         starts, ends = consumer.beginning_offsets(parts), consumer.end_offsets(parts)
@@ -190,15 +254,23 @@ class LoadReader:
         self._thread = threading.Thread(target=self._follow, name="load-reports", daemon=True)
         self._thread.start()
 
+    def _read_partitions(self) -> None:
+        """The relqueries topic's partition count, for the book (None where unknown)."""
+        self._consumer.topics()  # every topic's metadata, read again now
+        found = self._consumer.partitions_for_topic(self._relqueries)
+        with self._lock:
+            self.book.partitions = len(found) if found else None
+        self._partitions_read = time.monotonic()
+
     def _follow(self) -> None:
         while not self._stop.is_set():
-            try:
-                batches = self._consumer.poll(timeout_ms=POLL_MS)
+            try:  # whatever fails, it is logged and the thread reads on
+                if time.monotonic() - self._partitions_read > PARTITIONS_EVERY_S:
+                    self._read_partitions()
+                self._take(self._consumer.poll(timeout_ms=POLL_MS))
             except Exception as exc:  # a broker outage: placement falls back to the hash
                 log.warning("reading load reports: %r", exc)
                 self._stop.wait(1.0)
-                continue
-            self._take(batches)
 
     def _take(self, batches: dict) -> None:
         with self._lock:
@@ -232,8 +304,9 @@ class AsyncLoadReader:
         broker_kind: str | None = None,
         security: KafkaSecurity = PLAINTEXT,
         expiry: float = EXPIRY_S,
+        secret: bytes | None = None,
     ) -> None:
-        self.book = LoadBook(topics.relqueries, expiry)
+        self.book = LoadBook(topics.relqueries, expiry, secret=secret or engines_secret())
         self._topic = topics.metrics
         self._client = (bootstrap, broker_kind, security)
         self._consumer = None
@@ -251,11 +324,23 @@ class AsyncLoadReader:
         starts, ends = await consumer.beginning_offsets(parts), await consumer.end_offsets(parts)
         for partition, offset in _start_offsets(starts, ends).items():
             consumer.seek(partition, offset)
-        self._task = asyncio.create_task(self._follow())
+        await self._read_partitions()
+        self._task = asyncio.create_task(supervised("the load reports reader", self._follow))
+
+    async def _read_partitions(self) -> None:
+        """The relqueries topic's partition count, for the book (None where unknown)."""
+        # Every topic's metadata, read now: the consumer's own holds only the topics it
+        # is assigned (aiokafka has no public call for another topic's partitions).
+        cluster = await self._consumer._client.fetch_all_metadata()
+        found = cluster.partitions_for_topic(self.book.topic)
+        self.book.partitions = len(found) if found else None
+        self._partitions_read = time.monotonic()
 
     async def _follow(self) -> None:
         while True:
             try:
+                if time.monotonic() - self._partitions_read > PARTITIONS_EVERY_S:
+                    await self._read_partitions()
                 batches = await self._consumer.getmany(timeout_ms=POLL_MS)
             except KafkaError as exc:  # a broker outage: placement falls back to the hash
                 log.warning("reading load reports: %r", exc)

@@ -9,6 +9,7 @@ from relstream.cli import Commands
 from relstream.extras import require
 from relstream_lab.campaign.cli import campaign
 from relstream_lab.drills.cli import drill
+from relstream_lab.idle.cli import idle
 from relstream_lab.paper.cli import paper
 from relstream_lab.placement.cli import placement
 from relstream_lab.prefix.cli import prefix
@@ -29,6 +30,6 @@ def bench() -> None:
     require("lab")
 
 
-for command in (paper, campaign, streaming, sustained, zipf, prefix, placement):
+for command in (paper, campaign, streaming, sustained, zipf, prefix, placement, idle):
     bench.add_command(command)
 main.add_command(drill)

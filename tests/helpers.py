@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -120,6 +121,24 @@ class FaultyBackend(SimRelQueryBackend):
         if relquery.id.startswith("dies-"):
             raise EngineFailure("the engine core died")
         return await super().submit(relquery)
+
+
+class UnencodableBackend(SimRelQueryBackend):
+    """The simulated backend, but an "unencodable-" relQuery's rows carry a value no
+    encoder takes (a backend's bug the service does not foresee)."""
+
+    async def submit(self, relquery):
+        handle = await super().submit(relquery)
+        if relquery.id.startswith("unencodable-"):
+            result = handle.result
+
+            async def unencodable():
+                answered = await result()
+                rows = [dataclasses.replace(row, value=object()) for row in answered.rows]
+                return dataclasses.replace(answered, rows=rows)
+
+            handle.result = unencodable
+        return handle
 
 
 def faulty_backend(_options) -> FaultyBackend:

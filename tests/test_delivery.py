@@ -274,9 +274,9 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
 
 
 def test_a_cancel_message_stops_a_relquery_running_or_still_in_kafka(broker):
-    # One relQuery is served slowly (the simulated backend in 20x real time) and
-    # cancelled by message while it runs; another is cancelled before it is even
-    # produced. Both results come, their rows "cancelled"; a third is answered as usual.
+    # One relQuery at a time, served slowly (the simulated backend in 20x real time): one
+    # runs and another waits behind it in the engine's backlog when both are cancelled by
+    # message. Both results come, their rows "cancelled"; a third is answered as usual.
     from relstream.schemas import ControlMessage
 
     topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
@@ -288,16 +288,17 @@ def test_a_cancel_message_stops_a_relquery_running_or_still_in_kafka(broker):
 
     async def scenario():
         await create_topics(broker.bootstrap, topics.layout())
-        await cancel(early.id)
         backend = SimRelQueryBackend(SimSettings(time_scale=20.0))
-        service = EngineService(config_for(broker, topics, group), backend)
+        service = EngineService(config_for(broker, topics, group, max_backlog_rows=1), backend)
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         await send(broker, topics, [running])
         while running.id not in service._serving:
             await asyncio.sleep(0.05)
+        await send(broker, topics, [early])
+        await cancel(early.id)
         await cancel(running.id)
-        await send(broker, topics, [early, normal])
+        await send(broker, topics, [normal])
         results = await read_messages(broker.bootstrap, topics.results, 3, broker.kind)
         stop.set()
         await task

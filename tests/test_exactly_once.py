@@ -215,11 +215,13 @@ def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default
     assert "exactly once" in caplog.text
 
 
-def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tmp_path):
+@pytest.mark.parametrize("rejoin", ["broker-restart", "instance-id"])
+def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tmp_path, rejoin):
     # A large relQuery heads partition 0 and six small ones follow: the engine answers
     # the small ones first, so its committed offset cannot pass the large one. It is
-    # SIGKILLed before the large one is done; the broker restarts (noida-db keeps a
-    # SIGKILLed member in its group until then) and a new engine of the group takes over.
+    # SIGKILLed before the large one is done and started again with the same command:
+    # noida-db keeps a SIGKILLed member in its group, so either the broker restarts or
+    # the engine is a static member (its instance id) and takes its place back.
     # On 1d50ea0 it answers the six again from the committed offset: two results each.
     # With transactions their offsets ride in the commit's metadata and it skips them.
     broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
@@ -228,6 +230,7 @@ def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tm
     large = relquery(0, size=60)
     small = [relquery(i, size=1) for i in range(1, 7)]
     log = tmp_path / "engines.log"
+    slow = [*SLOW, "--instance-id", "e1"] if rejoin == "instance-id" else SLOW
 
     async def send() -> None:
         await create_topics(broker.bootstrap, topics.layout())
@@ -240,15 +243,16 @@ def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tm
     engines = []
     try:
         asyncio.run(send())
-        engines.append(engine_process(broker, topics, group, log, budget_rows=200, extra=SLOW))
+        engines.append(engine_process(broker, topics, group, log, budget_rows=200, extra=slow))
         assert wait_for(lambda: len(committed()) >= 4, 90), log.read_text()
         engines[0].kill()
         engines[0].wait()
         seen_before = committed()
         assert large.id not in seen_before, "the large relQuery finished before the kill"
-        broker.stop()
-        broker.start()
-        engines.append(engine_process(broker, topics, group, log, budget_rows=200, extra=SLOW))
+        if rejoin == "broker-restart":
+            broker.stop()
+            broker.start()
+        engines.append(engine_process(broker, topics, group, log, budget_rows=200, extra=slow))
         assert wait_for(lambda: len(committed()) == 7, 120), log.read_text()
         time.sleep(3)  # anything answered twice would be out by now
         final = committed()
@@ -264,3 +268,37 @@ def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tm
     assert set(final.values()) == {1}, final
     assert "answered by its previous owner" in log.read_text()
     assert sum(uncommitted.values()) >= 7
+
+
+def test_without_transactions_the_engine_says_so_once_and_answers(caplog):
+    # Tansu refuses InitProducerId: one line at start, then at least once as before.
+    broker = EmbeddedBroker("tansu")
+    broker.start()
+    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
+    sent = [relquery(i) for i in range(3)]
+    caplog.set_level(logging.INFO, logger="relstream.engine")
+
+    async def scenario() -> collections.Counter:
+        await create_topics(broker.bootstrap, topics.layout())
+        messages = [(rq.id.encode(), encode(relquery_message(rq))) for rq in sent]
+        await produce(broker.bootstrap, topics.relqueries, messages)
+        config = ServiceConfig(broker.bootstrap, topics, group, broker=broker.kind)
+        stop = asyncio.Event()
+        task = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        async with asyncio.timeout(60):
+            while (
+                len(seen := await results_by_id(broker.bootstrap, topics.results, "read_committed"))
+                < 3
+            ):
+                await asyncio.sleep(0.5)
+        stop.set()
+        await task
+        return seen
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        broker.stop()
+    assert set(seen) == {rq.id for rq in sent}
+    assert caplog.text.count("the broker has no transactions") == 1
+    assert "exactly once" not in caplog.text

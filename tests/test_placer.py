@@ -3,6 +3,7 @@
 import asyncio
 
 import msgpack
+import msgspec
 import pytest
 
 from relstream.backend import template_id
@@ -48,7 +49,7 @@ def book():
 
 def test_no_fresh_report_leaves_the_hash(book):
     assert book.partition_for(relquery()) is None
-    assert book.take(report("a", [0], 0.0, at=NOW - 3.5), HEADERS)  # older than 3 s
+    assert not book.take(report("a", [0], 0.0, at=NOW - 3.5), HEADERS)  # older than 3 s
     assert book.partition_for(relquery()) is None
     assert book.take(report("a", [], 0.0), HEADERS)  # owns no partition (yet)
     assert book.partition_for(relquery()) is None
@@ -147,3 +148,25 @@ def test_the_sim_backend_reports_its_work_in_flight_at_its_speed():
     assert after.size_counts == ()
     with pytest.raises(ValueError, match="sim speed"):
         SimSettings(speed=0)
+
+
+def test_a_report_is_taken_only_if_current_of_known_partitions_and_signed_if_asked():
+    from relstream.placer import MAX_SKEW_S, signed
+
+    book = LoadBook(TOPIC, clock=lambda: NOW, partitions=2)
+    assert not book.take(report("a", [2], 0.0), HEADERS)  # partitions 0 and 1 only
+    assert not book.take(report("a", [0], 0.0, at=NOW + MAX_SKEW_S + 0.1), HEADERS)
+    assert book.take(report("a", [1], 0.0, at=NOW + MAX_SKEW_S), HEADERS)  # within the skew
+    assert dict(book.ignored) == {
+        "names a partition the topic does not have": 1,
+        "dated in the future": 1,
+    }
+    secret = b"s" * 16
+    book = LoadBook(TOPIC, clock=lambda: NOW, secret=secret)
+    sound = LoadReportMessage(engine="a", topic=TOPIC, partitions=[0], outstanding_s=1.0, at=NOW)
+    assert not book.take(encode(sound), HEADERS)  # unsigned
+    assert not book.take(encode(signed(sound, b"t" * 16)), HEADERS)  # another secret
+    forged = msgspec.structs.replace(signed(sound, secret), outstanding_s=0.0)
+    assert not book.take(encode(forged), HEADERS)  # signed, then changed
+    assert book.take(encode(signed(sound, secret)), HEADERS)
+    assert dict(book.ignored) == {"unsigned": 1, "badly signed": 2}

@@ -138,14 +138,20 @@ async def topic_contents(broker, topics: Topics, results: int, rows_sent: int):
 
 
 async def records_in(broker, topic: str) -> int:
-    """How many records `topic` holds (noida-db's end offsets are exact)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+    """How many records `topic` holds, read to its end (not end minus start offsets:
+    the commit marker of each transaction that wrote there takes an offset too)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=broker.bootstrap, isolation_level="read_committed"
+    )
     await consumer.start()
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        ends = await consumer.end_offsets(partitions)
-        starts = await consumer.beginning_offsets(partitions)
-        return sum(ends[p] - starts[p] for p in partitions)
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        count = 0
+        while batches := await consumer.getmany(timeout_ms=2000):
+            count += sum(len(records) for records in batches.values())
+        return count
     finally:
         await consumer.stop()
 

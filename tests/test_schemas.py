@@ -1,6 +1,7 @@
 import asyncio
 import gc
 import json
+import math
 import time
 
 import msgpack
@@ -276,3 +277,26 @@ def test_struct_field_docs_reach_the_schema():
     schema = json_schema("relquery")
     assert "latency is measured from it" in schema["properties"]["submitted_at"]["description"]
     assert msgspec.json.decode(schema_text("relquery"))["required"][0] == "version"
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "kind, path, named",
+    [
+        ("relquery", ("submitted_at",), "field submitted_at: expected a finite number"),
+        ("row", ("values", "stars"), "field values[...]: expected a finite number"),
+        ("result", ("completed_at",), "field completed_at: expected a finite number"),
+        ("result", ("latency", "queued"), "field latency.queued: expected "),
+    ],
+)
+def test_nan_and_infinities_are_refused_naming_the_field(kind, path, named, bad):
+    # A NaN submitted_at was served, and its result (a NaN `queued`) decoded by no reader.
+    data = json.loads(json.dumps(GOOD[kind]))
+    *parents, name = path
+    target = data
+    for parent in parents:
+        target = target[parent]
+    target[name] = bad
+    with pytest.raises(MessageError) as refused:
+        decode(KINDS[kind], msgpack.packb(data))
+    assert named in refused.value.reason

@@ -150,3 +150,23 @@ def test_a_message_over_the_producer_limit_is_dead_lettered_and_the_engine_serve
     assert letter.original == huge[: len(letter.original)] and len(letter.original) < len(huge)
     assert letter.original_sha256 == hashlib.sha256(huge).hexdigest()
     assert letter.key == b"huge" and "not valid msgpack" in letter.reason
+
+
+def test_a_cancel_covers_only_what_was_submitted_before_it_and_expires():
+    from relstream.service.control import Cancels
+
+    now = [10_000.0]
+    cancels = Cancels(keep_s=100.0, limit=2, clock=lambda: now[0])
+    assert cancels.add("a", 9_950.0)
+    assert not cancels.add("old", 9_899.0)  # asked 101 s ago: expired already
+    assert cancels.covers("a", 9_950.0) and cancels.covers("a", 9_000.0)
+    assert not cancels.covers("a", 9_950.5)  # submitted again after the cancel: it runs
+    assert not cancels.covers("old", 9_000.0) and not cancels.covers("b", 0.0)
+    with cancels.serving("a", 9_940.0):
+        assert cancels.covers("a")  # the one being served was submitted before it
+    assert not cancels.covers("a")  # none is being served
+    now[0] = 10_051.0  # 101 s after "a" was asked
+    assert not cancels.covers("a", 9_000.0)
+    cancels.add("b", 10_050.0)
+    cancels.add("c", 10_050.0)  # a third: the oldest, "a", is forgotten
+    assert [cancels.covers(id, 10_000.0) for id in "abc"] == [False, True, True]

@@ -63,3 +63,13 @@ def test_a_given_delimiter_wins_over_the_headers(tmp_path):
     assert row.values == {"a": "1", "b\tc": "2\t3"}
     [row] = read_rows(mixed, "t", delimiter="\t")
     assert row.values == {"a;b": "1;2", "c": "3"}
+
+
+def test_a_files_nan_is_null_and_an_infinity_is_refused_naming_the_row(tmp_path):
+    # The wire refuses NaN and infinities; a file's NaN is a missing value (pandas').
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"id": "a", "score": NaN}\n{"id": "b", "score": Infinity}\n')
+    rows = read_rows(jsonl, "t", "id")
+    assert next(rows).values == {"id": "a", "score": None}
+    with pytest.raises(ValueError, match=r"row 'b': field values\[...\]: expected a finite"):
+        next(rows)

@@ -25,8 +25,7 @@ from relstream.kafka.brokers import BROKERS, STORED_BROKER
 @click.option(
     "--memory",
     is_flag=True,
-    help="Keep topics in memory only (tansu): lost when the broker stops, but an idle "
-    "consumer costs ~1 % of a core instead of most of one.",
+    help="Keep topics in memory only (tansu): lost when the broker stops.",
 )
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option(

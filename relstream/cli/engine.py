@@ -15,16 +15,15 @@ import click
 
 from relstream.cli.common import (
     broker_kind_option,
-    console,
     policy_option,
     prefix_option,
     security_options,
     show_logs,
 )
-from relstream.cli.door import door_limit_options, door_limits
+from relstream.cli.door import door_limit_options, door_limits, http_door
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
-from relstream.ready import clear_ready, mark_ready
+from relstream.ready import clear_ready
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 from relstream.service.loadreport import LOAD_REPORT_S
 
@@ -146,8 +145,8 @@ _ENGINE_OPTIONS = (
         "--answer-secret-file",
         default=None,
         type=click.Path(dir_okay=False),
-        help="With --answer-cache topic (required, or $RELSTREAM_ANSWER_SECRET): the secret "
-        "the engines share; answers are signed with it and others are ignored.",
+        help="The secret the engines share (required with --answer-cache topic, or "
+        "$RELSTREAM_ANSWER_SECRET): answers and load reports are signed with it.",
     ),
     click.option(
         "--answer-cache-mb",
@@ -241,10 +240,11 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
 
 
 def _answer_secret(opts: dict) -> bytes | None:
-    """The engines' shared secret for `--answer-cache topic`; None for the other modes."""
+    """The engines' shared secret: required for `--answer-cache topic`, else any given."""
+    from relstream.placer import engines_secret
     from relstream.service.answercache import AnswerSecretError, answer_secret
 
-    if opts["answer_cache"] != "topic":
+    if opts["answer_cache"] != "topic" and not (opts["answer_secret_file"] or engines_secret()):
         return None
     try:
         return answer_secret(opts.pop("answer_secret_file"))
@@ -337,7 +337,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
         service = EngineService(config, backend)
         doors.append(service.run(stop))  # it says when it serves
     if door is not None:
-        doors.append(_http_door(backend, service, door, stop, opts))
+        doors.append(http_door(backend, service, door, stop, opts))
     try:
         await asyncio.gather(*doors)
     finally:
@@ -357,46 +357,3 @@ def _listening(address: tuple[str, int], what: str = "the HTTP door") -> socket.
             f"{what} cannot listen on {address[0]}:{address[1]} ({exc.strerror})"
         ) from None
     return door
-
-
-async def _http_door(backend, service, door: socket.socket, stop: asyncio.Event, opts) -> None:
-    from relstream.service.forward import door_placement
-
-    # With Kafka and load reports, the door places its relQueries as the worker does.
-    placement = door_placement(service.config, service.engine_name) if service else None
-    if placement is None:
-        await _serve_door(backend, service, door, stop, opts, None)
-        return
-    await placement.start()  # results followed from their end before any is sent
-    try:
-        await _serve_door(backend, service, door, stop, opts, placement)
-    finally:
-        await placement.stop()
-
-
-async def _serve_door(backend, service, door, stop, opts, placement) -> None:
-    import uvicorn
-
-    from relstream.service.http import build_http_app
-
-    ready_file = opts["ready_file"]
-    app = build_http_app(
-        backend,
-        service.cancel if service is not None else None,
-        registry=service.metrics.registry if service is not None else None,
-        placement=placement,
-        limits=opts["door_limits"],
-    )
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    server.install_signal_handlers = lambda: None  # the process's handlers set `stop`
-    task = asyncio.create_task(server.serve(sockets=[door]))
-    while not (server.started or task.done()):
-        await asyncio.sleep(0.05)
-    # Said once it listens, so that a request sent on seeing this line is answered.
-    host, port = door.getsockname()[:2]
-    console.print(f"HTTP door on http://{host}:{port} (docs at /docs)")
-    if service is None and ready_file is not None:  # with Kafka, the service says it
-        mark_ready(ready_file, f"HTTP door on {host}:{port}")
-    await stop.wait()
-    server.should_exit = True
-    await task

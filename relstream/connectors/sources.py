@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,10 @@ def _row(table: str, key: str, values: dict[str, Any]) -> RowMessage:
 
 def _scalar(value: Any) -> Any:
     """Row values are scalars on the wire; a nested value travels as its JSON text (a
-    date or a decimal as its own text)."""
+    date or a decimal as its own text). A NaN is a missing value (as pandas writes one),
+    so null: the wire refuses NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, dict | list | tuple):

@@ -27,8 +27,10 @@ log = logging.getLogger("relstream.kafka")
 
 BROKERS = ("noida-db", "tansu")
 # The default of the runs that start their own broker and throw it away (demo, benchmarks,
-# drills): an idle noida-db 0.2.3 consumer spins ~85 % of a core, which starves the engine
-# on a small machine (measured by the streaming benchmark).
+# drills): chosen when an idle consumer spun ~85 % of a core on noida-db 0.2.3, which
+# answers empty fetches at once (relstream's consumers now wait them out:
+# kafka/idlefetch.py), and kept so that those runs stay comparable and leave no topics on
+# disk.
 DEFAULT_BROKER = "tansu"
 # `relstream broker`'s default: a broker users run keeps its topics on disk, so stopping
 # and starting it loses no row or result (Tansu's build here stores to memory only).

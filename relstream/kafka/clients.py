@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from relstream.kafka.idlefetch import HeldFetchConsumer
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger("relstream.kafka")
@@ -49,7 +50,7 @@ def new_consumer(
         "fetch_max_bytes": FETCH_BYTES,
         **options,
     }
-    return AIOKafkaConsumer(
+    return HeldFetchConsumer(
         *topics,
         bootstrap_servers=bootstrap,
         **client_settings(broker_kind),

@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import (
     KafkaConnectionError,
@@ -38,6 +40,8 @@ from relstream.schemas.convert import dead_letter_message
 log = logging.getLogger("relstream.kafka.delivery")
 
 STALL_S = 5.0  # unacknowledged this long: the broker is taken to be out
+BEST_EFFORT_WAIT_S = 1.0  # the longest a best-effort message waits to be handed over
+DROPPED: Counter[str] = Counter()  # best-effort messages dropped, by topic
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,18 @@ async def publish_acked(
                 sent = producer.send(topic, value, key=key, headers=headers, partition=partition)
                 await (await sent)
                 return tries
+            except (AssertionError, ValueError, TypeError) as exc:
+                # Not the broker's answer but the client's: a partition it does not know
+                # (one a forged load report named, or one added since its metadata was
+                # read) fails an assertion in aiokafka. The key's hash chooses instead;
+                # with no partition given it is refused, never an unforeseen crash.
+                if partition is None:
+                    raise Refused(f"the producer could not send {what}: {exc!r}") from exc
+                log.warning("could not send %s to partition %d of %s (%r); sent by its "
+                            "key's hash instead", what, partition, topic, exc)  # fmt: skip
+                partition = None
+                tries -= 1  # the client's error: no try reached the broker
+                continue
             except KafkaError as exc:
                 if not unavailable(exc):
                     raise Refused(f"the broker refused {what}: {exc!r}") from exc
@@ -137,20 +153,32 @@ async def publish_best_effort(
     value: bytes,
     key: bytes | None,
     headers: list[tuple[str, bytes]] | None = None,
-) -> None:
+    wait_s: float = BEST_EFFORT_WAIT_S,
+) -> bool:
     """Hand `value` to the producer and go on: for messages nothing waits on (metrics,
-    partial results). One the broker does not take is logged (rate-limited), not retried."""
+    partial results). The hand-over waits at most `wait_s` (during an outage the client
+    would wait for the topic's metadata or buffer room up to its request timeout, 40 s);
+    one not handed over in time or not taken by the broker is dropped, logged
+    (rate-limited) and counted in `DROPPED` by topic, never retried. False if dropped
+    before it was handed over."""
 
     def settled(sent: asyncio.Future) -> None:
         if not sent.cancelled() and sent.exception() is not None:
-            log.warning("could not publish to %s (%s); dropped", topic, sent.exception())
+            _drop(topic, sent.exception())
 
     try:
-        sent = await producer.send(topic, value, key=key, headers=headers)
-    except KafkaError as exc:
-        log.warning("could not publish to %s (%s); dropped", topic, exc)
-        return
+        async with asyncio.timeout(wait_s):
+            sent = await producer.send(topic, value, key=key, headers=headers)
+    except (KafkaError, TimeoutError) as exc:
+        _drop(topic, exc)
+        return False
     sent.add_done_callback(settled)
+    return True
+
+
+def _drop(topic: str, exc: BaseException) -> None:
+    DROPPED[topic] += 1
+    log.warning("could not publish to %s (%r); dropped (%d so far)", topic, exc, DROPPED[topic])
 
 
 async def send_dead_letter(
@@ -161,10 +189,8 @@ async def send_dead_letter(
     stalled: Callable[[], None] = lambda: None,
 ) -> bool:
     """The dead letter of a consumed `record`, its bytes cut to fit under the request
-    limit, sent to `topic` until the broker has it (`publish_acked`): True then. False
-    (logged) if the broker refuses it for good: nothing a producer sends may stop the
-    process that reads it, and a letter that can never be written would hold its
-    partition for ever."""
+    limit, sent to `topic` until the broker has it (`send_letter`): True then, False if
+    the broker refuses it for good."""
     letter, what = dead_letter_of(record, reason)
     return await send_letter(producer, topic, letter, what, stalled)
 
@@ -176,14 +202,44 @@ async def send_letter(
     what: str,
     stalled: Callable[[], None] = lambda: None,
 ) -> bool:
-    """`letter` sent to `topic` until the broker has it: True then, False (logged) if the
-    broker refuses it for good (`send_dead_letter`)."""
-    try:
-        await publish_acked(producer, topic, encode(letter), letter.key, what, stalled)
-    except Refused as exc:
-        log.error("%s; going on without it", exc)
-        return False
-    return True
+    """`letter` sent to `topic` until the broker has it: True then.
+
+    A letter the broker refuses for good is sent once more without the original's bytes
+    (it still names the original's topic, partition and offset, where the bytes can be
+    read again while the topic keeps them, and their size and digest). If that too is
+    refused, False: the loss is counted in `LOST_LETTERS` by the refusal's kind and logged
+    at error on "relstream.deadletters" (the first of each kind, outside the outage rate
+    limit). Nothing a producer sends may stop the process that reads it, and a letter
+    that can never be written would hold its partition for ever."""
+    for sent, named in letter_tries(letter, what):
+        try:
+            await publish_acked(producer, topic, encode(sent), sent.key, named, stalled)
+            return True
+        except Refused as exc:
+            refusal = exc
+    letter_lost(letter, refusal)
+    return False
+
+
+def letter_tries(letter: DeadLetterMessage, what: str) -> list[tuple[DeadLetterMessage, str]]:
+    """The letter, then the same without the original's bytes, each with its log name."""
+    bare = msgspec.structs.replace(letter, original=b"", truncated=letter.original_size > 0)
+    return [(letter, what), (bare, f"{what} (without its bytes)")]
+
+
+def letter_lost(letter: DeadLetterMessage, refusal: Refused) -> None:
+    """Count (and the first of its kind, log) a letter the broker refused in every form."""
+    kind = type(refusal.__cause__ or refusal).__name__
+    LOST_LETTERS[kind] += 1
+    if LOST_LETTERS[kind] == 1:
+        where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+        lost.error("%s; the dead letter of %s (%s) is lost, its offset committed; "
+                   "further losses of this kind are counted, not logged",
+                   refusal, where, letter.reason)  # fmt: skip
+
+
+LOST_LETTERS: Counter[str] = Counter()  # dead letters the broker refused for good, by kind
+lost = logging.getLogger("relstream.deadletters")
 
 
 def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[DeadLetterMessage, str]:

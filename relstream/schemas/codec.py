@@ -239,6 +239,7 @@ _AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _MISSING = re.compile(r"Object missing required field `(?P<name>[^`]+)`")
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]+)`")
 _NOT_A_MAP = re.compile(r"Expected `object`, got `(?P<got>[^`]+)`")
+_NOT_FINITE = re.compile(r"Expected `float` [<>]= -?1\.7976931348623157e\+308")
 
 
 def _field_reason(text: str) -> str:
@@ -253,6 +254,8 @@ def _field_reason(text: str) -> str:
         return f"field {_join(path, unknown['name'])}: not a field of this message"
     if not path and (not_a_map := _NOT_A_MAP.fullmatch(problem)):
         return f"expected a map, got {not_a_map['got']}"
+    if _NOT_FINITE.fullmatch(problem):  # the bounds of `messages.Finite`
+        problem = "Expected a finite number, not NaN or an infinity"
     problem = problem[0].lower() + problem[1:]
     return f"field {path}: {problem}" if path else problem
 

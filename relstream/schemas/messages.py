@@ -16,6 +16,7 @@ previous release's schemas and checks both directions.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -38,7 +39,12 @@ MAX_SIZE_CLASSES = 16  # a load report's size classes (scheduler.placement.SIZE_
 MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
 MAX_DEADLINE_S = 366 * 24 * 3600.0  # a deadline further off than a year is no deadline
 
-Scalar = str | int | float | bool | None
+# NaN and the infinities are refused wherever a message is decoded (msgspec refuses them
+# as out of these bounds; the error names the field): no reader downstream could use one,
+# and a JSON reader could not even decode it.
+Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+NonNegative = Annotated[float, Meta(ge=0, le=sys.float_info.max)]
+Scalar = str | int | Finite | bool | None
 # "null": a column the template names was null, so the row was never asked (NULL in,
 # NULL out). Readers before it refuse a result holding such a row (README, wire evolution).
 RowStatusName = Literal["ok", "error", "cancelled", "null"]
@@ -116,7 +122,7 @@ class RowMessage(Message, tag=WIRE_VERSION, kw_only=True):
     table: Annotated[str, Meta(min_length=1, max_length=MAX_TABLE_CHARS)]
     key: RowKey
     values: Annotated[dict[str, Scalar], Meta(max_length=MAX_ROW_COLUMNS)]
-    produced_at: Annotated[float, Meta(description="seconds since the epoch")] | (
+    produced_at: Annotated[Finite, Meta(description="seconds since the epoch")] | (
         msgspec.UnsetType
     ) = msgspec.UNSET
 
@@ -151,7 +157,7 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
     system_prompt: SystemPrompt | None = None
     max_output_tokens: OutputTokens
     submitted_at: Annotated[
-        float, Meta(description="seconds since the epoch; latency is measured from it")
+        Finite, Meta(description="seconds since the epoch; latency is measured from it")
     ]
     output: OutputSpec | None = None
     temperature: Temperature = 0.0
@@ -188,11 +194,11 @@ class Latency(msgspec.Struct, **WIRE_STRUCT):
     waiting (→ first prefill), core (→ last prefill ends), tail (→ last decode ends);
     total is their sum."""
 
-    queued: Annotated[float, Meta(ge=0)] = 0.0
-    waiting: Annotated[float, Meta(ge=0)]
-    core: Annotated[float, Meta(ge=0)]
-    tail: Annotated[float, Meta(ge=0)]
-    total: Annotated[float, Meta(ge=0)]
+    queued: NonNegative = 0.0
+    waiting: NonNegative
+    core: NonNegative
+    tail: NonNegative
+    total: NonNegative
 
 
 class ResultRow(msgspec.Struct, **WIRE_STRUCT):
@@ -216,7 +222,7 @@ class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     latency: Latency | None  # None when no row ran
     policy: str
     model: str
-    completed_at: Annotated[float, Meta(description="seconds since the epoch")]
+    completed_at: Annotated[Finite, Meta(description="seconds since the epoch")]
     part: Annotated[int, Meta(ge=0, description="this message's place among the parts")] = 0
     parts: Annotated[int, Meta(ge=1, description="messages the result came in")] = 1
     deadline_met: DeadlineMet = None
@@ -249,7 +255,7 @@ class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
     policy: str
     model: str
     engine: str  # the engine instance that served it (host and process id)
-    at: Annotated[float, Meta(description="seconds since the epoch")]
+    at: Annotated[Finite, Meta(description="seconds since the epoch")]
     deadline_met: DeadlineMet = None
 
 
@@ -266,14 +272,16 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     engine: NonEmpty  # the engine instance (host and process id)
     topic: NonEmpty  # the relqueries topic whose partitions it owns
     partitions: list[Annotated[int, Meta(ge=0)]]  # from its consumer group assignment
-    outstanding_s: Annotated[float, Meta(ge=0, description="engine seconds of work left")]
-    per_prompt_token_s: Annotated[float, Meta(ge=0)] = 0.0  # its cost fit, a prompt token
-    per_output_token_s: Annotated[float, Meta(ge=0)] = 0.0  # and an output token
+    outstanding_s: Annotated[NonNegative, Meta(description="engine seconds of work left")]
+    per_prompt_token_s: NonNegative = 0.0  # its cost fit, a prompt token
+    per_output_token_s: NonNegative = 0.0  # and an output token
     templates: list[str] = []  # ids of templates it served lately, most recent first
     # its unfinished relQueries counted per size class (work left: class k from 2**(k-8) s
     # to twice that), at most 16 classes; absent from older engines' reports
     size_counts: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SIZE_CLASSES)] = []
-    at: Annotated[float, Meta(description="seconds since the epoch")]
+    at: Annotated[Finite, Meta(description="seconds since the epoch")]
+    # HMAC-SHA256 with the engines' secret, where one is set (relstream.placer.report_mac)
+    mac: Annotated[bytes, Meta(min_length=32, max_length=32)] | None = None
 
     @property
     def finite(self) -> bool:
@@ -300,7 +308,7 @@ class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
     partition: int | None = None
     offset: int | None = None
     reason: NonEmpty
-    at: float
+    at: Finite
 
 
 class ControlMessage(Message, tag=WIRE_VERSION, kw_only=True):

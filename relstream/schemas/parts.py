@@ -55,6 +55,8 @@ class ResultJoiner:
     def add(self, message: ResultMessage) -> ResultMessage | None:
         if message.parts == 1:
             return message
+        if message.part >= message.parts:  # no such part (a forgery or a writer's bug)
+            return None
         parts = self._waiting.setdefault(message.id, {})
         if parts and next(iter(parts.values())).parts != message.parts:
             parts.clear()  # served again and split otherwise: start over from this one

@@ -32,6 +32,7 @@ import msgspec
 
 from relstream.kafka.clients import create_topics, new_consumer, start_all
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.supervise import supervised
 from relstream.schemas import AnswerMessage, MessageError, decode, encode
 
 log = logging.getLogger("relstream.engine")
@@ -171,7 +172,11 @@ class AnswerTopic:
         self.store.on_new = self._publish
 
     async def follow(self) -> None:
-        """Keep taking the answers other engines publish, until cancelled."""
+        """Keep taking the answers other engines publish, until cancelled; restarted
+        (logged, with backoff) if it dies."""
+        await supervised("the answers follower", self._follow)
+
+    async def _follow(self) -> None:
         async for message in self._consumer:
             self._keep(message)
 

@@ -36,6 +36,8 @@ from relstream.kafka.delivery import (
     Refused,
     Send,
     dead_letter_of,
+    letter_lost,
+    letter_tries,
     publish_sends,
     send_dead_letter,
 )
@@ -155,20 +157,27 @@ class ExactlyOnce:
             async with self._moved:
                 self._moved.notify_all()
 
-    async def dead_letter(self, message, topic: str, reason: str, stalled) -> bool:
-        """Dead-letter the relQuery `message` to `topic` in its offset's transaction;
-        False (logged) if the broker refuses the letter for good, its offset then
-        committed without it: nothing may hold a partition for ever."""
+    async def dead_letter(self, message, topic: str, reason: str, stalled) -> bool | None:
+        """Dead-letter the relQuery `message` to `topic` in its offset's transaction (or,
+        refused, without the original's bytes); False (counted in `LOST_LETTERS`) if the
+        broker refuses both for good, its offset then committed without a letter: nothing
+        may hold a partition for ever. None if the partition is no longer ours."""
         partition = TopicPartition(message.topic, message.partition)
         letter, what = dead_letter_of(message, reason)
-        value, key = encode(letter), letter.key
         try:
-            await self._publish(partition, message.offset, [Send(topic, value, key, what)], stalled)
-        except Refused as exc:
-            log.error("%s; going on without it", exc)
+            for sent, named in letter_tries(letter, what):
+                try:
+                    sends = [Send(topic, encode(sent), sent.key, named)]
+                    await self._publish(partition, message.offset, sends, stalled)
+                    return True
+                except Refused as exc:
+                    refusal = exc
+            letter_lost(letter, refusal)
             await self._publish(partition, message.offset, [], stalled)
             return False
-        return True
+        except Fenced as exc:
+            log.info("left %s to its partition's new owner (%s)", what, exc)
+            return None
 
     async def _room(self, partition, offset: int) -> bool:
         """Wait while `offset` would be the `MAX_AHEAD`-th finished above its prefix;

@@ -33,6 +33,7 @@ from aiokafka.errors import KafkaError
 from relstream.kafka.clients import MAX_REQUEST_BYTES, assign_all, new_consumer, new_producer
 from relstream.kafka.delivery import Refused, publish_acked
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.supervise import supervised
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, Demand, demand_of, placement_of
 from relstream.schemas import (
@@ -93,7 +94,8 @@ class ResultFollower:
                         self._topics.results)  # fmt: skip
         for partition, end in (await consumer.end_offsets(parts)).items():
             consumer.seek(partition, end)
-        self._task = asyncio.create_task(self._follow())
+        # restarted if it dies: waiters would otherwise wait out their deadline for nothing
+        self._task = asyncio.create_task(supervised("the door's results follower", self._follow))
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -256,4 +258,8 @@ def door_placement(config, engine: str) -> DoorPlacement | None:
     `RELSTREAM_PLACEMENT=hash`."""
     if config.load_report_s <= 0 or placement_of(None) != "load":
         return None
-    return DoorPlacement(config.bootstrap, config.topics, engine, config.broker, config.security)
+    placement = DoorPlacement(config.bootstrap, config.topics, engine, config.broker,
+                              config.security)  # fmt: skip
+    if config.answer_secret:  # the engines' secret, from --answer-secret-file
+        placement.reader.book.secret = config.answer_secret
+    return placement

@@ -7,6 +7,8 @@ A report is best effort: one the broker does not take is dropped, and the next o
 replaces it. A reader trusts each for a few seconds only, so an engine
 that dies or leaves stops being chosen by itself. Reports carry the header
 `relstream-kind: load_report`, so readers of the metrics messages can tell them apart.
+Where the engines share a secret (`config.answer_secret`, else `RELSTREAM_ANSWER_SECRET`)
+each report is signed with it, and readers with that secret take only signed ones.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 
 from relstream.backend import RelQueryBackend
 from relstream.kafka.delivery import publish_best_effort
+from relstream.kafka.supervise import supervised
+from relstream.placer import engines_secret, signed
 from relstream.schemas import LoadReportMessage, encode
 from relstream.schemas.messages import KIND_HEADER
 
@@ -46,11 +50,19 @@ def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
 
 async def report_load(backend: RelQueryBackend, consumer, producer, config, engine: str) -> None:
     """Publish the engine's report every `config.load_report_s` seconds until cancelled
-    (`config`: the service's, naming its topics); nothing where that is 0."""
+    (`config`: the service's, naming its topics); nothing where that is 0. Restarted
+    (logged, with backoff) if it dies."""
+    if config.load_report_s > 0:
+        run = lambda: _report_load(backend, consumer, producer, config, engine)  # noqa: E731
+        await supervised("the load reporter", run)
+
+
+async def _report_load(backend: RelQueryBackend, consumer, producer, config, engine: str):
     topics = config.topics
-    while config.load_report_s > 0:
+    secret = config.answer_secret or engines_secret()
+    while True:
         report = load_report(backend, consumer, topics.relqueries, engine)
         if report is not None:
-            value = encode(report)
+            value = encode(signed(report, secret))
             await publish_best_effort(producer, topics.metrics, value, engine.encode(), HEADERS)
         await asyncio.sleep(config.load_report_s)

@@ -6,6 +6,7 @@ import collections
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from relstream.kafka.delivery import DROPPED
 from relstream.model import RelQueryResult
 from relstream.service.backlog import RowBudget
 
@@ -79,6 +80,13 @@ class EngineMetrics:
             "Bad messages committed past whose dead letter the broker refused",
             registry=self.registry,
         )
+        self.best_effort_dropped = Gauge(
+            "relstream_best_effort_dropped",
+            "Metrics, partial results and load reports dropped since the process started "
+            "(not handed to the producer within 1 s, or not taken by the broker)",
+            registry=self.registry,
+        )
+        self.best_effort_dropped.set_function(lambda: sum(DROPPED.values()))
 
         self.rows_cached = Counter(
             "relstream_rows_from_answer_cache_total",

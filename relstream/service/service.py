@@ -35,7 +35,6 @@ import logging
 import os
 import socket
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
@@ -63,7 +62,7 @@ from relstream.service import backlog, offloop
 from relstream.service.answercache import start_answer_topic
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
 from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced
-from relstream.service.control import follow_control
+from relstream.service.control import Cancels, follow_control, record_time
 from relstream.service.loadreport import report_load
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
@@ -73,7 +72,6 @@ from relstream.service.pauses import Pauses
 log = logging.getLogger("relstream.engine")
 
 LAG_EVERY_S = 1.0  # how often the consumer lag is measured for the metrics
-REMEMBERED_CANCELS = 100_000  # cancelled ids kept for relQueries not yet taken
 
 
 @dataclass
@@ -125,7 +123,7 @@ class EngineService:
         self._failure: EngineFailure | None = None
         self._lag_measured = 0.0  # monotonic time of the last lag measurement
         self._serving: dict[str, RelQueryHandle] = {}  # relQuery id -> its handle
-        self._cancels: OrderedDict[str, None] = OrderedDict()  # ids asked to cancel, newest last
+        self._cancels = Cancels()  # asked on the control topic, scoped and expiring
         self.engine_name = f"{socket.gethostname()}:{os.getpid()}"
         self.loop_lag = LoopLagProbe(observe=self.metrics.loop_lag.observe)
 
@@ -165,7 +163,7 @@ class EngineService:
         )  # fmt: skip
         report = report_load(self.backend, self._consumer, self._producer, config, self.engine_name)
         tasks = [control, self.loop_lag.run(), report]  # report: its load, for placement
-        followers = [asyncio.create_task(task) for task in tasks]
+        followers = [asyncio.create_task(task) for task in tasks]  # each restarts if it dies
         if answers is not None:
             followers.append(asyncio.create_task(answers.follow()))
         try:
@@ -283,9 +281,9 @@ class EngineService:
         except EngineFailure as exc:
             log.error("engine failed serving %s: %s", work.relquery.id, exc)
             self._failure = self._failure or exc
-        except Exception:
-            # Unforeseen: left uncommitted, so the relQuery is served again after a restart.
+        except Exception as exc:  # unforeseen: dead-lettered, never a partition held for good
             log.exception("could not finish %s", work.relquery.id)
+            await self._dead_letter(work.message, f"the engine could not finish it: {exc!r}")
         finally:
             self.budget.release(len(work.relquery.rows))
 
@@ -340,12 +338,14 @@ class EngineService:
     async def _serve(self, work: _Work) -> RelQueryResult:
         relquery = work.relquery
         taken_at = time.time()
-        if relquery.id in self._cancels:  # cancelled while it waited in Kafka
+        since = max(work.submitted_at, record_time(work.message))  # a replay: its record's
+        if self._cancels.covers(relquery.id, since):  # cancelled while it waited in Kafka
             answered = await offloop.cancelled(
                 relquery, self.backend.policy, self.backend.model_name
             )
         else:
-            answered = await self._run(relquery, work.result_format)
+            with self._cancels.serving(relquery.id, since):
+                answered = await self._run(relquery, work.result_format)
         return with_queued(answered, max(taken_at - work.submitted_at, 0.0), relquery)
 
     async def _run(self, relquery: RelQuery, fmt: Format) -> RelQueryResult:
@@ -361,13 +361,12 @@ class EngineService:
         finally:
             self._serving.pop(relquery.id, None)
 
-    async def cancel(self, relquery_id: str) -> None:
-        """Cancel a relQuery this engine serves, or remember it for when it is taken."""
-        self._cancels[relquery_id] = None
-        while len(self._cancels) > REMEMBERED_CANCELS:
-            self._cancels.popitem(last=False)
+    async def cancel(self, relquery_id: str, at: float | None = None) -> None:
+        """Cancel a relQuery submitted before `at` (None: now) that this engine serves,
+        or remember it for when it is taken (`control.Cancels`: scoped, expiring)."""
+        self._cancels.add(relquery_id, time.time() if at is None else at)
         handle = self._serving.get(relquery_id)
-        if handle is not None:
+        if handle is not None and self._cancels.covers(relquery_id):
             log.info("cancelling %s", relquery_id)
             await handle.cancel()
 
@@ -385,7 +384,7 @@ class EngineService:
             delivered = await send_dead_letter(self._producer, topic, message, reason, stalled)
         if delivered:
             self.metrics.dead_letters.inc()
-        else:
+        elif delivered is not None:  # None: its partition moved, the new owner letters it
             self.metrics.dead_letter_failures.inc()
 
     async def _publish_best_effort(

@@ -28,6 +28,7 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.placer import AsyncLoadReader, placement_of
 from relstream.ready import mark_ready
+from relstream.stream.heldfetch import HeldFetchTransport
 from relstream.stream.registrations import QueryRegistration, worker_group
 from relstream.stream.stage import StageSettings, WindowStage
 
@@ -78,8 +79,10 @@ def build_app(
     )
     # Faust's own consumer reads nothing here (only agents of your own, `add_agents`, give
     # it topics), so it is not started: it would only wait for its group, for good on a
-    # broker that never evicts a killed worker's member, and hold back the stages.
+    # broker that never evicts a killed worker's member, and hold back the stages. With
+    # agents it runs, its empty fetches waited out as relstream's own are (`heldfetch`).
     app.boot_strategy = faust.app.BootStrategy(app, enable_kafka_consumer=False)
+    app.transport = HeldFetchTransport(app.conf.broker_consumer, app)
     # Each window's relQuery goes to the least loaded engine while engines report their
     # load, else by its key's hash (README, Scale-out); RELSTREAM_PLACEMENT=hash: always.
     placer = None

@@ -1,5 +1,5 @@
-"""`relstream-lab drill ...`: a hostile producer's flood, a broker outage, against a running
-pipeline."""
+"""`relstream-lab drill ...`: a hostile producer's flood, a broker outage, processes
+crashing, against a running pipeline."""
 
 from __future__ import annotations
 
@@ -13,34 +13,33 @@ from relstream.cli.common import console, csv_of
 from relstream.extras import require
 from relstream_lab.common.options import typed_command
 
+seeds_option = click.option(
+    "--seeds", default="0,1,2", show_default=True, callback=csv_of(int), help="One run per seed."
+)
+out_option = click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the outcome, the command and the machine to this markdown file.",
+)
+
 
 @click.group()
 def drill() -> None:
-    """Drills: what a pipeline does under hostile input and broker outages."""
+    """Drills: what a pipeline does under hostile input, broker outages and crashes."""
     require("lab", "broker")
 
 
 @drill.command()
 @click.option("--count", default=10_000, show_default=True, help="Bad messages per run.")
-@click.option(
-    "--seeds",
-    default="0,1,2",
-    show_default=True,
-    callback=csv_of(int),
-    help="One run per seed.",
-)
+@seeds_option
 @click.option("--big-each", default=5, show_default=True, help="Messages of each 5 MB kind.")
 @click.option("--valid-relqueries", default=50, show_default=True)
 @click.option("--valid-rows", default=200, show_default=True)
 @click.option("--large", default=0, show_default=True, help="Valid relQueries of about 5 MB.")
 @click.option("--large-rows", default=20_000, show_default=True, help="Rows of each of them.")
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds per run.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the tables, the command and the machine to this markdown file.",
-)
+@out_option
 def flood(
     count: int,
     seeds: tuple[int, ...],
@@ -80,22 +79,11 @@ def flood(
 
 
 @drill.command()
-@click.option(
-    "--seeds",
-    default="0,1,2",
-    show_default=True,
-    callback=csv_of(int),
-    help="One run per seed.",
-)
+@seeds_option
 @click.option("--outage", default=60.0, show_default=True, help="Seconds the broker is down.")
 @click.option("--rate", default=20.0, show_default=True, help="Rows per second, all along.")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for results.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the outcome, the command and the machine to this markdown file.",
-)
+@out_option
 def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, out) -> None:
     """Stop the broker (noida-db, on disk) mid-stream for --outage seconds and start it
     again while rows keep arriving; check every row is in exactly one stored result,
@@ -118,6 +106,73 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
         return report.holds, report_text(report)
 
     _each_seed("outage", seeds, one, sections, out)
+
+
+@drill.command()
+@seeds_option
+@click.option(
+    "--memory", is_flag=True, help="On the Tansu broker (no transactions, no broker restart)."
+)
+@click.option("--duration", default=60.0, show_default=True, help="Seconds the rows flow.")
+@click.option("--rate", default=20.0, show_default=True, help="Rows per second.")
+@click.option("--broker-down", default=5.0, show_default=True, help="Seconds the broker is down.")
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    help="Seconds each wait may take: start-up, the rows' acknowledgements, the results.",
+)
+@click.option(
+    "--serve-within",
+    default=30.0,
+    show_default=True,
+    help="Seconds a process started anew may take to take work (its ready file).",
+)
+@click.option(
+    "--engine-arg",
+    "engine_args",
+    multiple=True,
+    help="An argument added to every engine's command (repeat for more).",
+)
+@out_option
+def crash(
+    seeds: tuple[int, ...],
+    memory: bool,
+    duration: float,
+    rate: float,
+    broker_down: float,
+    timeout: float,
+    serve_within: float,
+    engine_args: tuple[str, ...],
+    out: Path | None,
+) -> None:
+    """While rows flow, SIGKILL and restart each of two engines (sim backend, one group)
+    with the same command, let a third join and leave, SIGKILL and restart the worker, and
+    stop and start the broker (noida-db, on disk); check a read_committed reader sees one
+    result per relQuery and each row once, and every process serves again."""
+    from relstream_lab.common.report import machine_description
+    from relstream_lab.drills.crash import Settings, run_crash
+    from relstream_lab.drills.crash_report import report_text
+
+    settings = Settings(
+        memory, duration, rate, broker_down, timeout=timeout, serve_within=serve_within,
+        engine_args=engine_args,
+    )  # fmt: skip
+    broker = "Tansu (embedded, in memory)" if memory else "noida-db (embedded, on disk)"
+    sections = [
+        "# Crash drill",
+        "",
+        f"Command: `{typed_command()}`",
+        "",
+        f"Machine: {machine_description()}. Broker: {broker}; engines: sim backend in real time.",
+    ]
+
+    def one(seed: int, workdir: Path) -> tuple[bool, str]:
+        console.print(f"seed {seed}: rows for {duration:g} s, faults; logs in {workdir}")
+        report = run_crash(workdir, seed, settings)
+        return report.holds, report_text(report)
+
+    _each_seed("crash", seeds, one, sections, out)
 
 
 def _each_seed(

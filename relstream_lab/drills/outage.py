@@ -18,35 +18,35 @@ pause and the resume. It also counts the log lines each process wrote during the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import socket
-import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-
-import msgspec
 
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription, metadata_ok, new_producer
+from relstream.kafka.clients import Subscription
 from relstream.kafka.delivery import quiet_outages
 from relstream.kafka.topics import Topics
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode
+from relstream_lab.drills.parts import (
+    TABLE,
+    Rows,
+    absent,
+    engine_command,
+    query_config,
+    read_all,
+    repeated,
+    start_kafka,
+    stop_kafka,
+)
 
-TABLE = "reviews"
-QUERY = '[[query]]\nname = "outage"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
-QUERY += "window_seconds = 0.5\nmax_rows = 20\nmax_output_tokens = 4\n"
 ENGINE_PAUSE = "pausing relqueries partition"
 ENGINE_RESUME = "resuming relqueries partition"
 WORKER_PAUSE = "pausing its rows partitions"
 WORKER_RESUME = "resuming its rows partitions"
-WORDS = ("good", "bad", "fine", "broken", "great", "slow", "quick", "cheap", "lovely", "awful")
-pack = msgspec.msgpack.encode
 
 
 @dataclass
@@ -68,11 +68,11 @@ class OutageReport:
 
     @property
     def missing(self) -> set[str]:
-        return {key for key in self.rows_keys if self.stored[key] == 0}
+        return absent(self.rows_keys, self.stored)
 
     @property
     def repeated(self) -> set[str]:
-        return {key for key, count in self.stored.items() if count > 1}
+        return repeated(self.stored)
 
     @property
     def paused_and_resumed(self) -> bool:
@@ -90,78 +90,6 @@ class OutageReport:
             and all(self.alive.values())
             and self.paused_and_resumed
         )
-
-
-class _Rows:
-    """Rows produced at a steady rate (exponential gaps, seeded), each sent until the
-    broker acknowledges it; one in `bad_every` lacks the template's column."""
-
-    def __init__(self, broker: EmbeddedBroker, topic: str, rng: random.Random, bad_every: int):
-        # Idempotent, and patient: a row waits out the outage in the producer.
-        self.producer = new_producer(
-            broker.bootstrap, enable_idempotence=True, request_timeout_ms=600_000
-        )
-        self.topic, self.rng, self.bad_every = topic, rng, bad_every
-        self.sent = 0
-        self.acked: set[str] = set()
-        self.bad_acked: set[str] = set()
-        self.pending: set[asyncio.Task] = set()
-
-    def _row(self) -> tuple[str, bytes, bool]:
-        index = self.sent
-        self.sent += 1
-        bad = self.bad_every > 0 and index % self.bad_every == self.bad_every - 1
-        key = f"{'bad' if bad else 'row'}-{index}"
-        text = " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(3, 30)))
-        values = {"title": text} if bad else {"review": text}
-        return key, pack({"version": 1, "table": TABLE, "key": key, "values": values}), bad
-
-    async def _send(self, key: str, value: bytes, bad: bool) -> None:
-        while True:
-            try:
-                await (await self.producer.send(self.topic, value, key=key.encode()))
-                break
-            except Exception:  # any failure: the row is sent again
-                await asyncio.sleep(1.0)
-        (self.bad_acked if bad else self.acked).add(key)
-
-    def emit(self, count: int = 1) -> None:
-        for _ in range(count):
-            task = asyncio.create_task(self._send(*self._row()))
-            self.pending.add(task)
-            task.add_done_callback(self.pending.discard)
-
-    async def stream(self, rate: float, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.emit()
-            await asyncio.sleep(self.rng.expovariate(rate))
-
-
-def _kafka(broker: EmbeddedBroker, action: str) -> None:
-    """`noida-db stop kafka` or `start kafka` on the running broker's data dir: the Kafka
-    broker stops (its data saved, its port closed) or starts again on the same port."""
-    binary = Path(str(resources.files("noida_db").joinpath("noida-db")))
-    command = [str(binary), action, "kafka", "--data-dir", str(broker.data_dir)]
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
-
-
-async def _stop(broker: EmbeddedBroker) -> None:
-    await asyncio.to_thread(_kafka, broker, "stop")
-
-
-async def _start(broker: EmbeddedBroker, timeout: float = 60.0) -> None:
-    await asyncio.to_thread(_kafka, broker, "start")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", broker.port), timeout=1).close()
-            await metadata_ok(broker.bootstrap)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 def _lines(path: Path) -> int:
@@ -187,18 +115,15 @@ def run_outage(
     # noida-db with an explicit data dir: it keeps its topics across the restart.
     broker = EmbeddedBroker("noida-db", data_dir=workdir / "broker", topics=topics, tables=(TABLE,))
     config = workdir / "queries.toml"
-    config.write_text(QUERY)
+    config.write_text(query_config("outage"))
     logs = {"engine": workdir / "engine.log", "worker": workdir / "worker.log"}
     report = OutageReport(seed)
     quiet_outages()  # this process's producer and readers retry too
     broker.start()
     try:
-        common = ["--bootstrap", broker.bootstrap, "--prefix", topics.prefix]
         engine = spawn_logged(
-            [*relstream_command(False), "engine", "--backend", "sim", "--sim-time-scale", "1",
-             *common, "--broker-kind", broker.kind, "--ready-file", str(workdir / "engine.ready")],
-            logs["engine"],
-        )  # fmt: skip
+            engine_command(broker, topics, workdir / "engine.ready"), logs["engine"]
+        )
         worker = start_worker(
             relstream_command(True), broker, config, logs["worker"], topics,
             ready_file=workdir / "worker.ready",
@@ -226,27 +151,23 @@ def run_outage(
 
 async def _stream(broker, topics, report, rng, logs, workdir, outage_s, rate, before_s,
                   after_s, burst, bad_every, timeout) -> None:  # fmt: skip
-    rows = _Rows(broker, topics.rows(TABLE), rng, bad_every)
+    rows = Rows(broker, topics.rows(TABLE), rng, bad_every)
     await rows.producer.start()
     try:
         await rows.stream(rate, before_s + rng.uniform(0, 5))
         rows.emit(burst)  # the engine is serving these when the broker goes
-        async with asyncio.timeout(timeout):
-            while rows.pending:
-                await asyncio.wait(rows.pending)
+        await rows.settle(timeout)
         await asyncio.sleep(rng.uniform(0.5, 1.5))
         lines = {name: _lines(path) for name, path in logs.items()}
-        await _stop(broker)
+        await stop_kafka(broker)
         stopped, sent = time.monotonic(), rows.sent
         await rows.stream(rate, outage_s)
-        await _start(broker)
+        await start_kafka(broker)
         report.down_s = time.monotonic() - stopped
         report.rows_during_outage = rows.sent - sent
         report.outage_lines = {name: _lines(path) - lines[name] for name, path in logs.items()}
         await rows.stream(rate, after_s)
-        async with asyncio.timeout(timeout):
-            while rows.pending:
-                await asyncio.wait(rows.pending)
+        await rows.settle(timeout)
     finally:
         await rows.producer.stop()
     report.rows_keys, report.bad_keys = rows.acked, rows.bad_acked
@@ -277,8 +198,8 @@ async def _collect(broker, topics: Topics, report: OutageReport, sink_path: Path
             Subscription(broker.bootstrap, topics.deadletter, broker_kind=broker.kind) as letters,
         ):
             tasks = [
-                asyncio.create_task(_read(results, stored)),
-                asyncio.create_task(_read(letters, lettered)),
+                asyncio.create_task(read_all(results, stored)),
+                asyncio.create_task(read_all(letters, lettered)),
             ]
             try:
                 quiet_since = time.monotonic()
@@ -297,12 +218,6 @@ async def _collect(broker, topics: Topics, report: OutageReport, sink_path: Path
                 await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         sink.close()
-
-
-async def _read(subscription: Subscription, handle) -> None:
-    with contextlib.suppress(TimeoutError):
-        async for record in subscription:
-            handle(record)
 
 
 def report_text(report: OutageReport) -> str:

@@ -1,0 +1,71 @@
+"""The idle benchmark's README: per broker and process, the share of one core in every
+run, its median and spread, and the first row's latency after the idle spell."""
+
+from __future__ import annotations
+
+import statistics
+
+from relstream.cli.common import console
+from relstream_lab.idle.run import ROLES
+
+NAMES = {"noida-db": "default (`relstream broker`, noida-db)", "tansu": "`--memory` (Tansu)"}
+
+
+def show(record: dict) -> None:
+    cpu = ", ".join(f"{role} {record['cpu'][role]:.1%}" for role in ROLES)
+    console.print(
+        f"{record['broker']} run {record['run']}: {cpu}; first row after the idle spell "
+        f"{record['first_row_s']:.2f} s (load {record['load_before']:.1f})"
+    )
+
+
+def _cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.1%} ({min(values):.1%}-{max(values):.1%})"
+
+
+def markdown(document: dict) -> list[str]:
+    runs = document["runs"]
+    seconds = runs[0]["seconds"] if runs else 0
+    lines = [
+        "# Idle CPU: the walkthrough's pipeline with nothing flowing",
+        "",
+        "The README walkthrough's broker, worker and engine (`--backend sim`), started as "
+        "there, each ready, then left idle: each process's CPU time, its children included, "
+        f"over {seconds:.0f} s with no row flowing, as a share of one core; then one row "
+        "produced and the time until its result is read (the window closes after its "
+        "2 s).",
+        "",
+        f"Command: `{document['command']}`",
+        "",
+        f"Machine: {document['machine']}",
+        "",
+        "Median over the runs (lowest-highest):",
+        "",
+        "| on | runs | " + " | ".join(ROLES) + " | first row after idle (s) |",
+        "|---|---|" + "---|" * len(ROLES) + "---|",
+    ]
+    for broker in dict.fromkeys(run["broker"] for run in runs):
+        mine = [run for run in runs if run["broker"] == broker]
+        cells = [_cell([run["cpu"][role] for run in mine]) for role in ROLES]
+        first = [run["first_row_s"] for run in mine]
+        lines.append(
+            f"| {NAMES.get(broker, broker)} | {len(mine)} | "
+            + " | ".join(cells)
+            + f" | {statistics.median(first):.2f} ({min(first):.2f}-{max(first):.2f}) |"
+        )
+    lines += [
+        "",
+        "Every run (share of one core; the machine's 1-minute load average before and "
+        "after the spell):",
+        "",
+        "| on | run | " + " | ".join(ROLES) + " | first row (s) | load |",
+        "|---|---|" + "---|" * len(ROLES) + "---|---|",
+    ]
+    for run in runs:
+        cells = [f"{run['cpu'][role]:.1%}" for role in ROLES]
+        lines.append(
+            f"| {run['broker']} | {run['run']} | "
+            + " | ".join(cells)
+            + f" | {run['first_row_s']:.2f} | {run['load_before']:.1f}-{run['load_after']:.1f} |"
+        )
+    return [*lines, ""]

@@ -1,0 +1,192 @@
+"""The README walkthrough's three processes (broker, worker, engine on `--backend sim`),
+started as a user starts them, left idle, and measured: each process's CPU time (its
+children included) over a spell with no row flowing, then how long the first row produced
+after that spell takes to come back as a result.
+
+CPU time, not wall time, is what is measured: on a machine shared with other work a process
+that waits is not charged for the waiting, so the share of a core is its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from relstream.kafka.brokers import free_port
+from relstream.kafka.clients import assign_all, new_consumer, produce, running
+from relstream.kafka.topics import Topics
+from relstream.launch import relstream_command, spawn_logged, wait_ready
+from relstream.schemas import RowMessage, encode
+
+# The walkthrough's registration (README, "Your own table, step by step").
+QUERIES = """\
+[[query]]
+name = "sentiment"
+table = "reviews"
+template = "Is this review positive or negative? Answer in one word.\\nReview: {review}"
+window_seconds = 2.0
+max_rows = 100
+max_output_tokens = 5
+"""
+ROLES = ("broker", "worker", "engine")
+
+
+@dataclass
+class IdleRun:
+    broker: str  # "noida-db" (the default) or "tansu" (--memory)
+    seconds: float  # the idle spell measured
+    cpu: dict[str, float]  # role -> share of one core over the spell, children included
+    first_row_s: float  # a row produced after the spell -> its result read back
+    load_before: float  # the machine's 1-minute load average as the spell began
+    load_after: float
+
+
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU time (user + system) of a process and each of its live descendants, by pid."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    times = {}
+    for process in processes:
+        try:
+            used = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        times[process.pid] = used.user + used.system
+    return times
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two `cpu_seconds` readings; a process born meanwhile
+    counts whole, one that ended meanwhile counts what it had spent by the first reading
+    (not more: no later reading of it exists)."""
+    return sum(total - before.get(pid, 0.0) for pid, total in after.items())
+
+
+def _wait_listening(port: int, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the broker exited:\n{log.read_text(errors='replace')[-2000:]}")
+        if "ready:" in log.read_text(errors="replace"):
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the broker did not say it was ready within {timeout:g} s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM, which every relstream command takes as Ctrl-C (SIGINT would be ignored
+    where the benchmark itself runs in the background); killed if still there after 30 s."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _stop_all(processes: list[subprocess.Popen]) -> None:
+    """Stop each in turn (`_stop`), then end whatever they started and left behind (the
+    broker's own binary, were its command killed before it stopped it)."""
+    import psutil
+
+    started = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            started += psutil.Process(process.pid).children(recursive=True)
+    for process in processes:
+        _stop(process)
+    for child in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(started, timeout=10)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+async def _first_row(bootstrap: str, timeout: float) -> float:
+    """Seconds from producing one row to reading its result, read as `relstream results
+    --follow` reads them (no group: a group's join would be timed too)."""
+    topics = Topics()
+    row = RowMessage(table="reviews", key="idle-1", values={"review": "Dry after the rain."})
+    reader = new_consumer(bootstrap)
+    async with running(reader):
+        await assign_all(reader, topics.results)  # empty while idle: reads from its start
+        started = time.monotonic()
+        await produce(bootstrap, topics.rows("reviews"), [(b"idle-1", encode(row))])
+        while time.monotonic() - started < timeout:
+            if await reader.getmany(timeout_ms=100):
+                return time.monotonic() - started
+    raise RuntimeError(f"no result within {timeout:g} s")
+
+
+def idle_run(broker: str, seconds: float, settle: float, workdir: Path) -> IdleRun:
+    """One run: the three processes started, ready, left to settle, then measured."""
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    logs = {role: workdir / f"{role}.log" for role in ROLES}
+    (workdir / "queries.toml").write_text(QUERIES)
+    broker_command = [sys.executable, "-m", "relstream", "broker", "--port", str(port)]
+    broker_command += ["--table", "reviews"]
+    broker_command += ["--memory"] if broker == "tansu" else ["--data-dir", str(workdir / "data")]
+    processes: dict[str, subprocess.Popen] = {}
+    try:
+        processes["broker"] = spawn_logged(broker_command, logs["broker"])
+        _wait_listening(port, processes["broker"], logs["broker"], 60)
+        worker = [*relstream_command(True), "worker", "--bootstrap", bootstrap]
+        worker += ["--config", str(workdir / "queries.toml"), "--data-dir", str(workdir / "w")]
+        processes["worker"] = spawn_logged(
+            [*worker, "--ready-file", str(workdir / "worker.ready")], logs["worker"]
+        )
+        engine = [sys.executable, "-m", "relstream", "engine", "--backend", "sim"]
+        engine += ["--bootstrap", bootstrap, "--policy", "relstream"]
+        engine += ["--metrics-port", str(free_port())]
+        processes["engine"] = spawn_logged(
+            [*engine, "--ready-file", str(workdir / "engine.ready")], logs["engine"]
+        )
+        ready = [workdir / "worker.ready", workdir / "engine.ready"]
+        wait_ready(ready, list(processes.values()), 180)
+        time.sleep(settle)
+        load_before = os.getloadavg()[0]
+        before = {role: cpu_seconds(p.pid) for role, p in processes.items()}
+        started = time.monotonic()
+        time.sleep(seconds)
+        after = {role: cpu_seconds(p.pid) for role, p in processes.items()}
+        elapsed = time.monotonic() - started
+        load_after = os.getloadavg()[0]
+        for role, process in processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"the {role} exited while idle; see {logs[role]}")
+        cpu = {role: spent(before[role], after[role]) / elapsed for role in ROLES}
+        first_row = asyncio.run(_first_row(bootstrap, 60))
+        return IdleRun(broker, elapsed, cpu, first_row, load_before, load_after)
+    finally:
+        _stop_all([processes[role] for role in ("engine", "worker", "broker") if role in processes])
+
+
+def idle_runs(brokers: list[str], runs: int, seconds: float, settle: float, on_run) -> list[dict]:
+    """`runs` runs on each broker, alternating, each in a fresh working dir."""
+    records = []
+    for number in range(runs):
+        for broker in brokers:
+            with tempfile.TemporaryDirectory(prefix="relstream-idle-") as workdir:
+                record = asdict(idle_run(broker, seconds, settle, Path(workdir)))
+            record["run"] = number
+            on_run(record)
+            records.append(record)
+    return records
