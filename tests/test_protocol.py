@@ -19,18 +19,18 @@ next owner's fencing, work in flight lost) or rebalanced to the other engine, kn
 (revoked) or not (a zombie that still believes it owns the partition).
 
 The glue, the order of calls the real code makes, is re-implemented here, kept small:
-- `Worker.poll` mirrors `stream/stage.py` `WindowStage._step` (check, add, expire, the
-  "replayed as published" skip, the sends, `published` updated, then `_commit`), its
+- `Protocol._worker_poll` mirrors `stream/stage.py` `WindowStage._step` (check, add,
+  expire, the "replayed as published" skip, the sends, `published` updated, `_commit`), its
   `_cutter` (the cutter shares `_published`), `_publish`'s `Refused` branch
   (`_dead_letter_rows`) and `_forget` (revocation drops the cutter, keeps `_published`);
-- `Engine.assigned` mirrors `service/commits.py` `ExactlyOnce.assigned` (fence by opening
+- `Protocol._assign` mirrors `service/commits.py` `ExactlyOnce.assigned` (fence by opening
   the partition's producer, read the commit, seek, `decode_ahead` into the skip set, or
-  seek to the beginning); `Engine.revoked` mirrors `service/service.py`
+  seek to the beginning); `Protocol._revoke` mirrors `service/service.py`
   `EngineService._on_revoked` with `ExactlyOnce.revoked` (producers closed, skip dropped,
   `book.forget`);
-- `Engine.fetch` mirrors `EngineService._poll_once` (`book.start`, then a replayed offset
-  is `book.finish`ed, else served);
-- `Engine.begin`/`Engine.commit` mirror `ExactlyOnce._publish`/`_room`/`_at` and
+- `Protocol._engine_fetch` mirrors `EngineService._poll_once` (`book.start`, then a
+  replayed offset is `book.finish`ed, else served);
+- `Protocol._engine_begin`/`_engine_commit` mirror `ExactlyOnce._publish`/`_room`/`_at` and
   `kafka/transactions.py` `PartitionProducers.transact`/`_once`/`_renew` (one transaction
   per partition at a time; `may_finish` before it; `unfinished` and `progress` under the
   lock when the offsets are sent; a timeout renews the producer under the same id,
