@@ -41,7 +41,7 @@ from relstream.kafka.delivery import (
     publish_sends,
     send_dead_letter,
 )
-from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions
+from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions, rejoin
 from relstream.schemas import encode
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
 
@@ -55,8 +55,10 @@ class ExactlyOnce:
         self._config = config
         self._book = book
         self._producers = PartitionProducers(
-            config.bootstrap, config.group_id, config.security, config.stall_s
-        )
+            config.bootstrap, config.group_id, config.security, config.stall_s,
+            on_fenced=self._fenced,
+        )  # fmt: skip
+        self._consumer = None  # the group's consumer, known from its first assignment
         self._skip: dict[object, frozenset[int]] = {}  # finished above the commit read
         self._settling: set = set()  # assigned, their position not yet set
         self._reserved: Counter = Counter()  # results on their way above each prefix
@@ -85,6 +87,7 @@ class ExactlyOnce:
         and the offsets finished above it are to be skipped. Until then the partitions
         are paused and what the consumer fetched of them is dropped (`settling`): it may
         start fetching from the offsets it read itself, before the fencing."""
+        self._consumer = consumer
         partitions = list(partitions)
         if not partitions:
             return
@@ -118,6 +121,11 @@ class ExactlyOnce:
             )
         finally:
             await admin.close()
+
+    def _fenced(self, partition) -> None:
+        """A partition still assigned here was fenced: the group decides (`rejoin`)."""
+        if self._consumer is not None:
+            rejoin(self._consumer, partition)
 
     def settling(self, partition) -> bool:
         """Whether the partition's position is still being set (`assigned`)."""
