@@ -121,7 +121,8 @@ def test_a_new_owner_fences_the_old_one_and_its_commit_carries_the_metadata(defa
     async def scenario():
         await create_topics(default_broker.bootstrap, topics.layout())
         assert await has_transactions(default_broker.bootstrap, group) == (True, "")
-        old = PartitionProducers(default_broker.bootstrap, group)
+        fenced = []  # `old` still has the partition assigned: it must ask its group
+        old = PartitionProducers(default_broker.bootstrap, group, on_fenced=fenced.append)
         new = PartitionProducers(default_broker.bootstrap, group)
         await old.open([partition])
         await old.transact(partition, [Send(topics.results, b"old-1", b"a", "a")], lambda: (1, ""))
@@ -130,6 +131,7 @@ def test_a_new_owner_fences_the_old_one_and_its_commit_carries_the_metadata(defa
             await old.transact(
                 partition, [Send(topics.results, b"old-2", b"b", "b")], lambda: (2, "")
             )
+        assert fenced == [partition]  # else the partition would stop here for good
         metadata = encode_ahead({4}, 2)
         await new.transact(
             partition, [Send(topics.results, b"new-2", b"b", "b")], lambda: (2, metadata)

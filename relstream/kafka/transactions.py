@@ -93,8 +93,14 @@ class PartitionProducers:
         security: KafkaSecurity = PLAINTEXT,
         stall_s: float = STALL_S,
         backoff: Backoff | None = None,
+        on_fenced: Callable[[TopicPartition], None] = lambda partition: None,
     ) -> None:
         self._bootstrap = bootstrap
+        # Called when a partition still assigned here is fenced: some other producer took
+        # its id, a zombie's renewal or a rebalance not yet heard of. The caller asks its
+        # group (`rejoin`): the group's word decides who owns it, and the new assignment
+        # opens a producer again (`open`), fencing a zombie in turn.
+        self._on_fenced = on_fenced
         self._group = group
         self._security = security
         self._stall_s = stall_s
@@ -223,6 +229,8 @@ class PartitionProducers:
                         return
                     except ProducerFenced as exc:
                         await self._drop(partition, producer)
+                        if partition in self._locks:  # ours, as far as the group said
+                            self._on_fenced(partition)
                         raise Fenced(f"{partition}: {exc}") from exc
                     except Refused:
                         await self._abort(partition, producer)
@@ -279,3 +287,17 @@ class PartitionProducers:
         if self._producers.get(partition) is producer:
             del self._producers[partition]
         await _stop(producer)
+
+
+def rejoin(consumer, partition: TopicPartition) -> None:
+    """Ask `consumer`'s group to assign its partitions again: `partition` was fenced
+    while the group still had it here. The rebalance revokes every partition (the
+    engine forgets their work in flight) and assigns them anew (each fenced again and read
+    from its commit). Kafka Streams does the same on a fenced producer; aiokafka has no
+    public call for it."""
+    log.warning(
+        "transactional producer for %s fenced while its partition is assigned here: "
+        "asking the group to assign partitions again",
+        partition,
+    )
+    consumer._coordinator.request_rejoin()

@@ -41,7 +41,7 @@ from relstream.kafka.delivery import (
     publish_sends,
     send_dead_letter,
 )
-from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions
+from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions, rejoin
 from relstream.schemas import encode
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
 
@@ -55,8 +55,10 @@ class ExactlyOnce:
         self._config = config
         self._book = book
         self._producers = PartitionProducers(
-            config.bootstrap, config.group_id, config.security, config.stall_s
-        )
+            config.bootstrap, config.group_id, config.security, config.stall_s,
+            on_fenced=self._fenced,
+        )  # fmt: skip
+        self._consumer = None  # the group's consumer, known from its first assignment
         self._skip: dict[object, frozenset[int]] = {}  # finished above the commit read
         self._reserved: Counter = Counter()  # results on their way above each prefix
         self._moved = asyncio.Condition()  # a prefix moved, or a partition left
@@ -82,6 +84,7 @@ class ExactlyOnce:
         """Fence the partitions' previous owners and seek each to where they left off
         (`PartitionProducers.take_over`); the offsets finished above a committed offset
         are to be skipped."""
+        self._consumer = consumer
         marks = await self._producers.take_over(consumer, partitions)
         for partition, mark in marks.items():
             self._skip[partition] = decode_ahead(mark.metadata, mark.offset)
@@ -90,6 +93,11 @@ class ExactlyOnce:
                     "%s: %d relQueries above offset %d were answered by its previous owner",
                     partition, len(self._skip[partition]), mark.offset,
                 )  # fmt: skip
+
+    def _fenced(self, partition) -> None:
+        """A partition still assigned here was fenced: the group decides (`rejoin`)."""
+        if self._consumer is not None:
+            rejoin(self._consumer, partition)
 
     def settling(self, partition) -> bool:
         """Whether the partition's position is still being set (`assigned`)."""

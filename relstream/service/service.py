@@ -35,7 +35,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import (
@@ -44,15 +44,12 @@ from relstream.kafka.clients import (
     new_producer,
 )
 from relstream.kafka.delivery import (
-    STALL_S,
     Refused,
     Send,
     publish_best_effort,
     send_dead_letter,
 )
 from relstream.kafka.membership import start_waiting, stop_leaving
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, RelQueryResult, with_queued
 from relstream.ready import mark_ready_when
 from relstream.schemas import Message, MessageError, decode_relquery_stepwise
@@ -60,8 +57,9 @@ from relstream.schemas.convert import partial_result_message
 from relstream.schemas.formats import Format, encode_as, headers_for, wire_format
 from relstream.service import backlog, offloop
 from relstream.service.answercache import start_answer_topic
-from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS, LettersInFlight, RowBudget
+from relstream.service.backlog import LettersInFlight, RowBudget
 from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced
+from relstream.service.config import ServiceConfig
 from relstream.service.control import Cancels, follow_control, record_time
 from relstream.service.loadreport import report_load
 from relstream.service.looplag import LoopLagProbe
@@ -72,30 +70,6 @@ from relstream.service.pauses import Pauses
 log = logging.getLogger("relstream.engine")
 
 LAG_EVERY_S = 1.0  # how often the consumer lag is measured for the metrics
-
-
-@dataclass
-class ServiceConfig:
-    bootstrap: str
-    topics: Topics = field(default_factory=Topics)
-    group_id: str = "relstream-engine"
-    broker: str | None = None  # embedded broker kind, for its client settings
-    max_backlog_rows: int = DEFAULT_MAX_BACKLOG_ROWS  # cap on rows handed to the engine
-    max_held_rows: int = 0  # cap on rows held, large relQueries whole; 0: budget + 100,000
-    max_attempts: int = 3  # tries of one relQuery before it is dead-lettered
-    retry_backoff_s: float = 1.0  # wait before the second try, doubled after each
-    partial_results: bool = False
-    result_format: Format = "msgpack"  # for relQueries that set no `result_format`
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    ready_file: str | os.PathLike | None = None  # written once it takes work (`ready`)
-    security: KafkaSecurity = PLAINTEXT  # TLS and SASL for both clients
-    answer_topic: bool = False  # back the backend's answer cache with the answers topic
-    answer_secret: bytes | None = None  # the engines' shared secret, signing answers
-    stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
-    load_report_s: float = 0.0  # > 0: report load this often (service/loadreport.py)
-    instance_id: str | None = None  # its static member id in the group (None: dynamic)
-    transactions: bool = True  # exactly once where the broker has them (service/commits.py)
 
 
 @dataclass(frozen=True)

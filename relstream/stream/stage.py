@@ -44,7 +44,7 @@ from relstream.kafka.limits import message_limit
 from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import PartitionProducers, has_transactions
+from relstream.kafka.transactions import PartitionProducers, has_transactions, rejoin
 from relstream.placer import AsyncLoadReader, Demand, demand_of
 from relstream.schemas import RelQueryMessage, encode
 from relstream.stream.registrations import QueryRegistration
@@ -156,7 +156,10 @@ class WindowStage:
                 "be published twice after a crash (relQueries keyed by window id)", name, why,
             )  # fmt: skip
             return
-        producers = PartitionProducers(settings.bootstrap, settings.group, settings.security)
+        producers = PartitionProducers(
+            settings.bootstrap, settings.group, settings.security,
+            on_fenced=lambda partition: rejoin(self._consumer, partition),  # zombie: ask again
+        )  # fmt: skip
         self._tx = WindowTransactions(producers, settings.topics.deadletter)
         log.info("query %s: exactly once: windows and their offsets in one transaction", name)
 
