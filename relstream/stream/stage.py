@@ -13,6 +13,11 @@ Windows are cut under the relqueries topic's message limit, asked of the broker 
 becomes a dead letter for each of its rows, and the stage goes on.
 Each registration reads with its own consumer group, so registrations over one table keep
 their own offsets.
+
+Where the broker has transactions (found at start) the above is exactly once instead:
+each rows partition's windows, dead letters and offset commit go in one transaction
+(`transacted`), and a replacement fences a killed worker and resumes from its commit.
+Without them (Tansu) the stage says so once and runs at least once as described.
 """
 
 from __future__ import annotations
