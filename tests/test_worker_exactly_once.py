@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import signal
 import time
 import uuid
@@ -21,6 +22,8 @@ from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.launch import wait_ready
 from relstream.schemas import DeadLetterMessage, RelQueryMessage, decode
+from relstream.stream.registrations import load_registrations
+from relstream.stream.stage import StageSettings, WindowStage
 
 QUERY = (
     '[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
@@ -161,3 +164,53 @@ def test_without_transactions_the_worker_says_so_once_and_windows_rows(tansu, tm
     text = log.read_text(errors="replace")
     assert set(keys) == {f"r{index}" for index in range(1, 7)}, text[-3000:]
     assert text.count("the broker has no transactions") == 1, text[-3000:]
+
+
+BIG = (
+    '[[query]]\nname = "big"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
+    "window_seconds = 60\nmax_rows = 8\nmax_output_tokens = 4\n"
+)
+
+
+def test_a_window_refused_in_its_transaction_becomes_its_rows_dead_letters(
+    default_broker, tmp_path
+):
+    """A stage told a limit above the broker's (3 MB; the producer takes 1 MiB) cuts a
+    window of eight 200 KB rows that is refused: its transaction is redone with a dead
+    letter for each row, and the stage goes on."""
+    topics = topics_on(default_broker)
+    config = tmp_path / "queries.toml"
+    config.write_text(BIG)
+    registration = load_registrations(config)[0]
+    settings = StageSettings(default_broker.bootstrap, topics, f"g-{uuid.uuid4().hex[:6]}",
+                             default_broker.kind, message_bytes=3_000_000)  # fmt: skip
+    big = [
+        (b"one partition", encode_row({"version": 1, "table": "reviews", "key": f"r{index}",
+                                           "values": {"review": "x" * 200_000}}))
+        for index in range(8)
+    ]  # fmt: skip
+
+    async def scenario():
+        stage = WindowStage(registration, settings)
+        running = asyncio.create_task(stage.run())
+        try:
+            async with asyncio.timeout(60):
+                await stage.ready.wait()
+            await produce(default_broker.bootstrap, topics.rows("reviews"), big)
+            for _ in range(60):
+                letters = await read_all(default_broker.bootstrap, topics.deadletter,
+                                         "read_committed", 1.0)  # fmt: skip
+                if len(letters) >= 8:
+                    break
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        relqueries = await read_all(default_broker.bootstrap, topics.relqueries,
+                                    "read_committed", 1.0)  # fmt: skip
+        return letters, relqueries
+
+    letters, relqueries = asyncio.run(scenario())
+    keys = collections.Counter(decode(DeadLetterMessage, m.value).key.decode() for m in letters)
+    assert keys == collections.Counter(f"r{index}" for index in range(8))
+    assert relqueries == []

@@ -43,6 +43,17 @@ class Fenced(Exception):
     it was revoked while its transaction waited. Its work is the new owner's."""
 
 
+@contextlib.contextmanager
+def _refusal(send: Send):
+    """A Kafka error for `send` that is neither fencing nor an outage, as `Refused`."""
+    try:
+        yield
+    except KafkaError as exc:
+        if isinstance(exc, ProducerFenced) or unavailable(exc):
+            raise
+        raise Refused(f"the broker refused {send.what}: {exc!r}", send.what) from exc
+
+
 def transactional_id(group: str, partition: TopicPartition) -> str:
     return f"{group}.{partition.topic}.{partition.partition}"
 
@@ -251,17 +262,15 @@ class PartitionProducers:
 
     async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
         await producer.begin_transaction()
-        sent = [
-            (s, await producer.send(s.topic, s.value, s.key, s.partition, headers=s.headers))
-            for s in sends
-        ]
+        sent = []
+        for send in sends:  # a message over the producer's own limit is refused here
+            with _refusal(send):
+                sent.append((send, await producer.send(
+                    send.topic, send.value, send.key, send.partition, headers=send.headers
+                )))  # fmt: skip
         for send, future in sent:
-            try:
+            with _refusal(send):
                 await future
-            except KafkaError as exc:
-                if isinstance(exc, ProducerFenced) or unavailable(exc):
-                    raise
-                raise Refused(f"the broker refused {send.what}: {exc!r}", send.what) from exc
         await producer.send_offsets_to_transaction({partition: offsets()}, self._group)
         await producer.commit_transaction()
 
