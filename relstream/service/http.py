@@ -281,9 +281,12 @@ class _Streamed:
                     yield _event("row", msgspec.json.encode(partial))
                 result = with_deadline(await handle.result(), relquery.deadline_s)
                 yield _event("result", await _result_json(result))
+                outcome = "answered"  # as one not streamed: /metrics counts both
             except EngineFailure as exc:
                 error = json.dumps({"error": f"the engine failed: {exc}"}).encode()
                 yield _event("error", error)
+                outcome = "engine failed"
+            self._answered.labels(outcome).inc()
             self._finished = True
         finally:
             if self._finished:  # else the watch cancels it (this may be its cancellation)

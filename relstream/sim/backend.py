@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import signal
 import time
 import zlib
 from collections import deque
@@ -55,6 +57,9 @@ RECENT_REQUESTS = 10_000  # request ids a sim backend remembers (`recent_request
 TOKENIZE_BATCH = 256  # prompts tokenized at once
 SIM_PROCESSES = 2  # simulating children of `relstream engine --backend sim`
 CHILD_NICE = 10  # their nice value, that of the service's worker threads (`service.offloop`)
+# What a terminal's Ctrl-C and `timeout` or systemd send to the whole process group: the
+# engine's to handle (it stops serving, nothing lost), not its simulating children's.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 @dataclass(frozen=True)
@@ -117,12 +122,19 @@ def latency_alone(job: LatencyJob, prompts: list[str]) -> LatencyBreakdown:
 
 
 def _start_child() -> None:
-    """A simulating child: niced, as the service's worker threads are, so where the cores
-    are busy the engine's event loop gets one first; its tokenizer loaded."""
-    import os
-
+    """A simulating child: out of the engine's process group, so a stop sent to the group
+    (Ctrl-C) reaches the engine alone, which ends it (or, killed, takes it along:
+    `engine.lifetime`) once what it simulates is done, where dying at once broke the
+    pool and read as an engine failure; niced, as the service's worker threads are, so
+    where the cores are busy the engine's event loop gets one first; its tokenizer loaded.
+    It starts with the stop signals blocked (`SimRelQueryBackend.start`): one sent to the
+    group before it left is dropped here."""
     from relstream.engine.tokenizer import load_tokenizer
 
+    os.setpgrp()
+    while pending := signal.sigpending() & STOP_SIGNALS:
+        signal.sigwait(pending)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     os.nice(CHILD_NICE)
     load_tokenizer()
 
@@ -190,7 +202,13 @@ class SimRelQueryBackend:
         self._pool = ProcessPoolExecutor(
             self.settings.processes, mp_context=context, initializer=_start_child
         )
-        warming = [self._pool.submit(_ready) for _ in range(self.settings.processes)]
+        # Each submit here starts a child, which inherits this mask: blocked until it
+        # has left the process group. Held here meanwhile, a signal comes after.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            warming = [self._pool.submit(_ready) for _ in range(self.settings.processes)]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         await asyncio.gather(*map(asyncio.wrap_future, warming))
 
     async def submit(self, relquery: RelQuery) -> SimHandle:
