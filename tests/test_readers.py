@@ -93,6 +93,31 @@ def test_producing_to_a_table_with_no_rows_topic_warns_naming_those_that_exist(b
     assert "warning" not in known.stdout and "produced 1 rows" in known.stdout
 
 
+def test_producing_to_a_table_no_query_reads_warns_and_strict_sends_nothing(
+    default_broker, tmp_path
+):
+    # The topic existing is no sign that a query reads it: --config says which tables do.
+    prefix = f"c{uuid.uuid4().hex[:6]}."
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n')
+    table = tmp_path / "rows.csv"
+    table.write_text("id,review\nr1,fine\n")
+    args = ("produce", str(table), "--bootstrap", default_broker.bootstrap, "--prefix", prefix)
+    args += ("--key-column", "id", "--config", str(config))
+    strict = relstream(*args, "--table", "reveiws", "--strict")
+    assert strict.returncode == 1 and "nothing was sent" in strict.stderr
+    typo = relstream(*args, "--table", "reveiws")
+    said = " ".join(typo.stdout.split())
+    assert f"warning: no query in {config} reads table 'reveiws'; its queries read reviews" in said
+    assert "produced 1 rows" in said and "did not exist" not in said
+    known = relstream(*args, "--table", "reviews")
+    assert "warning" not in known.stdout and "produced 1 rows" in known.stdout
+    # Without --config, --strict refuses a table whose rows topic does not exist yet.
+    bare = relstream(*args[:-2], "--table", "reveiws2", "--strict")
+    assert bare.returncode == 1 and "does not exist" in bare.stderr, bare.stderr
+    assert f"{prefix}rows.reveiws2" not in asyncio.run(create_topics(default_broker.bootstrap, {}))
+
+
 @pytest.mark.parametrize(
     "command",
     [
