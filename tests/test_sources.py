@@ -87,7 +87,7 @@ def test_text_not_in_the_files_encoding_names_its_line_and_encoding_reads_it(tmp
     done = produce(str(cp1252), "--table", "t")
     assert done.exit_code == 1
     assert f"{cp1252}:3: not utf-8 text (byte 0xe9 at column 7)" in done.output
-    assert "--encoding" in done.output and "nothing was sent" in done.output
+    assert "--encoding" in done.output and "0 rows sent" in done.output
     rows = list(read_rows(cp1252, "t", "id", encoding="cp1252"))
     assert rows[1].values["review"] == "café"
     jsonl = tmp_path / "rows.jsonl"
@@ -116,17 +116,15 @@ def test_a_bad_row_mid_file_sends_nothing_and_is_named_by_its_line_in_every_form
     done = produce(str(path), "--table", "t", "--key-column", "id")
     assert done.exit_code == 1 and "no Kafka broker" not in done.output, done.output
     assert done.output.startswith(f"Error: {path}:{line}: ")
-    assert done.output.rstrip().endswith("nothing was sent")
+    assert done.output.rstrip().endswith("; 0 rows sent (a source with a bad row is refused whole)")
 
 
 def test_an_empty_file_is_one_line_naming_it_once(tmp_path):
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     done = produce(str(empty), "--table", "t")
-    assert (
-        done.output.strip()
-        == f"Error: {empty}: empty file, expected a header row; nothing was sent"
-    )
+    said = f"Error: {empty}: empty file, expected a header row; 0 rows sent"
+    assert done.output.strip() == f"{said} (a source with a bad row is refused whole)"
 
 
 def test_a_table_no_query_reads_is_refused_with_strict(tmp_path):

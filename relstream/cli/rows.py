@@ -102,7 +102,9 @@ def produce(
     except (ValueError, KeyError) as exc:
         said = str(exc)  # most name the file already: never twice
         said = said if said.startswith(source) else f"{source}: {said}"
-        raise click.ClickException(f"{said}; nothing was sent") from None
+        raise click.ClickException(
+            f"{said}; 0 rows sent (a source with a bad row is refused whole)"
+        ) from None
     _check_keys(rows, source, unique)
     _produce_rows(bootstrap, prefix, table, rows, security, read, strict)
 
