@@ -97,3 +97,14 @@ def test_the_http_example_runs_as_pasted(session):
     answered = json.loads(outputs[1])
     assert answered["id"] == "fill-1" and answered["rows"][0]["key"] == "A1"
     assert "event: result" in outputs[2]
+
+
+def test_the_walkthroughs_query_gives_json_results_that_kcat_prints(tmp_path):
+    # The README's kcat line prints results as they are: JSON only if the query asks.
+    from relstream.stream.registrations import load_registrations
+
+    (opening,) = [c for c in commands(blocks()["walkthrough"][1]) if "queries.toml <<" in c]
+    toml = tmp_path / "queries.toml"
+    toml.write_text(opening.split("\n", 1)[1].rsplit("\n", 1)[0] + "\n")
+    (query,) = load_registrations(toml)
+    assert query.result_format == "json"

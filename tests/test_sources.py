@@ -73,3 +73,67 @@ def test_a_files_nan_is_null_and_an_infinity_is_refused_naming_the_row(tmp_path)
     assert next(rows).values == {"id": "a", "score": None}
     with pytest.raises(ValueError, match=r"row 'b': field values\[...\]: expected a finite"):
         next(rows)
+
+
+def produce(*args: str):
+    """`relstream produce` against a port where no broker listens: what is refused is
+    refused before anything connects."""
+    return CliRunner().invoke(main, ["produce", *args, "--bootstrap", "127.0.0.1:1"])
+
+
+def test_text_not_in_the_files_encoding_names_its_line_and_encoding_reads_it(tmp_path):
+    cp1252 = tmp_path / "rows.csv"
+    cp1252.write_bytes(b"id,review\nr1,fine\n" + "r2,café\n".encode("cp1252"))
+    done = produce(str(cp1252), "--table", "t")
+    assert done.exit_code == 1
+    assert f"{cp1252}:3: not utf-8 text (byte 0xe9 at column 7)" in done.output
+    assert "--encoding" in done.output and "0 rows sent" in done.output
+    rows = list(read_rows(cp1252, "t", "id", encoding="cp1252"))
+    assert rows[1].values["review"] == "café"
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_bytes('{"id": "a"}\n{"id": "b", "t": "café"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: not utf-8 text"):
+        list(read_rows(jsonl, "t", "id"))
+    assert [r.key for r in read_rows(jsonl, "t", "id", encoding="latin-1")] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line"),
+    [
+        ("big.csv", "id,review\nr1,ok\nr2,{big}\nr3,ok\n", 3),
+        ("big.jsonl", '{{"id": "r1"}}\n{{"id": "r2", "review": "{big}"}}\n{{"id": "r3"}}\n', 2),
+        ("bad.jsonl", '{{"id": "r1"}}\nnot json\n{{"id": "r3"}}\n', 2),
+        ("bad.csv", "id,review\nr1,ok\nr2,a,b\nr3,ok\n", 3),
+    ],
+)
+def test_a_bad_row_mid_file_sends_nothing_and_is_named_by_its_line_in_every_format(
+    tmp_path, name, text, line
+):
+    # One rule: every row is checked before any is sent; an oversize CSV row used to be
+    # found only while sending, after the rows before it had gone.
+    path = tmp_path / name
+    path.write_text(text.format(big="x" * 300_000))
+    done = produce(str(path), "--table", "t", "--key-column", "id")
+    assert done.exit_code == 1 and "no Kafka broker" not in done.output, done.output
+    assert done.output.startswith(f"Error: {path}:{line}: ")
+    assert done.output.rstrip().endswith("; 0 rows sent (a source with a bad row is refused whole)")
+
+
+def test_an_empty_file_is_one_line_naming_it_once(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    done = produce(str(empty), "--table", "t")
+    said = f"Error: {empty}: empty file, expected a header row; 0 rows sent"
+    assert done.output.strip() == f"{said} (a source with a bad row is refused whole)"
+
+
+def test_a_table_no_query_reads_is_refused_with_strict(tmp_path):
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n')
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id,review\nr1,fine\n")
+    done = produce(str(rows), "--table", "reveiws", "--config", str(config), "--strict")
+    assert done.exit_code == 1
+    said = " ".join(done.output.split())
+    assert f"no query in {config} reads table 'reveiws'; its queries read reviews" in said
+    assert "nothing was sent" in said and "no Kafka broker" not in said

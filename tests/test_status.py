@@ -242,3 +242,23 @@ def test_status_and_deadletters_read_from_the_log_start_after_retention(broker):
     listed = relstream("deadletters", *bootstrap)
     assert listed.returncode == 0, listed.stderr
     assert "10 dead letters" in listed.stdout and "@19 " not in listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        (
+            "row 'u1': field values[...]: a string is not valid UTF-8",
+            "row …: field values[...]: a string is not valid UTF-8",
+        ),
+        ("row is 300,123 bytes; the limit is 262144", "row … N bytes; the limit is N"),
+        (
+            "relQuery 'q-0-12@17': 7 rows over an int64 field[3]",
+            "relQuery …: N rows over an int64 field[…]",
+        ),
+    ],
+)
+def test_a_dead_letters_cause_drops_numbers_but_not_the_digits_of_a_name(reason, cause):
+    from relstream.kafka.inspect import reason_kind
+
+    assert reason_kind(reason) == cause

@@ -164,7 +164,7 @@ def test_a_registration_carries_its_output_and_sampling_into_every_window(tmp_pa
         ("max_rows = 100001", "field max_rows: expected `int` <= 100000"),
         ("max_output_tokens = 0", "field max_output_tokens: expected `int` >= 1"),
         ("system_prompt = 3", "field system_prompt: expected `str | null`, got `int`"),
-        ("windows_seconds = 2", "field windows_seconds: not a field of this message"),
+        ("windows_seconds = 2", "unknown key 'windows_seconds' (did you mean 'window_seconds'?)"),
     ],
 )
 def test_a_bad_output_or_sampling_field_is_named(tmp_path, extra, reason):
@@ -173,6 +173,25 @@ def test_a_bad_output_or_sampling_field_is_named(tmp_path, extra, reason):
     with pytest.raises(RegistrationError) as raised:
         registrations(tmp_path, extra)
     assert reason in str(raised.value)
+
+
+def test_every_unknown_key_is_named_with_the_nearest_valid_one(tmp_path):
+    from relstream.stream.registrations import RegistrationError, load_registrations
+
+    path = tmp_path / "queries.toml"
+    path.write_text(
+        '[[query]]\nname = "a"\ntable = "t"\ntemplate = "{x}"\nmax_row = 5\ntemprature = 0.1\n'
+        '[[query]]\nname = "b"\ntable = "t"\ntemplate = "{x}"\nresult_fromat = "json"\n'
+        "[querry]\nzzz = 1\n"
+    )
+    with pytest.raises(RegistrationError) as raised:
+        load_registrations(path)
+    assert str(raised.value).split("; ") == [
+        f"{path}: unknown key 'querry' (did you mean 'query'?)",
+        f"{path} [[query]] #1: unknown key 'max_row' (did you mean 'max_rows'?)",
+        f"{path} [[query]] #1: unknown key 'temprature' (did you mean 'temperature'?)",
+        f"{path} [[query]] #2: unknown key 'result_fromat' (did you mean 'result_format'?)",
+    ]
 
 
 def test_an_instruction_with_free_fields_reaches_every_window(tmp_path):

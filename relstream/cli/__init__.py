@@ -8,6 +8,7 @@ import click
 
 from relstream.cli.answers import answers
 from relstream.cli.broker import broker
+from relstream.cli.common import quiet_bootstrap_errors
 from relstream.cli.demo import demo
 from relstream.cli.engine import engine, serve
 from relstream.cli.model import model
@@ -59,6 +60,7 @@ class Commands(click.Group):
 @click.version_option(package_name="relstream")
 def main() -> None:
     """relstream: low-latency LLM queries over tables."""
+    quiet_bootstrap_errors()  # a missing broker is the command's own one line
 
 
 for command in (

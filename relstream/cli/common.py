@@ -136,6 +136,33 @@ def show_logs(logger: str) -> None:
     target.propagate = False
 
 
+class _NotBootstrap(logging.Filter):
+    """Drops aiokafka's "Unable connect to HOST:PORT" at bootstrap: the command that
+    failed says so itself in one line (its later losses of a node are kept)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith('Unable connect to "')
+
+
+def quiet_bootstrap_errors() -> None:
+    logging.getLogger("aiokafka").addFilter(_NotBootstrap())
+
+
+def plain_log_config() -> dict | None:
+    """A logging config (`logging.config.dictConfig`'s) for Faust's worker: one plain
+    line per event on stderr when it is not a terminal (Faust's own colours its lines
+    by whether stdout is one); None, Faust's own, on a terminal."""
+    if sys.stderr.isatty():
+        return None
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"plain": {"class": "logging.StreamHandler", "formatter": "plain"}},
+        "root": {"handlers": ["plain"]},
+    }
+
+
 def csv_list(kind: type, value: str) -> tuple:
     """Comma-separated values of `kind`, at least one; a bad one is a usage error."""
     try:

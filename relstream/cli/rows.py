@@ -39,7 +39,24 @@ from relstream.schemas import ResultMessage, RowMessage
     default=None,
     help="A CSV's delimiter [read from its header].",
 )
+@click.option(
+    "--encoding",
+    default="utf-8",
+    show_default=True,
+    help="A CSV's or JSONL's text encoding (cp1252, latin-1, ...).",
+)
 @click.option("--unique", is_flag=True, help="Refuse a source whose keys repeat.")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The workers' queries.toml: warn when none of its queries reads --table.",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse, sending nothing, where produce would warn that no query reads --table.",
+)
 @prefix_option
 @security_options
 def produce(
@@ -50,14 +67,27 @@ def produce(
     query: str | None,
     empty_strings: bool,
     delimiter: str | None,
+    encoding: str,
     unique: bool,
+    config: Path | None,
+    strict: bool,
     prefix: str,
     security: KafkaSecurity,
 ) -> None:
     """Produce rows to the table's rows topic: SOURCE is a CSV, JSONL or Parquet file, or
-    a postgresql:// URL with --query."""
+    a postgresql:// URL with --query. Every row is read and checked before any is sent:
+    a source with a bad row sends nothing, and the error names the row's line."""
+    import codecs
+
     from relstream.connectors.sources import read_query, read_rows
 
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise click.BadParameter(
+            f"unknown encoding {encoding!r}", param_hint="--encoding"
+        ) from None
+    read = _check_readers(config, table, strict) if config is not None else None
     try:
         if source.startswith(("postgresql://", "postgres://")):
             if not query:
@@ -68,11 +98,34 @@ def produce(
             if not path.is_file():
                 raise click.BadParameter(f"{source}: no such file", param_hint="SOURCE")
             delimiter = "\t" if delimiter == "tab" else delimiter
-            rows = list(read_rows(path, table, key_column, empty_strings, delimiter))
+            rows = list(read_rows(path, table, key_column, empty_strings, delimiter, encoding))
     except (ValueError, KeyError) as exc:
-        raise click.ClickException(f"{source}: {exc}") from None
+        said = str(exc)  # most name the file already: never twice
+        said = said if said.startswith(source) else f"{source}: {said}"
+        raise click.ClickException(
+            f"{said}; 0 rows sent (a source with a bad row is refused whole)"
+        ) from None
     _check_keys(rows, source, unique)
-    _produce_rows(bootstrap, prefix, table, rows, security)
+    _produce_rows(bootstrap, prefix, table, rows, security, read, strict)
+
+
+def _check_readers(config: Path, table: str, strict: bool) -> bool:
+    """Whether a query of the workers' `config` reads `table`: where none does, rows sent
+    there would never be asked, so a warning naming the tables read (`strict`: a
+    refusal). Returns True when one does."""
+    from relstream.stream.registrations import RegistrationError, load_registrations
+
+    try:
+        tables = sorted({r.table for r in load_registrations(config)})
+    except RegistrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    if table in tables:
+        return True
+    said = f"no query in {config} reads table {table!r}; its queries read {', '.join(tables)}"
+    if strict:
+        raise click.ClickException(f"{said} (--strict: nothing was sent)")
+    console.print(f"[yellow]warning: {said}[/]", highlight=False)
+    return False
 
 
 def _check_keys(rows: list[RowMessage], source: str, unique: bool) -> None:
@@ -93,14 +146,30 @@ def _check_keys(rows: list[RowMessage], source: str, unique: bool) -> None:
 
 
 def _produce_rows(
-    bootstrap: str, prefix: str, table: str, rows: list[RowMessage], security: KafkaSecurity
+    bootstrap: str,
+    prefix: str,
+    table: str,
+    rows: list[RowMessage],
+    security: KafkaSecurity,
+    read: bool | None,
+    strict: bool,
 ) -> None:
+    """Send `rows`, creating the topics first. `read`: whether the workers' queries read
+    `table` (None: not known, so a rows topic that did not exist is warned of; `strict`
+    refuses it before creating anything)."""
     from relstream.client import RelstreamClient
     from relstream.kafka.clients import create_topics
 
     topics = Topics(prefix)
+    if strict and read is None:
+        listed = asyncio.run(create_topics(bootstrap, {}, security))  # lists, creates none
+        if topics.rows(table) not in listed:
+            raise click.ClickException(
+                f"{topics.rows(table)} does not exist, so no worker reads it yet (--config "
+                "names the queries that will); --strict: nothing was sent"
+            )
     existing = asyncio.run(create_topics(bootstrap, topics.layout((table,)), security))
-    if topics.rows(table) not in existing:  # a typo, or a table no worker was told of yet
+    if read is None and topics.rows(table) not in existing:  # a typo, or a new table
         tables = sorted(
             n.removeprefix(topics.rows("")) for n in existing if n.startswith(topics.rows(""))
         )

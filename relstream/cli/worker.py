@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ import click
 from relstream.cli.common import (
     bootstrap_option,
     broker_kind_option,
+    plain_log_config,
     prefix_option,
     security_options,
     show_logs,
@@ -108,6 +110,10 @@ def worker(
 
     quiet_outages()  # a broker outage: one line per kind and period, with a count
     try:
-        Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+        logs = plain_log_config()
+        faust_worker = Worker(app, loglevel="WARNING", quiet=True, logging_config=logs)
+        if logs is not None or not sys.stdout.isatty():
+            faust_worker.spinner = None  # its cursor codes, off a terminal
+        faust_worker.execute_from_commandline()
     finally:
         clear_ready(ready_file)

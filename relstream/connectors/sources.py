@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from relstream.connectors.tables import load_csv
-from relstream.schemas import MessageError, RowMessage, checked
+from relstream.connectors.tables import load_csv, text_encoding, undecodable
+from relstream.schemas import MessageError, RowMessage, checked, encode
+from relstream.schemas.messages import MAX_ROW_BYTES
 
 FORMATS = ("csv", "jsonl", "parquet")
 
@@ -25,13 +26,19 @@ def detect_format(path: Path) -> str:
     raise ValueError(f"{path}: unknown format {suffix!r}; use one of {', '.join(FORMATS)}")
 
 
-def _row(table: str, key: str, values: dict[str, Any]) -> RowMessage:
-    """The row message, checked as the worker will check it, so a bad row is refused
-    before anything is produced."""
+def _row(table: str, key: str, values: dict[str, Any], where: str) -> RowMessage:
+    """The row message, checked as the worker will check it (its size too), so a bad row
+    is refused, named by `where` (its file and line), before anything is produced."""
     try:
-        return checked(RowMessage(table=table, key=key, values=values))
+        row = checked(RowMessage(table=table, key=key, values=values))
     except MessageError as exc:
-        raise ValueError(f"row {key!r}: {exc.reason}") from None
+        raise ValueError(f"{where}: row {key!r}: {exc.reason}") from None
+    size = len(encode(row))
+    if size > MAX_ROW_BYTES:  # the worker would only dead-letter it
+        raise ValueError(
+            f"{where}: row {key!r} is {size:,} bytes encoded; a row is at most {MAX_ROW_BYTES:,}"
+        )
+    return row
 
 
 def _scalar(value: Any) -> Any:
@@ -64,13 +71,19 @@ def read_rows(
     key_column: str | None = None,
     empty_strings: bool = False,
     delimiter: str | None = None,
+    encoding: str = "utf-8",
 ) -> Iterator[RowMessage]:
     """Row messages for each row of a CSV, JSONL (one object per line) or Parquet file.
 
     An empty CSV cell is null, as in a database export (a row whose template column is
     null is answered with status "null", never asked of the model), unless
     `empty_strings` keeps it as the empty string. A key cell is never null: an empty key
-    is refused naming the row. A CSV's delimiter is read from its header unless given."""
+    is refused naming the row. A CSV's delimiter is read from its header unless given;
+    text files are read in `encoding`.
+
+    One rule for every format: a bad row (unreadable, wrong fields, refused by the wire's
+    checks, too large) raises naming its line, so a caller that reads every row before
+    sending any sends nothing from a file with a bad row."""
     fmt = detect_format(path)
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -78,18 +91,28 @@ def read_rows(
         for index, values in enumerate(pq.read_table(path).to_pylist(), start=1):
             values = {column: _scalar(v) for column, v in values.items()}
             key = _key(values, key_column, f"{path} row {index}") if key_column else str(index)
-            yield _row(table, key, values)
+            yield _row(table, key, values, f"{path} row {index}")
         return
     if fmt == "csv":
-        for row in load_csv(path, table, delimiter).rows:
+        loaded = load_csv(path, table, delimiter, encoding)
+        for row, line in zip(loaded.rows, loaded.lines, strict=True):
             key = _key(row.values, key_column, str(path)) if key_column else row.key
             values = {
                 column: None if value == "" and not empty_strings else value
                 for column, value in row.values.items()
             }
-            yield _row(table, key, values)
+            yield _row(table, key, values, f"{path}:{line}")
         return
-    with path.open(encoding="utf-8-sig") as handle:
+    try:
+        yield from _jsonl_rows(path, table, key_column, text_encoding(encoding))
+    except UnicodeDecodeError as exc:
+        raise ValueError(undecodable(path, encoding, exc)) from None
+
+
+def _jsonl_rows(
+    path: Path, table: str, key_column: str | None, encoding: str
+) -> Iterator[RowMessage]:
+    with path.open(encoding=encoding) as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -101,7 +124,7 @@ def read_rows(
                 raise ValueError(f"{path}:{line_number}: expected a JSON object per line")
             where = f"{path}:{line_number}"
             key = _key(values, key_column, where) if key_column else str(line_number)
-            yield _row(table, key, {c: _scalar(v) for c, v in values.items()})
+            yield _row(table, key, {c: _scalar(v) for c, v in values.items()}, where)
 
 
 def read_query(
@@ -116,4 +139,5 @@ def read_query(
         columns = [column.name for column in cursor.description]
         for index, record in enumerate(cursor, start=1):
             values = {c: _scalar(v) for c, v in zip(columns, record, strict=True)}
-            yield _row(table, str(values[key_column]) if key_column else str(index), values)
+            key = str(values[key_column]) if key_column else str(index)
+            yield _row(table, key, values, f"query row {index}")

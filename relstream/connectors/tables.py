@@ -16,6 +16,7 @@ class Table:
     name: str
     columns: tuple[str, ...]
     rows: tuple[Row, ...]
+    lines: tuple[int, ...] = ()  # each row's line in its file, for errors naming it
 
 
 def _strip_column_prefix(column: str, value: str) -> str:
@@ -44,15 +45,49 @@ def header_delimiter(line: str) -> str:
     return best if counts[best] else ","
 
 
-def load_csv(path: str | Path, name: str | None = None, delimiter: str | None = None) -> Table:
+def undecodable(path: Path, encoding: str, exc: UnicodeDecodeError) -> str:
+    """A decoding error told by the file's line and column (the codec's own position is
+    within whatever chunk it was reading), with the option that fixes it."""
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode(encoding)
+            except UnicodeDecodeError as bad:
+                return (
+                    f"{path}:{number}: not {encoding} text (byte 0x{line[bad.start]:02x} at "
+                    f"column {bad.start + 1}); give the file's encoding with --encoding "
+                    "(cp1252 and latin-1 are common)"
+                )
+    return f"{path}: not {encoding} text ({exc.reason}); give its encoding with --encoding"
+
+
+def text_encoding(encoding: str) -> str:
+    """The codec to open a file with: UTF-8 drops a byte order mark, as spreadsheet
+    exports write one."""
+    import codecs
+
+    return "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
+
+
+def load_csv(
+    path: str | Path, name: str | None = None, delimiter: str | None = None, encoding="utf-8"
+) -> Table:
     """Load a CSV with a header row, its delimiter read from the header unless given; a
-    byte order mark (as spreadsheet exports write) is dropped.
+    byte order mark (as spreadsheet exports write) is dropped. Text that is not in
+    `encoding` is refused naming its line.
 
     The row key is the first column when its header is empty (an exported index), else
     the 1-based line number. Cells written as "<column>: <value>" lose that prefix.
     """
     path = Path(path)
-    with path.open(newline="", encoding="utf-8-sig") as handle:
+    try:
+        return _load_csv(path, name, delimiter, text_encoding(encoding))
+    except UnicodeDecodeError as exc:
+        raise ValueError(undecodable(path, encoding, exc)) from None
+
+
+def _load_csv(path: Path, name: str | None, delimiter: str | None, encoding: str) -> Table:
+    with path.open(newline="", encoding=encoding) as handle:
         if delimiter is None:
             delimiter = header_delimiter(handle.readline())
             handle.seek(0)
@@ -64,6 +99,7 @@ def load_csv(path: str | Path, name: str | None = None, delimiter: str | None = 
         keyed = header[0] == ""
         columns = tuple(header[1:] if keyed else header)
         rows: list[Row] = []
+        lines: list[int] = []
         for line_number, cells in enumerate(reader, start=2):
             if not cells:
                 continue
@@ -73,6 +109,7 @@ def load_csv(path: str | Path, name: str | None = None, delimiter: str | None = 
                 )
             key = cells[0] if keyed else str(line_number - 1)
             values = cells[1:] if keyed else cells
+            lines.append(line_number)
             rows.append(
                 Row(
                     key,
@@ -82,4 +119,4 @@ def load_csv(path: str | Path, name: str | None = None, delimiter: str | None = 
                     },
                 )
             )
-    return Table(name or path.stem, columns, tuple(rows))
+    return Table(name or path.stem, columns, tuple(rows), tuple(lines))

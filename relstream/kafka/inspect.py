@@ -93,7 +93,8 @@ class PipelineStatus:
 
 _NAMED = re.compile(r"""\b(row|relQuery|key|id)\s+('[^']*'|"[^"]*"|\S+)""")
 _INDEX = re.compile(r"\[\d+\]")
-_NUMBER = re.compile(r"\d[\d,._]*")
+# A number standing alone: not the digits of a name such as UTF-8, int64 or x2.
+_NUMBER = re.compile(r"(?<![A-Za-z]-)(?<![\w])\d[\d,._]*")
 
 
 def reason_kind(reason: str) -> str:

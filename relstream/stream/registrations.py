@@ -144,12 +144,33 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
     )
 
 
+def _unknown_keys(table: dict, known: tuple[str, ...], where: str) -> list[str]:
+    """Each key of `table` not among `known`, with the known name nearest it."""
+    import difflib
+
+    said = []
+    for key in table:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            said.append(f"{where}: unknown key {key!r}{hint}")
+    return said
+
+
 def load_registrations(path: Path) -> list[QueryRegistration]:
     try:
         document = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as exc:
         raise RegistrationError(f"{path}: not valid TOML ({exc})") from None
     entries = document.get("query")
+    unknown = _unknown_keys(document, ("query",), str(path))
+    if isinstance(entries, list):
+        for i, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                where = f"{path} [[query]] #{i + 1}"
+                unknown += _unknown_keys(entry, _Written.__struct_fields__, where)
+    if unknown:  # every typo at once, not one a run
+        raise RegistrationError("; ".join(unknown))
     if not isinstance(entries, list) or not entries:
         raise RegistrationError(f"{path}: no [[query]] tables")
     registrations = [_registration(e, f"{path} [[query]] #{i + 1}") for i, e in enumerate(entries)]
