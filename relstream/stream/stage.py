@@ -101,9 +101,9 @@ class WindowStage:
         self._cutters: dict[TopicPartition, PartitionWindows] = {}
         self._committed: dict[TopicPartition, int] = {}
         # At least once only: per partition, windows published and not yet committed past
-        # (first offset -> last), kept across a rebalance so a replay cuts them the same
+        # (`Window.start` -> last offset), kept across a rebalance so a replay cuts them the same
         # (`windowing`). With transactions nothing uncommitted is visible (`transacted`).
-        self._published: dict[int, dict[int, int]] = {}
+        self._published: dict[int, dict[tuple[int, int], int]] = {}
         self._tx: WindowTransactions | None = None  # exactly once, where the broker can
         self.rows_seen = 0
         self._rebalances = RevocationListener(self._forget, self._assigned)
@@ -203,7 +203,7 @@ class WindowStage:
             return
         published = self._published
         for window in closed:
-            if published.get(window.partition, {}).get(window.first_offset) != window.last_offset:
+            if published.get(window.partition, {}).get(window.start) != window.last_offset:
                 sends.append(await self._publish(window))
             else:  # a replay of a window already on the broker, cut the same
                 name = f"{self.registration.name}-{window.window_id}"
@@ -213,7 +213,7 @@ class WindowStage:
                 # every relQuery and dead letter is on the broker before the commit
                 await asyncio.gather(*(send(stalled) for send in sends))
         for window in closed:
-            published.setdefault(window.partition, {})[window.first_offset] = window.last_offset
+            published.setdefault(window.partition, {})[window.start] = window.last_offset
         await self._commit()
 
     def _log_rejected(self, rejected: list[str]) -> None:
@@ -345,8 +345,8 @@ class WindowStage:
         self._committed.update(committed)
         for partition, offset in committed.items():  # what lies below is never replayed
             kept = self._published.get(partition.partition, {})
-            for first in [first for first in kept if first < offset]:
-                del kept[first]
+            for start in [start for start in kept if start[0] < offset]:
+                del kept[start]
 
     async def _forget(self, revoked: set) -> None:
         """Drop revoked partitions' open windows: their new owner replays them from the

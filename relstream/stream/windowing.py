@@ -21,7 +21,8 @@ seconds past the deadline. A row timestamped before the deadline but appended af
 one on a replay: the only case where a replay could cut differently. A broker outage
 makes every producer late, and the rebalance after it replays what was not committed, so
 a worker remembers the windows it has published and not yet committed past
-(`published`: first offset → last offset) and cuts a replay of one at the same row; only a
+(`published`: a window's `start`, its first offset and first row's time → its last
+offset) and cuts a replay of one at the same row; only a
 restarted worker, which has forgotten them, can still cut differently.
 
 A window also closes before the row that would take its relQuery message over
@@ -153,6 +154,12 @@ class Window:
     rows_bytes: int = 0  # `row_bytes` summed over `rows`
 
     @property
+    def start(self) -> tuple[int, int]:
+        """Its first offset and first row's milliseconds: where it starts in which
+        incarnation of the topic (offsets alone repeat once a topic is made again)."""
+        return self.first_offset, self.first_ms
+
+    @property
     def window_id(self) -> str:
         """Unique across incarnations of the topic, the same on a replay (module doc)."""
         return f"{self.partition}-{self.first_offset}@{self.first_ms}"
@@ -165,7 +172,7 @@ class PartitionWindows:
         self,
         registration: QueryRegistration,
         partition: int,
-        published: dict[int, int] | None = None,
+        published: dict[tuple[int, int], int] | None = None,
         message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.registration = registration
@@ -213,7 +220,7 @@ class PartitionWindows:
         if self.open is not None and (
             timestamp >= self.open.deadline
             or self.open.rows_bytes + size > self.budget
-            or offset > self.published.get(self.open.first_offset, offset)
+            or offset > self.published.get(self.open.start, offset)
         ):
             closed.append(self.open)
             self.open = None
@@ -234,7 +241,7 @@ class PartitionWindows:
         """The open window, closed, once `now` is `lateness` past its deadline (a replay
         of a published window only once it has all its rows again)."""
         window = self.open
-        if window is not None and window.last_offset < self.published.get(window.first_offset, -1):
+        if window is not None and window.last_offset < self.published.get(window.start, -1):
             return None
         if window is not None and now >= window.deadline + lateness:
             self.open = None
