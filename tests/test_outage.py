@@ -66,7 +66,7 @@ def test_a_window_closed_during_an_outage_is_replayed_with_the_same_rows_not_the
         assert live.add(offset, stamps[offset], rows[offset]) == []
     published = live.expire(now=160.0, lateness=1.0)
     assert keys(published) == ["r568", "r569"]
-    replay = PartitionWindows(registration, 2, {568: published.last_offset})
+    replay = PartitionWindows(registration, 2, {published.start: published.last_offset})
     replay.add(568, stamps[568], rows[568])
     assert replay.expire(now=161.0, lateness=1.0) is None  # not before it has its rows
     assert replay.add(569, stamps[569], rows[569]) == []

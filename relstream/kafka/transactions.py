@@ -275,12 +275,12 @@ class PartitionProducers:
         await producer.commit_transaction()
 
     async def _abort(self, partition, producer) -> None:
-        """Abort after a refused message; a producer that cannot is replaced."""
-        try:
-            async with asyncio.timeout(self._stall_s):
-                await producer.abort_transaction()
-        except Exception:
-            await self._renew(partition, producer)
+        """Abort after a refused message, by replacing the producer (`_renew`): after a
+        batch the broker refused, an idempotent producer's sequence numbers no longer
+        match the broker's, and its next transaction would fail on every message
+        (`OutOfOrderSequenceNumber`, seen after a `MessageSizeTooLarge`); a new producer
+        under the same id aborts the transaction and starts its sequences anew."""
+        await self._renew(partition, producer)
 
     async def _renew(self, partition, producer) -> None:
         """Replace a producer whose transaction failed: the new one, same id, aborts it.
