@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +90,20 @@ def start_worker(
     if agents:
         command += ["--agents", str(agents)]
     return spawn_logged(command, log)
+
+
+def stop_all(processes: Sequence[subprocess.Popen], wait_s: float = 30.0) -> None:
+    """SIGTERM to each process still running, then wait for each up to `wait_s`; one
+    that is still running then is killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
 
 
 def check_alive(processes: Sequence[subprocess.Popen]) -> None:

@@ -20,7 +20,7 @@ from helpers import encode_row, relquery, start_worker
 
 from relstream.kafka.clients import Subscription, create_topics, produce
 from relstream.kafka.topics import Topics
-from relstream.launch import wait_ready
+from relstream.launch import stop_all, wait_ready
 from relstream.schemas import ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 
@@ -117,15 +117,7 @@ def kill(process: subprocess.Popen) -> None:
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    stop_all(processes)
 
 
 def test_a_sigkilled_engine_restarted_with_the_same_command_serves_within_30_s(

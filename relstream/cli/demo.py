@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ from relstream.launch import (
     relstream_command,
     spawn_logged,
     start_worker,
+    stop_all,
     wait_ready,
 )
 from relstream.scheduler import DEFAULT_POLICY
@@ -115,14 +115,7 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         _print_results(console, results)
         return 0 if results else 1
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
         broker.stop()
         shutil.rmtree(workdir / "broker", ignore_errors=True)
         console.print("stopped worker, engine and broker")
