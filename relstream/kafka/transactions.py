@@ -244,7 +244,13 @@ class PartitionProducers:
                             self._on_fenced(partition)
                         raise Fenced(f"{partition}: {exc}") from exc
                     except Refused:
-                        await self._abort(partition, producer)
+                        # Aborted by replacing the producer, not by `abort_transaction`:
+                        # after a batch the broker refused, an idempotent producer's
+                        # sequence numbers no longer match the broker's, and its next
+                        # transaction failed on every message (`OutOfOrderSequenceNumber`
+                        # after a `MessageSizeTooLarge`); a new producer under the same id
+                        # aborts the transaction and starts its sequences anew.
+                        await self._renew(partition, producer)
                         raise
                     except Fenced:  # `offsets` found the partition forgotten
                         raise
@@ -273,14 +279,6 @@ class PartitionProducers:
                 await future
         await producer.send_offsets_to_transaction({partition: offsets()}, self._group)
         await producer.commit_transaction()
-
-    async def _abort(self, partition, producer) -> None:
-        """Abort after a refused message, by replacing the producer (`_renew`): after a
-        batch the broker refused, an idempotent producer's sequence numbers no longer
-        match the broker's, and its next transaction would fail on every message
-        (`OutOfOrderSequenceNumber`, seen after a `MessageSizeTooLarge`); a new producer
-        under the same id aborts the transaction and starts its sequences anew."""
-        await self._renew(partition, producer)
 
     async def _renew(self, partition, producer) -> None:
         """Replace a producer whose transaction failed: the new one, same id, aborts it.

@@ -108,10 +108,10 @@ class WindowTransactions:
         """Publish `windows` (relQuery parts), the held letters below `offset`, and commit
         `offset`, in one transaction; nothing if there is nothing new. False if the
         partition was taken away meanwhile: forgotten, its new owner replays it."""
-        held = self._held.get(partition, [])
-        passed = [part for at, part in held if offset is not None and at < offset]
         if offset is None:
             return True
+        held = self._held.get(partition, [])
+        passed = [part for at, part in held if at < offset]
         if not windows and not passed and self._committed.get(partition) == offset:
             return True
         parts = windows + passed
