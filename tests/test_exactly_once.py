@@ -28,6 +28,7 @@ from relstream.schemas.convert import relquery_message
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream_lab.drills.parts import noida_kafka
 
 # the bookkeeping
 
@@ -150,6 +151,46 @@ def test_a_new_owner_fences_the_old_one_and_its_commit_carries_the_metadata(defa
     mark, values = asyncio.run(scenario())
     assert sorted(values) == [b"new-2", b"old-1"]  # the fenced producer's message: never
     assert mark.offset == 2 and decode_ahead(mark.metadata, 2) == {4}
+
+
+def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
+    # noida-db forgets, when it restarts, which partitions an open transaction wrote to:
+    # committed after the restart, the transaction's offset commit counts and its message
+    # stays invisible to `read_committed` readers for good (measured: commit returned,
+    # offset 9 committed, 0 of 1 messages readable). Its producer saw its connection
+    # break, so the transaction is redone from the start instead.
+    topics, group = fresh_topics(), "restarted"
+    partition = TopicPartition(topics.relqueries, 0)
+    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker.start()
+    restarts = []
+
+    def offsets() -> tuple[int, str]:  # asked after the sends are acknowledged
+        if not restarts:
+            restarts.append(1)
+            noida_kafka(broker, "stop")  # blocks the loop: the restart falls inside the
+            noida_kafka(broker, "start")  # transaction, on the same port and data
+        return (9, "")
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout())
+        producers = PartitionProducers(broker.bootstrap, group, stall_s=60.0)
+        await producers.open([partition])
+        await producers.transact(partition, [Send(topics.results, b"once", b"k", "m")], offsets)
+        await producers.close_all()
+        admin = new_admin(broker.bootstrap)
+        await admin.start()
+        try:
+            marks = await admin.list_consumer_group_offsets(group, partitions=[partition])
+        finally:
+            await admin.close()
+        seen = await read_all(broker.bootstrap, topics.results, "read_committed")
+        return marks[partition].offset, [m.value for m in seen]
+
+    try:
+        assert asyncio.run(scenario()) == (9, [b"once"])
+    finally:
+        broker.stop()
 
 
 def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default_broker, caplog):

@@ -14,8 +14,12 @@ under the lock (`Transact.offsets`), so each commit's offset and metadata extend
 previous one's. A transaction the broker does not take (an outage) is retried with the
 same messages, by a new producer under the same id (starting it aborts the open one),
 for as long as the partition stays assigned; a message the broker refuses for good
-aborts it as `Refused`. Brokers without transactions (Tansu refuses `InitProducerId`)
-are found at start by `has_transactions`, and the caller runs at least once instead.
+aborts it as `Refused`. A transaction during which the producer lost its connection is
+redone too, even where the broker took it (`BrokerLost`): noida-db, the default broker,
+forgets at a restart which partitions an open transaction wrote, and then commits its
+offsets while its messages stay invisible for good. Brokers without transactions (Tansu
+refuses `InitProducerId`) are found at start by `has_transactions`, and the caller runs
+at least once instead.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.conn import CloseReason
 from aiokafka.errors import KafkaError, ProducerFenced
 
 from relstream.kafka.clients import new_admin, new_producer
@@ -36,6 +41,29 @@ log = logging.getLogger("relstream.kafka.transactions")
 
 PROBE_S = 30.0  # how long the start-up probe waits for the broker's answer
 STOP_S = 5.0  # how long a producer given up on may take to close
+
+
+class BrokerLost(Exception):
+    """The producer's connection broke during a transaction: the broker may have
+    restarted and forgotten the transaction's partitions, so it is redone."""
+
+
+def _count_breaks(producer: AIOKafkaProducer) -> Callable[[], int]:
+    """How many of `producer`'s broker connections have broken so far (not idle or
+    closed by us): a broker restart breaks them all. aiokafka has no public hook; its
+    client calls `_on_connection_closed` for each closed connection."""
+    client = producer.client
+    closed = client._on_connection_closed
+    breaks = 0
+
+    def on_closed(conn, reason) -> None:
+        nonlocal breaks
+        if reason not in (CloseReason.IDLE_DROP, CloseReason.SHUTDOWN):
+            breaks += 1
+        closed(conn, reason)
+
+    client._on_connection_closed = on_closed
+    return lambda: breaks
 
 
 class Fenced(Exception):
@@ -117,6 +145,7 @@ class PartitionProducers:
         self._stall_s = stall_s
         self._backoff = backoff or Backoff()
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self._breaks: dict[AIOKafkaProducer, Callable[[], int]] = {}  # `_count_breaks`
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._settling: set[TopicPartition] = set()  # assigned, their position not yet set
 
@@ -177,6 +206,7 @@ class PartitionProducers:
                 self._security,
                 transactional_id=transactional_id(self._group, partition),
             )
+            breaks = _count_breaks(producer)
             try:
                 await producer.start()
             except Exception as exc:
@@ -189,6 +219,7 @@ class PartitionProducers:
                 await _stop(producer)
                 return
             self._producers[partition] = producer
+            self._breaks[producer] = breaks
             return
 
     async def close(self, partitions) -> None:
@@ -204,6 +235,7 @@ class PartitionProducers:
                     async with asyncio.timeout(STOP_S):
                         async with lock:
                             pass
+            self._breaks.pop(producer, None)
             await _stop(producer)
 
     async def close_all(self) -> None:
@@ -267,6 +299,12 @@ class PartitionProducers:
             timer.cancel()
 
     async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
+        """One try. A connection that broke before the commit: aborted and redone (the
+        caller renews the producer). One that broke during the commit: the commit may
+        have been the restarted broker's, with the messages lost, so it is redone too (a
+        reader may then see one of them twice, under the same key)."""
+        breaks = self._breaks[producer]
+        before = breaks()
         await producer.begin_transaction()
         sent = []
         for send in sends:  # a message over the producer's own limit is refused here
@@ -278,7 +316,11 @@ class PartitionProducers:
             with _refusal(send):
                 await future
         await producer.send_offsets_to_transaction({partition: offsets()}, self._group)
+        if breaks() != before:
+            raise BrokerLost("its connection broke before the commit")
         await producer.commit_transaction()
+        if breaks() != before:
+            raise BrokerLost("its connection broke during the commit")
 
     async def _renew(self, partition, producer) -> None:
         """Replace a producer whose transaction failed: the new one, same id, aborts it.
@@ -286,6 +328,7 @@ class PartitionProducers:
         if self._producers.get(partition) is not producer:
             return
         del self._producers[partition]
+        self._breaks.pop(producer, None)
         await _stop(producer)
         if partition in self._locks:  # still assigned
             await self._open(partition)
@@ -293,6 +336,7 @@ class PartitionProducers:
     async def _drop(self, partition, producer) -> None:
         if self._producers.get(partition) is producer:
             del self._producers[partition]
+        self._breaks.pop(producer, None)
         await _stop(producer)
 
 

@@ -111,7 +111,7 @@ class Rows:
                 await asyncio.wait(self.pending)
 
 
-def _kafka(broker: EmbeddedBroker, action: str) -> None:
+def noida_kafka(broker: EmbeddedBroker, action: str) -> None:
     """`noida-db stop kafka` or `start kafka` on the running broker's data dir: the Kafka
     broker stops (its data saved, its port closed) or starts again on the same port."""
     binary = Path(str(resources.files("noida_db").joinpath("noida-db")))
@@ -120,12 +120,12 @@ def _kafka(broker: EmbeddedBroker, action: str) -> None:
 
 
 async def stop_kafka(broker: EmbeddedBroker) -> None:
-    await asyncio.to_thread(_kafka, broker, "stop")
+    await asyncio.to_thread(noida_kafka, broker, "stop")
 
 
 async def start_kafka(broker: EmbeddedBroker, timeout: float = 60.0) -> None:
     """`noida-db start kafka`, then wait until the broker answers metadata requests."""
-    await asyncio.to_thread(_kafka, broker, "start")
+    await asyncio.to_thread(noida_kafka, broker, "start")
     deadline = time.monotonic() + timeout
     while True:
         try:
