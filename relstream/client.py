@@ -62,7 +62,7 @@ class RelstreamClient:
     ) -> None:
         """`placement`: "load" sends each relQuery to the least loaded engine while engines
         report their load, else by its id's hash; "hash" always by the hash (unset:
-        $RELSTREAM_PLACEMENT, else "load"; README, Scale-out)."""
+        $RELSTREAM_PLACEMENT, else "load"; docs/operations.md, Scale-out)."""
         self.bootstrap = bootstrap
         self.topics = Topics(prefix)
         self.security = security

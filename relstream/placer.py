@@ -1,4 +1,4 @@
-"""Placing relQueries by the load engines report, not by their key's hash (README,
+"""Placing relQueries by the load engines report, not by their key's hash (docs/operations.md,
 Scale-out).
 
 Engines publish, every few tenths of a second on the metrics topic, the relqueries

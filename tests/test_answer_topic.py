@@ -204,7 +204,7 @@ def test_purge_tombstones_every_answer_also_in_a_running_engine(broker):
 
     counts, configs = asyncio.run(scenario())
     assert counts == (3, 0, 3, 0, 0)
-    # Compacted, and bounded in time and size (README: the answers topic).
+    # Compacted, and bounded in time and size (docs/serving.md: the answers topic).
     assert {name: configs.get(name) for name in TOPIC_CONFIG} == TOPIC_CONFIG
 
 

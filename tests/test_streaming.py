@@ -297,7 +297,7 @@ EXAMPLE_AGENTS = REPO / "docs" / "examples" / "enrich_reviews.py"
 
 
 def test_your_own_agent_filters_and_enriches_rows_before_they_are_windowed(broker, tmp_path):
-    """The README's example agent (`relstream worker --agents`) beside the window stage:
+    """docs/operations.md's example agent (`relstream worker --agents`) beside the window stage:
     an empty review never reaches a window, the others arrive trimmed and with a word
     count, and a message that is no row is dead-lettered by the stage with the reason."""
     topics = Topics(prefix=f"a{uuid.uuid4().hex[:6]}.")

@@ -86,7 +86,7 @@ _ENGINE_OPTIONS = (
         envvar="RELSTREAM_INSTANCE_ID",
         default=None,
         help="This engine's static member id in its group, the same when it is restarted "
-        "(README, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
+        "(docs/operations.md, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
     ),
     prefix_option,
     broker_kind_option,
@@ -175,8 +175,8 @@ _ENGINE_OPTIONS = (
         default=True,
         show_default=True,
         help="Publish this engine's load on the metrics topic, so the worker and clients "
-        "place relQueries on the least loaded engine (README, Scale-out); without, they "
-        "hash the id.",
+        "place relQueries on the least loaded engine (docs/operations.md, Scale-out); "
+        "without, they hash the id.",
     ),
     click.option(
         "--load-report-s",

@@ -60,7 +60,8 @@ from relstream.ready import clear_ready
     envvar="RELSTREAM_INSTANCE_ID",
     default=None,
     help="This worker's static member id in each query's group, the same when it is "
-    "restarted (README, Scale-out) [<hostname>-<n>, n the lowest slot free on this host].",
+    "restarted (docs/operations.md, Scale-out) [<hostname>-<n>, n the lowest slot free on "
+    "this host].",
 )
 @security_options
 def worker(

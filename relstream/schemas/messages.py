@@ -46,7 +46,8 @@ Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 NonNegative = Annotated[float, Meta(ge=0, le=sys.float_info.max)]
 Scalar = str | int | Finite | bool | None
 # "null": a column the template names was null, so the row was never asked (NULL in,
-# NULL out). Readers before it refuse a result holding such a row (README, wire evolution).
+# NULL out). Readers before it refuse a result holding such a row (docs/wire-format.md,
+# message evolution).
 RowStatusName = Literal["ok", "error", "cancelled", "null"]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 RowKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_CHARS)]

@@ -1,4 +1,4 @@
-"""What the HTTP door holds at once, and which ids it takes (README, "Over HTTP").
+"""What the HTTP door holds at once, and which ids it takes (docs/serving.md, "Over HTTP").
 
 A request holds a place from the moment it arrives until its client is answered (or has
 gone): its relQuery, served here or forwarded, its rows and its body's bytes. Past any of

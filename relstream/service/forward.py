@@ -1,4 +1,4 @@
-"""The HTTP door's placement (README, Scale-out): a relQuery POSTed to the door of an
+"""The HTTP door's placement (docs/operations.md, Scale-out): a relQuery POSTed to the door of an
 engine that serves Kafka and reports its load goes where the worker and the Python client
 would send it, the engine with the least outstanding work (`relstream.placer`).
 

@@ -9,7 +9,7 @@ work. Results are keyed by relQuery id; consumers de-duplicate on it.
 - **Backlog and memory.** The engine is handed relQueries up to a budget of rows in
   flight (`backlog.RowBudget`), so its scheduler orders the real backlog; while one
   waits for room nothing more is decoded (its partition is sought back and paused), and
-  fetches, decoding and dead letters are bounded (`backlog`, README "Bounded memory").
+  fetches, decoding and dead letters are bounded (`backlog`, docs/operations.md "Bounded memory").
 - **Bad input** (a message that does not decode) is dead-lettered with the reason.
 - **A relQuery whose serving raises** is retried `max_attempts` times, then
   dead-lettered with the error, so it never blocks its partition.

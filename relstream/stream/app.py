@@ -84,7 +84,8 @@ def build_app(
     app.boot_strategy = faust.app.BootStrategy(app, enable_kafka_consumer=False)
     app.transport = HeldFetchTransport(app.conf.broker_consumer, app)
     # Each window's relQuery goes to the least loaded engine while engines report their
-    # load, else by its key's hash (README, Scale-out); RELSTREAM_PLACEMENT=hash: always.
+    # load, else by its key's hash (docs/operations.md, Scale-out); RELSTREAM_PLACEMENT=hash:
+    # always.
     placer = None
     if placement_of(None) == "load":
         placer = AsyncLoadReader(bootstrap, topics, broker_kind, security)

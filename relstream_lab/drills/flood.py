@@ -3,7 +3,7 @@
 Bad messages of many kinds (`KINDS`: malformed bytes, wrong fields and types, bounds
 broken, messages of several MB, one over any producer's 1 MiB request limit) go to the
 rows and relqueries topics of a running worker and engine (real processes, sim backend),
-interleaved with valid rows and relQueries. The drill then checks what the README
+interleaved with valid rows and relQueries. The drill then checks what docs/operations.md
 promises: every valid relQuery answered, every bad message dead-lettered with a reason
 (matched back to its kind by its key), both processes alive, and both processes' memory
 bounded: each one's RSS is sampled every 0.1 s from after start-up (the baseline) to the
@@ -82,8 +82,8 @@ KINDS = (
     Kind("row without key", "rows", lambda k, r: pack({"version": 1, "table": TABLE})),
     Kind("row values not a map", "rows", lambda k, r: pack(_row(k, "text"))),
     Kind("row value nested", "rows", lambda k, r: pack(_row(k, {"review": {"a": 1}}))),
-    # An unknown field is read past (wire evolution, README); a known one of the wrong type
-    # is bad input.
+    # An unknown field is read past (message evolution, docs/wire-format.md); a known one of
+    # the wrong type is bad input.
     Kind(
         "row field of wrong type",
         "rows",

@@ -8,7 +8,7 @@ every other, cannot be written. It starts again on the same port and data direct
 them). The broker is stopped with `noida-db stop kafka`, which saves its data: noida-db
 0.2.3 killed by SIGTERM loses the last messages it acknowledged (measured: 50-200 of
 ~20,000 in 3 of 4 tries, none in 4 tries of `stop kafka`), which no client can make up
-for. The drill then checks what the README promises: every row the broker acknowledged
+for. The drill then checks what docs/operations.md promises: every row the broker acknowledged
 is in exactly one stored result (a `JsonlSink`, which keeps one result per relQuery id),
 every bad row is dead-lettered, both processes are alive, and the engine's log shows the
 pause and the resume. It also counts the log lines each process wrote during the outage.
