@@ -11,7 +11,7 @@ TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 # vLLM's CPU build runs several times faster on tcmalloc (docs/architecture.md).
 ENGINE_ENV := LD_PRELOAD=$(TCMALLOC)
 
-.PHONY: setup test test-vllm-next lint demo bench-sim bench-vllm schemas clean
+.PHONY: setup test test-fast test-vllm-next lint demo bench-sim bench-vllm schemas clean
 
 setup: $(STAMP) $(STREAM_STAMP)
 
@@ -44,9 +44,17 @@ $(STAMP): pyproject.toml
 lint: setup
 	$(BIN)/ruff check .
 
+# Two workers (pytest-xdist): the vLLM tests on one, first, the modules spread over both
+# (tests/conftest.py). `make test-fast` leaves out the vLLM tests and those marked slow.
+TEST_WORKERS ?= 2
+PYTEST := RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(ENGINE_ENV) $(BIN)/pytest -q \
+	-n $(TEST_WORKERS) --dist loadgroup
 test: setup lint
-	RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(ENGINE_ENV) $(BIN)/pytest -q
+	$(PYTEST)
 	$(MAKE) --no-print-directory test-vllm-next
+
+test-fast: setup lint
+	$(PYTEST) -m "not slow and not vllm"
 
 # The plug-in's contract test against vLLM's next release: its CUDA wheel's Python tree
 # (the scheduler is pure Python; no compiled part is imported) ahead of the installed

@@ -6,6 +6,17 @@ from relstream.kafka.brokers import EmbeddedBroker
 from relstream.scheduler import CostModel, EngineLimits, Linear
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (`make test`: `-n 2 --dist loadgroup`) each module's tests run on one
+    worker, its module fixtures set up once, and every test that starts vLLM runs on the
+    same worker, first: two vLLM engines on two cores slow each other more than they
+    overlap, while the broker-and-process tests mostly wait."""
+    for item in items:
+        vllm = item.get_closest_marker("vllm") is not None
+        item.add_marker(pytest.mark.xdist_group("vllm" if vllm else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
+
+
 @pytest.fixture
 def cost() -> CostModel:
     # L_prefill = 0.01·utok + 0.5, L_decode = 0.1·req + 1.0: round numbers for hand sums.

@@ -94,6 +94,7 @@ def forgeries(key: bytes, genuine: bytes) -> list[bytes]:
     ]
 
 
+@pytest.mark.slow
 def test_an_engine_never_serves_a_forged_or_unsigned_answer_and_honours_tombstones(broker):
     from relstream.service.service import EngineService, ServiceConfig
 
@@ -253,6 +254,7 @@ def test_the_topic_cache_refuses_to_start_without_a_shared_secret(tmp_path, monk
     assert result.exit_code == 2 and "--answer-secret-file PATH" in result.output
 
 
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_model(
     broker, tmp_path

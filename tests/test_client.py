@@ -4,6 +4,7 @@ service: rows in, an ad-hoc relQuery answered within a timeout, results iterated
 import asyncio
 import uuid
 
+import pytest
 from engines import engine_process
 
 from relstream.client import RelstreamClient
@@ -13,6 +14,7 @@ from relstream.kafka.topics import Topics
 from relstream.schemas import RowMessage, decode
 
 
+@pytest.mark.slow
 def test_the_client_produces_rows_asks_and_iterates_results(tmp_path):
     topics = Topics(prefix=f"c{uuid.uuid4().hex[:6]}.")
     with EmbeddedBroker("tansu") as broker:

@@ -273,6 +273,7 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
     assert samples[("relstream_rows_in_flight", ())] == 0
 
 
+@pytest.mark.slow
 def test_a_cancel_message_stops_a_relquery_running_or_still_in_kafka(broker):
     # One relQuery at a time, served slowly (the simulated backend in 20x real time): one
     # runs and another waits behind it in the engine's backlog when both are cancelled by

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import msgspec
+import pytest
 from aiokafka.structs import ConsumerRecord
 from engines import answers_by, engine_process, keys_written, wait_for
 from helpers import http_server, post_and_leave
@@ -63,6 +64,7 @@ def listening(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_slow_engines_door_sends_most_relqueries_to_the_other_engine(tmp_path):
     topics = Topics(prefix=f"dp{uuid.uuid4().hex[:6]}.", partitions=PARTITIONS)
     group = f"engine-{uuid.uuid4().hex[:6]}"
@@ -133,6 +135,7 @@ def test_a_slow_engines_door_sends_most_relqueries_to_the_other_engine(tmp_path)
     assert set(answers.values()) == {1}
 
 
+@pytest.mark.slow
 def test_a_forwarded_relquery_with_no_result_in_its_deadline_is_a_504_and_cancelled():
     topics = Topics(prefix=f"dt{uuid.uuid4().hex[:6]}.", partitions=2)
     # An engine that reports being idle but has hung: nothing it is sent is answered.

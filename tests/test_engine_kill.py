@@ -140,6 +140,7 @@ def test_the_simulating_children_die_with_a_killed_sim_engine(broker, tmp_path):
     kill_and_find_gone(engine, children)
 
 
+@pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", ["tansu"], indirect=True)  # the broker plays no part
 def test_vllm_dies_with_a_killed_engine_and_a_restart_loads(broker, tmp_path):

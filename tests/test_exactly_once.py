@@ -193,6 +193,7 @@ def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
         broker.stop()
 
 
+@pytest.mark.slow
 def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default_broker, caplog):
     # Engine A serves slowly (four relQueries in flight); B joins its group while A is
     # mid-flight, so partitions move with work running on them: A's is fenced, and a
@@ -238,6 +239,7 @@ def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default
     assert "exactly once" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rejoin", ["broker-restart", "instance-id"])
 def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tmp_path, rejoin):
     # A large relQuery heads partition 0 and six small ones follow: the engine answers

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import msgpack
+import pytest
 from aiokafka import AIOKafkaProducer
 from engines import answers_by, engine_process, scrape, served_by, wait_for
 from helpers import encode_row, relquery, sink_results, start_worker
@@ -32,6 +33,7 @@ async def published_ids(broker, topics) -> set[str]:
         return {decode(ResultMessage, m.value).id async for m in messages}
 
 
+@pytest.mark.slow
 def test_sigkilled_engine_restarts_and_answers_every_relquery(tmp_path):
     # On Tansu. noida-db 0.2.3 never evicts a SIGKILLed member from its consumer group,
     # so a restarted engine in the same group waits forever to join (measured here).
@@ -102,6 +104,7 @@ def malformed_rows(count_per_kind: int) -> dict[str, list[bytes]]:
     }
 
 
+@pytest.mark.slow
 def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_path):
     topics = Topics(prefix=f"m{uuid.uuid4().hex[:6]}.")
     config = tmp_path / "queries.toml"
@@ -169,6 +172,7 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
     assert "Traceback" not in said
 
 
+@pytest.mark.slow
 def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
     # Two engines share the stream, a third joins mid-stream (a rebalance under load),
     # then one of the first two is SIGKILLed (its partitions move after its session
@@ -226,6 +230,7 @@ def test_engines_scale_out_in_one_group_and_survive_a_join_and_a_kill(tmp_path):
     assert served[engines[2].pid] > 0, f"the engine that joined served nothing: {served}"
 
 
+@pytest.mark.slow
 def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(tmp_path):
     # Rows stream in while the worker is SIGKILLed and restarted: windows it had
     # produced but not committed are cut again identically, under the same ids, so the
@@ -305,6 +310,7 @@ def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(t
 RSS_CAP_MB = 400  # the engine service's resident memory under a 10x overload
 
 
+@pytest.mark.slow
 def test_under_a_tenfold_overload_the_engine_holds_its_budget_and_its_memory(tmp_path):
     # 20,000 rows wait in Kafka against a 2,000-row budget: the engine (simulated backend,
     # answering in real time) keeps at most 2,000 rows in flight and stays under the cap.

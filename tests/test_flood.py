@@ -2,10 +2,13 @@
 producer's 1 MiB limit) into a running worker and engine on a real broker, while valid
 rows and relQueries stream through both. Tansu: noida-db refuses messages over 1 MiB."""
 
+import pytest
+
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream_lab.drills.flood import KINDS, RSS_BOUND_MB, report_table, run_flood
 
 
+@pytest.mark.slow
 def test_a_flood_of_every_kind_is_dead_lettered_while_valid_work_is_answered(tmp_path):
     assert len(KINDS) >= 20 and sum(kind.big for kind in KINDS) >= 3
     with EmbeddedBroker("tansu", data_dir=tmp_path / "broker") as broker:

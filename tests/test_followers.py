@@ -15,7 +15,7 @@ import pytest
 from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 THINGS = ["the sea", "a forest", "snow", "bread", "a river", "the moon", "a city", "rain"]
 SEATS = 4

@@ -141,6 +141,7 @@ def test_health_metrics_and_models_answer_as_operators_expect():
 SLOW = 50.0  # the simulator at 50x real time: a relQuery of body() takes about 12 s
 
 
+@pytest.mark.slow
 def test_past_its_bound_of_relqueries_a_request_is_a_429_with_retry_after():
     async def scenario(client):
         held = [

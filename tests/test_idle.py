@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 from helpers import stream_bin
 
 from relstream import launch
@@ -62,6 +63,7 @@ async def idle_then_one_record(bootstrap: str, topic: str, broker: psutil.Proces
         return *shares, time.monotonic() - sent
 
 
+@pytest.mark.slow
 def test_an_idle_consumer_idles_on_the_default_broker_and_still_reads_at_once(default_broker):
     topic = f"idle-{uuid.uuid4().hex[:8]}"
     asyncio.run(create_topics(default_broker.bootstrap, {topic: 2}))
@@ -74,6 +76,7 @@ def test_an_idle_consumer_idles_on_the_default_broker_and_still_reads_at_once(de
     assert latency < PROMPT_S, f"the record written after the idle spell took {latency:.2f} s"
 
 
+@pytest.mark.slow
 def test_an_idle_worker_idles_on_the_default_broker(default_broker, tmp_path: Path):
     """Faust's own consumer included: the worker's stages read through relstream's."""
     topics = Topics(prefix=f"idle{uuid.uuid4().hex[:6]}.")

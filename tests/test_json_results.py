@@ -7,6 +7,7 @@ import json
 import uuid
 
 import msgpack
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from relstream.client import RelstreamClient
@@ -26,6 +27,7 @@ def relquery(relquery_id: str, **extra) -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_engine_set_to_json_answers_in_json_unless_asked_otherwise(broker):
     topics = Topics(prefix=f"jr{uuid.uuid4().hex[:6]}.")
     sent = {

@@ -120,7 +120,7 @@ def test_the_product_never_imports_the_lab():
                 continue
             if any(name.split(".")[0] == "relstream_lab" for name in names):
                 offenders.append(str(path.relative_to(root)))
-        if "import_module(\"relstream_lab" in text or "import_module('relstream_lab" in text:
+        if 'import_module("relstream_lab' in text or "import_module('relstream_lab" in text:
             offenders.append(str(path.relative_to(root)))
     assert offenders == []
 

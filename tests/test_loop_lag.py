@@ -114,6 +114,7 @@ def lag_samples(port: int) -> dict[str, float]:
     return found
 
 
+@pytest.mark.slow
 def test_an_engine_serving_huge_relqueries_keeps_its_loop_and_its_partitions(tmp_path):
     sent = drill_relqueries()
     ids = {message.id for message in sent}

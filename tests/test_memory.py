@@ -9,6 +9,8 @@ Tansu: noida-db refuses messages over 1 MiB."""
 import asyncio
 import uuid
 
+import pytest
+
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_producer, read_messages, running
 from relstream.kafka.topics import Topics
@@ -27,6 +29,7 @@ ENGINE_GROWTH_MB = 250
 WORKER_GROWTH_MB = 100
 
 
+@pytest.mark.slow
 def test_large_and_oversize_messages_keep_engine_and_worker_memory_bounded(tmp_path):
     with EmbeddedBroker("tansu", data_dir=tmp_path / "broker") as broker:
         report = run_flood(
@@ -59,6 +62,7 @@ def test_the_rows_held_stay_under_the_limit_whatever_the_charges():
     assert RowBudget(20_000).held_limit == 120_000  # the budget plus the largest relQuery
 
 
+@pytest.mark.slow
 def test_the_engine_decodes_no_more_than_one_relquery_beyond_its_budget(default_broker):
     # Budget 100 rows: each 50-row relQuery is charged 25, so four run and a fifth waits.
     # The 40 relQueries sit in one partition; a fetch takes up to 64 of them. Without the

@@ -82,6 +82,7 @@ def test_a_window_closed_during_an_outage_is_replayed_with_the_same_rows_not_the
     assert keys(forgetful.expire(161.0, 1.0)) == ["r568", "r569", "r570", "r571"]
 
 
+@pytest.mark.slow
 def test_a_message_is_held_through_a_broker_outage_and_published_once_it_is_back(tmp_path):
     # A producer that gives up on a request after 1 s, so tries fail while the broker is
     # down: the message is sent again, the same bytes, until the broker acknowledges it.

@@ -62,6 +62,7 @@ def test_a_result_served_again_and_split_otherwise_starts_over():
     assert whole is not None and len(whole.rows) == 10
 
 
+@pytest.mark.slow
 def test_a_five_megabyte_result_reaches_the_client_and_the_sink_whole(broker, tmp_path):
     if broker.kind == "noida-db":
         pytest.skip("noida-db refuses messages over 1 MiB: the 5 MB relQuery cannot be sent")
@@ -106,6 +107,7 @@ def test_a_five_megabyte_result_reaches_the_client_and_the_sink_whole(broker, tm
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_a_600_row_and_a_10000_row_relquery_run_beside_small_ones(broker):
     # The 600 rows answer ~3 KB each (a 1.9 MB result, in parts); the 10,000 rows are
     # half the engine's row budget. Each is charged a quarter of the budget, so the

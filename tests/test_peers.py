@@ -12,6 +12,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from aiokafka import ConsumerRecord
 from helpers import UnencodableBackend, relquery
 
@@ -213,6 +214,7 @@ async def serve_until(broker, topics, backend, count: int, topic: str | None = N
     return read, service
 
 
+@pytest.mark.slow
 def test_a_cancel_stops_only_what_was_submitted_before_it_and_expires(default_broker):
     # One relQuery at a time, slowly: "blocker" runs while "waiting" waits behind it; both
     # are cancelled: cancelled. "again" was cancelled with them, then submitted again

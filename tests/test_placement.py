@@ -67,6 +67,8 @@ def test_a_preferred_engine_keeps_a_relquery_only_within_the_margin():
     assert room.pick(1000, 0, now=101.5, template="t1", prefer="a") == Choice("a", 0)
     assert room.pick(0, 0, now=101.5, template="t1", prefer="a") == Choice("b", 3)
     assert room.pick(0, 0, now=105.0, prefer="a") is None  # every report expired
+
+
 def test_a_size_class_is_a_power_of_two_of_the_work_left():
     # Class k runs from 2**(k-8) s to twice that; below 1/128 s class 0, from 128 s the last.
     assert [size_class(w) for w in (0.0, 0.007, 2**-7, 0.25, 1.0, 1.99, 3.0, 127.9, 500.0)] == [

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 
+import pytest
 from engines import answers_by, engine_process, keys_written, wait_for
 from helpers import encode_row, sink_results, start_worker
 
@@ -36,6 +37,7 @@ def submit(client, count, start, every_s=EVERY_S) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_slow_engine_gets_few_relqueries_and_a_kill_loses_none(tmp_path):
     # On Tansu: noida-db 0.2.3 never evicts a SIGKILLed member from its group.
     topics = Topics(prefix=f"pl{uuid.uuid4().hex[:6]}.", partitions=PARTITIONS)
@@ -131,6 +133,7 @@ def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(b
     assert placed == [0, 1, 2, 0, 1, 2]
 
 
+@pytest.mark.slow
 def test_the_worker_places_its_windows_by_the_engines_load(tmp_path):
     # The worker's relQueries (windows of 8 rows) go where the client's do: mostly to the
     # two engines at full speed, each window written once.

@@ -36,6 +36,7 @@ async def send(bootstrap: str, topic: str, count: int) -> None:
         await producer.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_a_busy_sim_engine_stopped_by_its_process_group_says_no_error(
     default_broker, tmp_path, sig

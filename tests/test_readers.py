@@ -41,6 +41,7 @@ def relstream(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_readme_sink_stores_every_result_with_no_broker_flag(broker, tmp_path):
     # The group is the sink's default; the group join takes seconds on tansu, and the
     # sink must not give up before its partitions are assigned.
@@ -61,6 +62,7 @@ def test_the_readme_sink_stores_every_result_with_no_broker_flag(broker, tmp_pat
     assert all(f"q{i} 1 rows" in shown.stdout for i in range(6)), shown.stdout + shown.stderr
 
 
+@pytest.mark.slow
 def test_the_readme_second_sink_stores_every_result_too(default_broker, tmp_path):
     # README: `sink results.jsonl`, then `sink results.csv --with-input`. One group for
     # every sink had the second store nothing; each target has its own.
@@ -79,6 +81,7 @@ def test_the_readme_second_sink_stores_every_result_too(default_broker, tmp_path
     assert "stored 0 new results" in again.stdout, again.stdout + again.stderr
 
 
+@pytest.mark.slow
 def test_a_reader_stopped_before_storing_leaves_its_group_where_it_was(broker):
     # A sink that dies (or whose store fails) after taking results from a batch but
     # before storing them must not have moved its group past them.
@@ -136,6 +139,7 @@ def test_producing_to_a_table_no_query_reads_warns_and_strict_sends_nothing(
     assert f"{prefix}rows.reveiws2" not in asyncio.run(create_topics(default_broker.bootstrap, {}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [
@@ -175,6 +179,7 @@ def test_the_worker_with_no_broker_is_one_line_within_ten_seconds(tmp_path):
     assert_one_line_naming_the_address(run.stderr)
 
 
+@pytest.mark.slow
 def test_the_client_with_no_broker_raises_one_error_naming_the_address():
     from relstream.client import BrokerUnavailable, RelstreamClient
 
@@ -220,6 +225,7 @@ def test_the_dead_letter_command_shows_each_reason_and_counts_them(broker):
     assert "1 × row … lacks column(s) {reveiw} (e.g. b)" in said
 
 
+@pytest.mark.slow
 def test_status_shows_topics_groups_engines_and_dead_letters(broker, tmp_path):
     from relstream.schemas import MetricsMessage
 

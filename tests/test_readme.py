@@ -68,6 +68,7 @@ def walkthrough(session) -> dict[str, str]:
     return outputs
 
 
+@pytest.mark.slow
 def test_the_walkthrough_stores_and_shows_every_row(walkthrough, session):
     assert "produced 2 rows" in walkthrough[".venv/bin/relstream produce"]
     assert "new results in results.jsonl" in walkthrough[".venv/bin/relstream sink"]
@@ -79,6 +80,7 @@ def test_the_walkthrough_stores_and_shows_every_row(walkthrough, session):
     assert "engine " in status and "relQueries answered" in status, status
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["kafka-python", "client"])
 def test_a_python_snippet_runs_as_pasted(walkthrough, session, name):
     script = session.workdir / f"{name}.py"

@@ -72,6 +72,7 @@ def replay_cli(broker, topics, *options: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_a_fixed_template_takes_its_dead_letters_back(broker, tmp_path):
     topics = Topics(prefix=f"r{uuid.uuid4().hex[:6]}.")
     config = tmp_path / "queries.toml"

@@ -160,6 +160,7 @@ def reset_cli(broker, topics, config, app_id, *options: str) -> subprocess.Compl
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_reset_query_is_windowed_again_and_never_while_its_worker_runs(broker, tmp_path):
     topics = Topics(prefix=f"z{uuid.uuid4().hex[:6]}.")
     config = tmp_path / "queries.toml"
@@ -248,6 +249,7 @@ def result_ids(bootstrap: str, topic: str) -> list:
         consumer.close()
 
 
+@pytest.mark.slow
 def test_a_reset_mid_window_answers_each_row_again_under_the_id_it_had(broker, tmp_path):
     if broker.kind == "tansu":
         pytest.skip("Tansu refuses to move a group that had a member (the test above)")

@@ -156,6 +156,7 @@ async def records_in(broker, topic: str) -> int:
         await consumer.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", [False, True], ids=["default-broker", "memory-broker"])
 def test_a_broker_restart_loses_no_row_and_repeats_no_id(tmp_path, memory):
     prefix = f"r{uuid.uuid4().hex[:6]}."

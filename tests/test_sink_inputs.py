@@ -11,6 +11,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from relstream import launch
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
@@ -35,6 +37,7 @@ def jsonl_rows(path) -> list[dict]:
     return [{"query": line["query"], **row} for line in lines for row in line["rows"]]
 
 
+@pytest.mark.slow
 def test_sinks_with_input_carry_the_input_columns_and_the_query(broker, tmp_path):
     topics = Topics(prefix=f"i{uuid.uuid4().hex[:6]}.")
     config = tmp_path / "queries.toml"

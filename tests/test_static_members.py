@@ -143,6 +143,7 @@ def test_a_sigkilled_engine_restarted_with_the_same_command_serves_within_30_s(
         stop(processes)
 
 
+@pytest.mark.slow
 def test_a_sigkilled_worker_restarted_with_the_same_command_serves_within_30_s(
     default_broker, topics, tmp_path
 ):
@@ -173,6 +174,7 @@ def test_a_sigkilled_worker_restarted_with_the_same_command_serves_within_30_s(
         stop(processes)
 
 
+@pytest.mark.slow
 def test_of_two_engines_one_killed_and_restarted_then_the_other_stopped_all_are_answered(
     default_broker, topics, tmp_path
 ):
@@ -234,6 +236,7 @@ def ends_on_sigterm(process: subprocess.Popen, log: Path) -> float:
     return time.monotonic() - signalled
 
 
+@pytest.mark.slow
 def test_an_engine_and_a_worker_waiting_for_their_group_say_so_and_end_on_sigterm(
     default_broker, topics, tmp_path, monkeypatch
 ):

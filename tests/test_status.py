@@ -123,6 +123,7 @@ def row_of(table_text: str, first: str) -> list[str]:
     raise AssertionError(f"no row {first!r} in:\n{table_text}")
 
 
+@pytest.mark.slow
 def test_status_on_a_live_pipeline_is_right_and_returns(broker, tmp_path):
     prefix = f"l{uuid.uuid4().hex[:6]}."
     topics = Topics(prefix=prefix)

@@ -60,6 +60,7 @@ HUGE = b"\xc1" + b"x" * 1_500_000
 BIG_MESSAGE_BROKERS = ("tansu",)  # noida-db itself refuses messages over 1 MiB
 
 
+@pytest.mark.slow
 def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
     topics = Topics(prefix=f"s{uuid.uuid4().hex[:6]}.")
     config = tmp_path / "queries.toml"
@@ -265,6 +266,7 @@ def test_a_topics_message_limit_is_asked_of_the_broker_within_the_request_limit(
     assert asyncio.run(limits()) == [300_000, MAX_REQUEST_BYTES]
 
 
+@pytest.mark.slow
 def test_rows_that_fit_alone_never_make_a_window_the_broker_refuses(default_broker, tmp_path):
     """24 rows of 200 KB (each under the row limit) and three small ones after them, on the
     default broker (it refuses messages over 1 MiB): windows are cut by bytes too, so every
@@ -277,6 +279,7 @@ def test_rows_that_fit_alone_never_make_a_window_the_broker_refuses(default_brok
     assert "refused" not in log and "TooLarge" not in log, log[-3000:]
 
 
+@pytest.mark.slow
 def test_a_window_the_broker_refuses_becomes_its_rows_dead_letters(default_broker, tmp_path):
     """The relqueries topic's limit lowered to 300,000 bytes after the worker asked for it:
     the first window (five 200 KB rows, 1 MB) is refused, and each of its rows is
@@ -296,6 +299,7 @@ def test_a_window_the_broker_refuses_becomes_its_rows_dead_letters(default_broke
 EXAMPLE_AGENTS = REPO / "docs" / "examples" / "enrich_reviews.py"
 
 
+@pytest.mark.slow
 def test_your_own_agent_filters_and_enriches_rows_before_they_are_windowed(broker, tmp_path):
     """docs/operations.md's example agent (`relstream worker --agents`) beside the window stage:
     an empty review never reaches a window, the others arrive trimmed and with a word
@@ -347,6 +351,7 @@ def test_your_own_agent_filters_and_enriches_rows_before_they_are_windowed(broke
     assert letter.original == b"\xc1" and "msgpack" in letter.reason
 
 
+@pytest.mark.slow
 def test_demo_command_runs_the_whole_path():
     import sys
 
@@ -366,6 +371,7 @@ ESSAY_TOKENS = 48  # the essay runs to this limit; a capital stops after a few t
 EARLY_BY_MS = 150  # France's partial precedes its relQuery's result by at least this
 
 
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_streaming_path_with_the_real_engine(tmp_path):
     """Rows → Faust → relQueries → vLLM CPU (relserve) → results, each answer on its row,

@@ -19,7 +19,7 @@ from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 CAPITALS = {
     "France": "Paris",

@@ -45,6 +45,7 @@ def pulled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield models.pull_model("smollm2", progress=False)
 
 
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_pull_writes_a_float32_hf_folder(pulled: Path) -> None:
     from safetensors import safe_open

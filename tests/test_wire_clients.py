@@ -95,6 +95,7 @@ def read_json_results(broker, topics, keys: set[str]) -> tuple[list[dict], list]
     return results, headers
 
 
+@pytest.mark.slow
 def test_kafka_python_json_rows_are_answered_in_json(pipeline, tmp_path):
     broker, topics = pipeline
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")

@@ -110,6 +110,7 @@ def topics_on(broker) -> Topics:
     return made
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_publish_and_restarted_cuts_each_window_once(default_broker, tmp_path):
     topics = topics_on(default_broker)
     config = tmp_path / "queries.toml"
@@ -145,6 +146,7 @@ def tansu(tmp_path_factory):
     embedded.stop()
 
 
+@pytest.mark.slow
 def test_without_transactions_the_worker_says_so_once_and_windows_rows(tansu, tmp_path):
     topics = topics_on(tansu)
     config = tmp_path / "queries.toml"

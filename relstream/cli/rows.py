@@ -124,7 +124,7 @@ def _check_readers(config: Path, table: str, strict: bool) -> bool:
     said = f"no query in {config} reads table {table!r}; its queries read {', '.join(tables)}"
     if strict:
         raise click.ClickException(f"{said} (--strict: nothing was sent)")
-    console.print(f"[yellow]warning: {said}[/]", highlight=False)
+    console.print(f"[yellow]warning: {said}[/]", highlight=False, soft_wrap=True)  # whole paths
     return False
 
 
