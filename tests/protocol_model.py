@@ -5,11 +5,19 @@ what each part mirrors); imported by that module only.
 metadata per group; a transactional id per input partition (the worker's, the engine's)
 whose epoch fences older producers, with one open transaction each that commits
 atomically (its records and its group's offset) or aborts, its records visible only once
-committed (read_committed; an open one holds a reader back, an aborted one is skipped).
-Faults: a broker that restarts EMPTY (`wipe`) or KEEPING its data but forgetting which
-partitions each open transaction wrote (`restart_keeping`, as noida-db does: committed
-after that, the transaction's offset commit counts and its records stay invisible for
-good); every restart breaks every producer's connection (`restarts`).
+committed (read_committed: a reader stops at an open one's first record, skips aborted
+ones). Faults, drawn by the state machine: a message refused for good; a send or
+transaction that times out (a lost ack: appended twice without transactions, relstream's
+plain producers not being idempotent; a transaction renewed and redone); a broker that
+restarts EMPTY (`wipe`: every log, commit and transaction gone, offsets from 0 again; the
+clock goes on, so ids, which carry the first row's timestamp, differ) or KEEPING its data
+but forgetting which partitions each open transaction wrote (`restart_keeping`, as
+noida-db does: committed after that, the offset commit counts and the records stay
+invisible for good); each restart breaks every producer's connection (`restarts`);
+re-delivery (a consumer re-reads from the committed offset); consumers killed at any step
+(an open transaction left for the next owner's fencing to abort, work in flight lost) or
+rebalanced to the other engine, knowingly (revoked) or not (a zombie that still believes
+it owns the partition).
 """
 
 from __future__ import annotations
@@ -157,10 +165,7 @@ class Model:
 
     TRANSACTIONS = True  # the worker exactly once (`transacted`); False: at least once
     DEFENCE = True  # `_once`'s BrokerLost: a transaction whose connection broke is redone
-    DUPLICATE_SENDS = True  # at least once: an ack lost and the relQuery sent again
-    WORKER_DIES_UNCOMMITTED = True  # the worker killed between its sends and its commit
     ZOMBIES = True  # an engine rebalanced away without knowing it
-    RESTART_UNCOMMITTED = True  # the broker restarts empty after a worker's failed commit
     KILLED_BEFORE_REDO = False  # killed between a commit a restart cut and its redo
     EXPIRES_BEHIND = True  # a window expired while rows of it are still to be read
 
@@ -224,8 +229,6 @@ class Model:
                 continue  # "replayed as published, not sent again"
             relquery = self._relquery(window)
             outcome = (outcomes.pop(0) if outcomes else "ack") if self.faults else "ack"
-            if outcome == "dup" and not self.DUPLICATE_SENDS:
-                outcome = "ack"
             if outcome == "refused":  # `_dead_letter_rows`
                 letters += [("row", identity) for identity in relquery[1]]
                 continue

@@ -6,46 +6,29 @@ progress/unfinished/committable/forget, and `encode_ahead`/`decode_ahead` for th
 metadata), through a small Kafka (tests/protocol_model.py: `Kafka`), and checks the
 invariants listed in docs/architecture.md ("The protocol, checked") after every step.
 
-The model of Kafka: one rows partition, one relqueries partition; a group's committed
-offset and metadata per group; a transactional id per input partition (the worker's and
-the engine's) whose epoch fences older producers, its transactions committing atomically
-(their records and the group's offset) or aborting, visible only once committed
-(read_committed: a reader stops at an open transaction's first record, skips aborted
-ones); a broker that refuses a message for good, times out (a send whose ack is lost is
-retried: appended twice without transactions, relstream's plain producers not being
-idempotent; a transaction renewed and redone with them), restarts EMPTY (every log,
-commit and transaction gone, offsets from 0 again; the clock goes on, so ids, which carry
-the first row's timestamp, differ), restarts KEEPING its data but forgetting which
-partitions each open transaction wrote (noida-db: committed after that, the offset
-commit counts and the records stay invisible for good; every producer's connection
-breaks), re-delivers (a consumer re-reads from the committed offset), and consumers
-killed at any step (an open transaction left to be aborted by the next owner's fencing,
-work in flight lost) or rebalanced to the other engine, knowingly (revoked) or not (a
-zombie that still believes it owns the partition).
+The model of Kafka and its faults (refusals, timeouts, lost acks, restarts empty or
+keeping the data but forgetting open transactions' partitions, re-deliveries, kills,
+rebalances, zombies) are tests/protocol_model.py's docstring.
 
 The glue, the order of calls the real code makes, is re-implemented in `Model`, small:
 - `_worker_transacted` (the default, `Protocol`: the broker has transactions) mirrors
   `stream/stage.py` `_assigned` (`PartitionProducers.take_over`: fence by opening the
-  partition's producer, read the commit, seek), `_step` with `tx` (a rejected row's letter
-  held: `WindowTransactions.hold`), `_transact`/`transacted.commit_all` and
-  `WindowTransactions.commit` (the closed windows' relQueries and the held letters the
-  commit passes, in one transaction with the offset; nothing when nothing is new; held
-  letters at or past the commit kept), `kafka/transactions.py` `transact`/`_once` (a
-  `Refused` relQuery: the producer renewed, which aborts, and the transaction redone with
-  its rows' letters instead, `_without`/`Part.instead`; a timeout renewed and redone;
-  `BrokerLost`, a restart during the transaction, before its commit or during it: renewed
-  and redone), and `_forget` (`WindowTransactions.forget`, the producer closed);
+  producer, read the commit, seek), `_step` with `tx` (rejected rows' letters held,
+  `WindowTransactions.hold`), `_transact`/`commit_all`/`WindowTransactions.commit` (the
+  closed windows' relQueries and the held letters the commit passes, in one transaction
+  with the offset; nothing if nothing is new), `kafka/transactions.py` `transact`/`_once`
+  (`Refused`: renewed, which aborts, and redone with the relQuery's rows' letters instead,
+  `_without`/`Part.instead`; a timeout, or `BrokerLost` before the commit or during it:
+  renewed and redone), and `_forget` (`WindowTransactions.forget`, producer closed);
 - `_worker_acked` (`AtLeastOnce`: transactions off, or a broker without them) mirrors
   `_step` without `tx` (check, add, expire, the "replayed as published" skip, the sends,
   `published` updated, `_commit`), its `_cutter` (sharing `_published`), `_publish`'s
   `Refused` branch (`_dead_letter_rows`) and `_forget` (`_published` kept);
 - `_assign` mirrors `service/commits.py` `ExactlyOnce.assigned` (fence by opening the
-  partition's producer, read the commit, seek, `decode_ahead` into the skip set, or
-  seek to the beginning); `_revoke` mirrors `service/service.py`
-  `EngineService._on_revoked` with `ExactlyOnce.revoked` (producers closed, skip dropped,
-  `book.forget`);
-- `_engine_fetch` mirrors `EngineService._poll_once` (`book.start`, then a replayed
-  offset is `book.finish`ed, else served);
+  producer, read the commit, seek, `decode_ahead` into the skip set); `_revoke`,
+  `service.py` `_on_revoked` with `ExactlyOnce.revoked` (producers closed, skip dropped,
+  `book.forget`); `_engine_fetch`, `_poll_once` (`book.start`, a replayed offset
+  `book.finish`ed, else served);
 - `_engine_begin`/`_engine_commit` mirror `ExactlyOnce._publish`/`_room`/`_at` and
   `PartitionProducers.transact`/`_once`/`_renew` (one transaction per partition at a
   time; `may_finish` before it; `unfinished` and `progress` under the lock when the
@@ -72,7 +55,7 @@ from protocol_model import ENGINE_GROUP, WORKER_GROUP, Engine, Model, Worker, ro
 from relstream.service import offsets
 from relstream.service.offsets import decode_ahead
 
-# The examples are shared: this share for exactly once (`Protocol`), the rest at least once.
+# Examples in all: three fifths exactly once (`Protocol`), the rest at least once.
 EXAMPLES = int(os.environ.get("RELSTREAM_PBT_EXAMPLES", "1000"))
 STEPS = int(os.environ.get("RELSTREAM_PBT_STEPS", "50"))
 CUTS = [None, None, None, None, "sending", "before", "after"]  # a restart in a transaction
@@ -119,15 +102,11 @@ class Protocol(Model, RuleBasedStateMachine):
     )
     def worker_poll(self, n, sends, dies, commit_fails, wait, cut):
         self.clock += wait  # the worker's clock closes windows past their deadline
-        faults = self.faults
-        dies = dies and self.WORKER_DIES_UNCOMMITTED and faults
-        self._worker_poll(n, sends, dies, commit_fails and faults, cut if faults else None)
+        self._worker_poll(n, sends, dies, commit_fails, cut)  # (faults: on in every rule)
 
     @rule(rare=st.integers(0, 3))
     def worker_killed(self, rare=0):
-        if self.faults and self.worker is not None and not rare:
-            if self.worker.published and not self.WORKER_DIES_UNCOMMITTED:
-                return  # at least once: relQueries past its commit sent again on restart
+        if self.faults and not rare:
             self.worker = None
 
     @precondition(lambda self: self.worker is None)
@@ -224,8 +203,6 @@ class Protocol(Model, RuleBasedStateMachine):
         then assigned from no commit: the beginning). One draw in eight: it wipes all."""
         if not self.faults or rare:
             return
-        if self.worker is not None and self.worker.published and not self.RESTART_UNCOMMITTED:
-            return  # its `published` taken for a replay of the new rows (known)
         self.kafka.wipe()
         self._forget_worker()
         for which, engine in enumerate(self.engines):
@@ -362,9 +339,8 @@ class TestAtLeastOnce(AtLeastOnce.TestCase):
 
 
 def _worker_killed_between_its_send_and_its_commit(m: Protocol) -> None:
-    # Published, then killed before the commit: a restarted worker cuts the same window
-    # under the same id. At least once it is sent again (two messages, same id and rows:
-    # the engine answers both, a sink keeps one); exactly once the first transaction is
+    # Killed before its commit: its restart cuts the same window, same id. At least once
+    # sent again (both answered, a sink keeps one); exactly once the first transaction is
     # aborted by the restarted worker's fencing.
     m.produce(["small"] * 3, 0.001)
     m._worker_poll(3, [], dies=True)
@@ -378,10 +354,9 @@ def _a_relquery_sent_twice_after_a_lost_ack(m: Protocol) -> None:
 
 
 def _a_broker_restarted_empty_after_a_failed_commit(m: Protocol) -> None:
-    # Issue 39, "Why" 3, found again by the model, fixed: the worker's `published` (then
-    # first offset -> last) outlived the topic; the new topic's row at offset 0 was taken
-    # for a replay of the old window at 0, "not sent again", and committed: no relQuery,
-    # no dead letter. Now keyed by `Window.start`, the first row's time included.
+    # Issue 39, "Why" 3, found again, fixed: `published` (then first offset -> last)
+    # outlived the topic, a new row at offset 0 was taken for a replay and committed
+    # unsent. Now keyed by `Window.start`, the first row's time included.
     m.produce(["small", "small"], 2.5)
     m._worker_poll(2, [], commit_fails=True)
     m.broker_restarts_empty()
@@ -389,15 +364,10 @@ def _a_broker_restarted_empty_after_a_failed_commit(m: Protocol) -> None:
 
 
 def _a_zombie_renews_its_producer_and_fences_the_owner(m: Protocol) -> None:
-    # Found by the model, fixed in `PartitionProducers.transact`.
-    # Engine 0 keeps a transaction open, its partition moves to engine 1 without engine
-    # 0 knowing (a zombie: stalled past its session). Its transaction times out;
-    # `PartitionProducers._renew` starts a producer under the same transactional id,
-    # which fences engine 1 (the partition's owner). Engine 1's next transaction gets
-    # ProducerFenced: `_drop` and Fenced, and from then on every relQuery of the partition
-    # was "left to its new owner", who is engine 1 itself: the partition stopped until the
-    # next rebalance. Now an owner fenced while still assigned asks its group, which
-    # assigns it again: fenced anew, it resumes from the commit.
+    # Found by the model, fixed: a zombie engine 0's transaction times out, `_renew`
+    # fences the owner, engine 1, whose ProducerFenced left every later relQuery "to its
+    # new owner", itself: the partition stopped. Now an owner fenced while still assigned
+    # asks its group (`rejoin`): assigned again, fenced anew, it resumes from the commit.
     m.produce(["small"] * 3, 0.001)
     m._worker_poll(3, [])
     m._engine_fetch(0, 4)
@@ -409,10 +379,9 @@ def _a_zombie_renews_its_producer_and_fences_the_owner(m: Protocol) -> None:
 
 
 def _commits_a_restart_cut(m: Protocol) -> None:
-    # The broker restarts keeping its data during the worker's and then the engine's
-    # commit, before the broker takes it: the restarted broker commits the offsets and
-    # the messages stay invisible for good. `BrokerLost`: redone. (Without the defence
-    # the rows, then the relQuery, are committed with nothing to show for them.)
+    # A restart keeping the data cuts the worker's, then the engine's commit: the
+    # restarted broker commits the offsets, the messages stay invisible. `BrokerLost`:
+    # redone (without it, rows then a relQuery are committed with nothing for them).
     m.produce(["small"] * 3, 0.001)
     m._worker_poll(3, [], cut="before")
     m._engine_fetch(0, 4)
@@ -437,22 +406,12 @@ def test_a_sequence_the_model_found(machine, sequence):
     m.teardown()  # the faults stop; the invariants are checked, and the drain
 
 
-class _Behind(AtLeastOnce):
-    EXPIRES_BEHIND = True
-
-
-class _KilledBeforeRedo(Protocol):
-    KILLED_BEFORE_REDO = True
-
-
 def _a_restarted_worker_recuts_a_window_it_expired_behind(m: Protocol) -> None:
-    # At least once. The worker has read row 0 of two rows 1 ms apart, and its clock is
-    # past their window's deadline plus lateness (a backlog: more than a fetch behind), so
-    # it expires the window with row 0 alone and publishes it. Killed before its commit,
-    # its restart reads both rows and cuts the window again: same id, rows 0 and 1. A sink
-    # keeping one relQuery (or result) per id keeps either, and row 1 is then stored
-    # twice (its next window's too) or never. (`windowing`'s docstring counts on a
-    # producer more than `lateness` late as the only re-cut; a worker behind is another.)
+    # At least once. A worker behind (more than a fetch) has read row 0 of two rows 1 ms
+    # apart, its clock past their deadline plus lateness: it expires the window with row 0
+    # alone and publishes it. Killed before its commit, its restart reads both: the same
+    # id with rows 0 and 1. A sink keeping one per id stores row 1 twice (its next
+    # window's too) or never. (`windowing` counts a producer late as the only re-cut.)
     m.produce(["small", "small"], 0.001)
     m.clock += 3.5
     m._worker_poll(1, [], dies=True)
@@ -471,10 +430,13 @@ def _the_engine_killed_between_a_cut_commit_and_its_redo(m: Protocol) -> None:
     # The same on the engine: its new owner skips the relQuery the commit counts.
     m.produce(["small"] * 3, 0.001)
     m._worker_poll(3, [])
-    m.worker = None  # (the worker's own commit is not the one cut)
     m._engine_fetch(0, 4)
     m._engine_begin(0, 0, False)
     m._engine_commit(0, False, cut="before")
+
+
+_Behind = type("_Behind", (AtLeastOnce,), {"EXPIRES_BEHIND": True})
+_Killed = type("_Killed", (Protocol,), {"KILLED_BEFORE_REDO": True})
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="defects found: docstrings")
@@ -484,8 +446,8 @@ def _the_engine_killed_between_a_cut_commit_and_its_redo(m: Protocol) -> None:
         pytest.param(machine, sequence, id=sequence.__name__.strip("_"))
         for machine, sequence in [
             (_Behind, _a_restarted_worker_recuts_a_window_it_expired_behind),
-            (_KilledBeforeRedo, _the_worker_killed_between_a_cut_commit_and_its_redo),
-            (_KilledBeforeRedo, _the_engine_killed_between_a_cut_commit_and_its_redo),
+            (_Killed, _the_worker_killed_between_a_cut_commit_and_its_redo),
+            (_Killed, _the_engine_killed_between_a_cut_commit_and_its_redo),
         ]
     ],
 )
