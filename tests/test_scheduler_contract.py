@@ -172,3 +172,14 @@ def test_a_deadline_rides_in_the_request_to_the_trackers_clock(monkeypatch):
     info = scheduler.tracker.relqueries["due"]
     assert info.deadline == pytest.approx(info.arrival_time + 30.0)
     assert "deadline_in_s" not in tagged("free", 1)[tags.EXTRA_ARGS_KEY]
+
+
+def test_vllm_resolves_the_plug_in_by_the_path_the_runtime_gives_it_and_by_the_old_one():
+    # vLLM imports `scheduler_cls` by its dotted path in the engine core process: the path
+    # the runtime gives (`tags.PLUGIN_CLASS`) and the one configurations were written with
+    # before the engine core's code moved to engine/core/ (an alias for one release).
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    assert resolve_obj_by_qualname(tags.PLUGIN_CLASS) is plugin.relstream_scheduler
+    old = resolve_obj_by_qualname("relstream.engine.plugin.relstream_scheduler")
+    assert old is plugin.relstream_scheduler
