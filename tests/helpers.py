@@ -204,14 +204,16 @@ class ScriptedView(EngineView):
 
 class CachingBackend:
     """A backend with the real engine's identical-request sharing and answer cache
-    (`relstream.engine.shared`), without vLLM: a row's prompt tokens are its prompt's
-    bytes and its answer is `computed: <prompt>`. `computed` counts the rows it ran."""
+    (`relstream.engine.twins`, `relstream.engine.answers`), without vLLM: a row's prompt
+    tokens are its prompt's bytes and its answer is `computed: <prompt>`. `computed`
+    counts the rows it ran."""
 
     model_name = "fake"
     policy = "fcfs"
 
     def __init__(self, identity: str = "ab" * 32, model: str = "org/fake-model") -> None:
-        from relstream.engine.shared import AnswerCache, SharedRequests
+        from relstream.engine.answers import AnswerCache
+        from relstream.engine.twins import SharedRequests
 
         self.answer_cache = AnswerCache(1 << 20, model, identity)
         self._shared = SharedRequests(self.answer_cache)
@@ -226,7 +228,7 @@ class CachingBackend:
     @staticmethod
     def key(relquery, index: int, identity: str = "ab" * 32):
         """The request key of `relquery`'s row `index` on a backend of `identity`."""
-        from relstream.engine.shared import request_key
+        from relstream.engine.answers import request_key
         from relstream.model import prepare_row
 
         prompt = prepare_row(relquery, index).prompt
@@ -241,8 +243,8 @@ class CachingBackend:
         return SimHandle(relquery, outcome, self.policy)
 
     async def _serve(self, relquery):
+        from relstream.engine.answers import SharedOutcome
         from relstream.engine.requests import answered_row
-        from relstream.engine.shared import SharedOutcome
         from relstream.model import RelQueryResult, prepare_row
 
         rows = []

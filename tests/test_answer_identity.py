@@ -7,8 +7,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from relstream.engine.answers import AnswerCache, request_key
 from relstream.engine.identity import ModelIdentity, folder_revision, revision_of
-from relstream.engine.shared import AnswerCache, request_key
 from relstream.model import RelQuery, Row, Template
 
 

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from helpers import CachingBackend
 
-from relstream.engine.shared import AnswerCache, SharedOutcome
+from relstream.engine.answers import AnswerCache, SharedOutcome
 from relstream.kafka.clients import (
     create_topics,
     new_admin,

@@ -140,3 +140,88 @@ def test_no_test_module_imports_another():
         for name in importing.findall(path.read_text())
     }
     assert offenders == set()
+
+
+ENGINE_SIDES = {"both processes", "engine core", "service process"}
+
+
+def engine_module_map() -> dict[str, str]:
+    """docs/architecture.md's engine module map: a module of `engine/` -> the process it
+    runs in."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    table = text[text.index("| engine module | runs in | holds |") :].split("\n\n")[0]
+    rows = [row.strip("|").split("|") for row in table.splitlines()[2:]]
+    return {module.strip().strip("`"): runs_in.strip() for module, runs_in, _ in rows}
+
+
+def engine_imports(path) -> set[str]:
+    """The modules of relstream.engine that `path` imports, as paths under engine/ (an
+    imported package as its __init__.py)."""
+    import ast
+    from pathlib import Path
+
+    import relstream
+
+    engine = Path(relstream.__file__).parent / "engine"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if not (name + ".").startswith("relstream.engine."):
+                continue
+            parts = name.split(".")[2:]
+            module, package = engine.joinpath(*parts).with_suffix(".py"), engine.joinpath(*parts)
+            if parts and module.is_file():
+                found.add(module.relative_to(engine).as_posix())
+            elif (package / "__init__.py").is_file():
+                found.add((package / "__init__.py").relative_to(engine).as_posix())
+    return found
+
+
+def test_each_engine_module_says_which_process_it_runs_in_and_imports_none_of_the_other():
+    # vLLM's engine core loads the plug-in (engine/core/) by its dotted path, in a process
+    # of its own; the runtime runs on the service's event loop. Neither imports the
+    # other's modules, only engine/tags.py, what both agree on: the module map says which
+    # process each module runs in, and each module's docstring begins with it.
+    import ast
+    from pathlib import Path
+
+    import relstream
+
+    engine = Path(relstream.__file__).parent / "engine"
+    runs_in = engine_module_map()
+    modules = sorted(path.relative_to(engine).as_posix() for path in engine.rglob("*.py"))
+    assert sorted(runs_in) == modules  # every module has its row, every row its module
+    assert set(runs_in.values()) <= ENGINE_SIDES
+    for module in modules:
+        side = runs_in[module]
+        if module.startswith("core/"):
+            assert side == "engine core", module
+        docstring = ast.get_docstring(ast.parse((engine / module).read_text())) or ""
+        assert docstring.lower().startswith(side), f"{module}: {docstring[:60]!r}"
+        for target in engine_imports(engine / module) - {module}:
+            allowed = {"both processes"} | ({side} - {"both processes"})
+            assert runs_in[target] in allowed, f"{module} ({side}) imports {target}"
+
+
+def test_vllm_is_given_the_plug_ins_path_as_a_string_the_service_never_imports():
+    # The runtime names the plug-in only by `tags.PLUGIN_CLASS`; the dotted path names a
+    # module of the engine core's side (vLLM resolves it there), and the old path is an
+    # alias of it.
+    from pathlib import Path
+
+    import relstream
+    from relstream.engine.tags import PLUGIN_CLASS
+
+    engine = Path(relstream.__file__).parent / "engine"
+    module, _, name = PLUGIN_CLASS.rpartition(".")
+    path = engine.joinpath(*module.split(".")[2:]).with_suffix(".py")
+    assert engine_module_map()[path.relative_to(engine).as_posix()] == "engine core"
+    assert f"def {name}(" in path.read_text()

@@ -1,13 +1,14 @@
 """An engine's load on its way out of vLLM's engine core: what every policy reports
-(`Policy.load`, on views computed by hand) and the file the plug-in writes it to and the
-runtime reads it from (`engine/loadfile.py`)."""
+(`Policy.load`, on views computed by hand) and the file the plug-in writes it to
+(`engine/core/loadwriter.py`) and the runtime reads it from (`engine/tags.py`)."""
 
 import time
 
 import pytest
 from helpers import ScriptedView
 
-from relstream.engine.loadfile import MAX_SHARE, WRITE_EVERY_S, LoadFile
+from relstream.engine.core.loadwriter import MAX_SHARE, WRITE_EVERY_S, LoadWriter
+from relstream.engine.tags import read_load
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.registry import make_policy
 
@@ -68,21 +69,20 @@ def test_a_backlog_is_priced_at_the_engines_seats_not_beyond():
 
 def test_the_runtime_reads_what_the_plugin_wrote(tmp_path):
     path = tmp_path / "load.json"
-    reader = LoadFile(path)
-    assert reader.read() is None  # nothing written yet: nothing to report
+    assert read_load(path) is None  # nothing written yet: nothing to report
     before = time.monotonic()
-    assert LoadFile(path).write(1.5, 0.001, 0.017, size_counts=(0, 2, 1))
-    written = reader.read()
+    assert LoadWriter(path).write(1.5, 0.001, 0.017, size_counts=(0, 2, 1))
+    written = read_load(path)
     assert (written.outstanding_s, written.per_prompt_token_s) == (1.5, 0.001)
     assert written.size_counts == (0, 2, 1)
     assert written.per_output_token_s == 0.017
     assert before <= written.at <= time.monotonic()
     path.write_bytes(b'{"outstanding_s": ')  # not ours, or cut: read as nothing
-    assert reader.read() is None
+    assert read_load(path) is None
 
 
 def test_writes_come_every_period_and_at_once_when_work_runs_out(tmp_path):
-    writer = LoadFile(tmp_path / "load.json")
+    writer = LoadWriter(tmp_path / "load.json")
     assert writer.due(time.monotonic(), idle=False)  # never written
     writer.write(2.0, 0.001, 0.017)
     now = time.monotonic()
@@ -94,7 +94,7 @@ def test_writes_come_every_period_and_at_once_when_work_runs_out(tmp_path):
 
 
 def test_a_load_slow_to_price_is_written_less_often(tmp_path):
-    writer = LoadFile(tmp_path / "load.json")
+    writer = LoadWriter(tmp_path / "load.json")
     writer.write(2.0, 0.001, 0.017, took_s=0.04)  # 40 ms: 10,000 one-row relQueries
     now = time.monotonic()
     assert not writer.due(now + WRITE_EVERY_S, idle=False)
@@ -102,6 +102,6 @@ def test_a_load_slow_to_price_is_written_less_often(tmp_path):
 
 
 def test_a_load_that_cannot_be_written_fails_nothing(tmp_path):
-    writer = LoadFile(tmp_path / "gone" / "load.json")  # its folder removed at shutdown
+    writer = LoadWriter(tmp_path / "gone" / "load.json")  # its folder removed at shutdown
     assert writer.write(1.0, 0.001, 0.017) is False
-    assert writer.read() is None
+    assert read_load(writer.path) is None

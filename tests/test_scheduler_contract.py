@@ -18,8 +18,10 @@ from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
-from relstream.engine import plugin  # noqa: E402
-from relstream.engine.harness import BLOCK, build_scheduler, fake_output  # noqa: E402
+from relstream.engine import tags  # noqa: E402
+from relstream.engine.core import plugin  # noqa: E402
+from relstream.engine.core.harness import BLOCK, build_scheduler, fake_output  # noqa: E402
+from relstream.engine.weights import model_dir  # noqa: E402
 from relstream.scheduler.relstream import RelstreamConfig  # noqa: E402
 
 BUDGET = 64  # prompt tokens a step may compute: one relQuery's prompt at a time
@@ -27,15 +29,15 @@ BUDGET = 64  # prompt tokens a step may compute: one relQuery's prompt at a time
 
 def build(async_scheduling: bool, policy: str, step_log=None, num_blocks: int = 256):
     return build_scheduler(
-        policy, async_scheduling=async_scheduling, step_log=step_log, max_num_seqs=8,
-        budget=BUDGET, num_blocks=num_blocks,
+        policy, model_folder=model_dir("smollm2"), async_scheduling=async_scheduling,
+        step_log=step_log, max_num_seqs=8, budget=BUDGET, num_blocks=num_blocks,
     )  # fmt: skip
 
 
 def add(scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int):
     init_none_hash(sha256)
     params = SamplingParams(
-        ignore_eos=True, max_tokens=outputs, extra_args=plugin.relquery_tags(relquery, size)
+        ignore_eos=True, max_tokens=outputs, extra_args=tags.relquery_tags(relquery, size)
     )
     params.update_from_generation_config({}, 2)
     scheduler.add_request(
@@ -163,10 +165,21 @@ def test_a_preempted_request_whose_blocks_are_cached_is_placed_again(policy):
 def test_a_deadline_rides_in_the_request_to_the_trackers_clock(monkeypatch):
     # The runtime sends the seconds left (relative: no clock is shared between processes);
     # the plug-in puts the deadline on its own clock, 30 s after the request arrived.
-    tags = plugin.relquery_tags
-    monkeypatch.setattr(plugin, "relquery_tags", lambda rq, size: tags(rq, size, 30.0))
+    tagged = tags.relquery_tags
+    monkeypatch.setattr(tags, "relquery_tags", lambda rq, size: tagged(rq, size, 30.0))
     scheduler = build(False, "relstream")
     add(scheduler, "due#0", "due", 1, 16, 2)
     info = scheduler.tracker.relqueries["due"]
     assert info.deadline == pytest.approx(info.arrival_time + 30.0)
-    assert "deadline_in_s" not in tags("free", 1)[plugin.EXTRA_ARGS_KEY]
+    assert "deadline_in_s" not in tagged("free", 1)[tags.EXTRA_ARGS_KEY]
+
+
+def test_vllm_resolves_the_plug_in_by_the_path_the_runtime_gives_it_and_by_the_old_one():
+    # vLLM imports `scheduler_cls` by its dotted path in the engine core process: the path
+    # the runtime gives (`tags.PLUGIN_CLASS`) and the one configurations were written with
+    # before the engine core's code moved to engine/core/ (an alias for one release).
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    assert resolve_obj_by_qualname(tags.PLUGIN_CLASS) is plugin.relstream_scheduler
+    old = resolve_obj_by_qualname("relstream.engine.plugin.relstream_scheduler")
+    assert old is plugin.relstream_scheduler

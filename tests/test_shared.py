@@ -1,19 +1,19 @@
 """Identical requests computed once and answers remembered: who leads, who follows, what a
 follower does when its leader does not finish, and the answer cache's byte cap
-(relstream.engine.shared, without vLLM)."""
+(relstream.engine.twins and relstream.engine.answers, without vLLM)."""
 
 import asyncio
 import os
 import subprocess
 import sys
 
-from relstream.engine.shared import (
+from relstream.engine.answers import (
     ENTRY_OVERHEAD_BYTES,
     AnswerCache,
     SharedOutcome,
-    SharedRequests,
     request_key,
 )
+from relstream.engine.twins import SharedRequests
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import Sampling
 
@@ -33,7 +33,7 @@ def key(*token_ids: int):
 
 # key(1, 2)'s digest, computed by another interpreter from the product alone.
 KEY_IN_ANOTHER_PROCESS = f"""
-from relstream.engine.shared import request_key
+from relstream.engine.answers import request_key
 from relstream.model import RelQuery, Row, Template
 relquery = RelQuery("q", Template("{{x}}"), [Row("r", {{"x": "1"}})], 4)
 print(request_key(relquery, [1, 2], {MODEL!r}).digest.hex())

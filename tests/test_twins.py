@@ -1,13 +1,14 @@
 """Identical requests of different relQueries (twins) each ranked as their own relQuery:
 the tracker runs the first to start and holds the others, a twin that stops without its
 answer hands over, and held rows are no work of their relQuery. Hand-computed cases on
-the pure scheduler, and the engine's bookkeeping of twins (relstream.engine.shared)."""
+the pure scheduler, and the engine's bookkeeping of twins (relstream.engine.twins)."""
 
 import asyncio
 
 from helpers import ScriptedView
 
-from relstream.engine.shared import SharedOutcome, SharedRequests, request_key
+from relstream.engine.answers import SharedOutcome, request_key
+from relstream.engine.twins import SharedRequests
 from relstream.model import RelQuery, RelQueryResult, Row, RowResult, RowStatus, Template
 from relstream.outputs import Sampling
 from relstream.scheduler import CostModel, EngineLimits, Linear

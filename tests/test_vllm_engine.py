@@ -215,7 +215,7 @@ def test_bad_rows_fail_alone_and_the_engine_keeps_serving(served):
 def test_the_plug_in_keeps_async_scheduling_where_vllm_has_it():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from relstream.engine.plugin import RelstreamPlugin, scheduler_class
+    from relstream.engine.core.plugin import RelstreamPlugin, scheduler_class
 
     on_gpu, on_cpu = scheduler_class(True), scheduler_class(False)
     assert issubclass(on_gpu, AsyncScheduler) and issubclass(on_gpu, RelstreamPlugin)

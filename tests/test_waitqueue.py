@@ -8,7 +8,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 
-from relstream.engine.waitqueue import IndexedWaitingQueue
+from relstream.engine.core.waitqueue import IndexedWaitingQueue
 
 
 class Req:

@@ -1,4 +1,7 @@
-"""The settings vLLM's CPU build runs best with on this project's machines.
+"""Service process: the settings vLLM's CPU build runs best with, set before it starts.
+
+The engine core inherits them: they are environment variables and engine arguments the
+service's process sets before vLLM spawns it.
 
 float32 (CPUs without bf16 units run bf16 slower), eager mode (the engine starts much
 sooner than with compiled graphs), a 2 GiB KV space (`VLLM_CPU_KVCACHE_SPACE`), as many

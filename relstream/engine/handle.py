@@ -1,5 +1,6 @@
-"""A relQuery on the vLLM runtime (`engine/runtime.py`): one asyncio task per row, its
-rows as they finish, its result, its cancellation."""
+"""Service process: a relQuery on the vLLM runtime (`engine/runtime.py`), on its loop.
+
+One asyncio task per row, its rows as they finish, its result, its cancellation."""
 
 from __future__ import annotations
 

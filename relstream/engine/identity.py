@@ -1,4 +1,6 @@
-"""What exactly answers a request: the model's identity, as the answer cache keys it.
+"""Service process: what exactly answers a request, the model's identity.
+
+The answer cache keys answers by it (`engine/answers.py`).
 
 Two engines share answers only when everything that decides greedy text is the same: the
 full model id (a Hub id or the resolved folder, never its last path component), the

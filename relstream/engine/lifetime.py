@@ -1,4 +1,6 @@
-"""vLLM's processes end with the engine process that started them, however it ends.
+"""Service process (and, first thing, each child it starts): children die with it.
+
+vLLM's processes end with the engine process that started them, however it ends.
 
 vLLM runs its engine core, and the core its workers, in processes of their own
 (multiprocessing: spawned on CPU and wherever CUDA is initialised, else forked). An

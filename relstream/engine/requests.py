@@ -1,12 +1,15 @@
-"""A relQuery's row as a vLLM request and back: the sampling parameters, a finished row
-checked against the relQuery's output constraint, and its step times."""
+"""Service process: a relQuery's row as a vLLM request and back.
+
+The sampling parameters, a finished row checked against the relQuery's output
+constraint, and its step times."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from relstream.engine.shared import Role, SharedOutcome
+from relstream.engine.answers import SharedOutcome
+from relstream.engine.twins import Role
 from relstream.model import (
     LatencyBreakdown,
     RelQuery,

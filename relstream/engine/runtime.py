@@ -1,11 +1,13 @@
-"""The vLLM runtime (`VllmRuntime`): relQueries over vLLM's AsyncLLM, in asyncio.
+"""Service process: the vLLM runtime (`VllmRuntime`), relQueries over vLLM's AsyncLLM.
 
-Submit a RelQuery, then await its result, iterate its rows as they finish, or cancel it.
-Rows are rendered through the model's chat template and tagged with their relQuery so
-the scheduler plug-in can group them. A row that cannot run (missing column, empty row,
-prompt over the model's limit) comes back as an error for that row only.
+On the service's event loop: submit a RelQuery, then await its result, iterate its rows
+as they finish, or cancel it. Rows are rendered through the model's chat template and
+tagged with their relQuery (`engine/tags.py`) so the scheduler plug-in can group them. A
+row that cannot run (missing column, empty row, prompt over the model's limit) comes
+back as an error for that row only.
 
-Every policy runs under relstream's plug-in (`relstream.engine.plugin`), so every run
+Every policy runs under relstream's plug-in, which vLLM loads in its engine core process
+(`relstream.engine.core.plugin`, named only by `tags.PLUGIN_CLASS`), so every run
 can write a step log; the registry (`relstream.scheduler.registry`) says which policies
 stock vLLM decides itself (`v1-fcfs`; `v1-priority` on vLLM's priority queue, fed each
 relQuery's static priority) and which the plug-in decides (every other one).
@@ -21,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relstream.backend import BackendLoad, EngineFailure, RecentTemplates, backlog_rows_for
+from relstream.engine.answers import AnswerCache, SharedOutcome, request_key
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.engine.handle import EngineHandle
 from relstream.engine.identity import ModelIdentity, engine_identity
-from relstream.engine.loadfile import LoadFile
 from relstream.engine.requests import (
     RowTimes,
     TokenizedRow,
@@ -35,7 +37,8 @@ from relstream.engine.requests import (
     seconds_left,
     tokenize_row,
 )
-from relstream.engine.shared import AnswerCache, Role, SharedOutcome, SharedRequests, request_key
+from relstream.engine.tags import PLUGIN_CLASS, SETTINGS_KEY, read_load, relquery_tags
+from relstream.engine.twins import Role, SharedRequests
 from relstream.model import (
     RelQuery,
     RowFailure,
@@ -95,7 +98,7 @@ class VllmRuntime:
         tokenizer,
         model_name: str,
         identity: ModelIdentity,
-        load_file: LoadFile | None = None,
+        load_file: Path | None = None,
     ) -> None:
         self.settings = settings
         self._llm = llm
@@ -106,7 +109,7 @@ class VllmRuntime:
         cache_bytes = settings.answer_cache_bytes
         cache = AnswerCache(cache_bytes, identity.model, identity.digest) if cache_bytes else None
         self._shared = SharedRequests(cache, holds_twins(settings.policy))
-        self._load_file = load_file  # the policy's load, written by the plug-in
+        self._load_file = load_file  # where the plug-in writes the policy's load
         self._rows_in_flight = 0
         self._templates = RecentTemplates()
 
@@ -123,7 +126,7 @@ class VllmRuntime:
         model = resolve_model(settings.model)
         load_file = None
         if settings.report_load:
-            load_file = LoadFile(Path(tempfile.mkdtemp(prefix="relstream-load-")) / "load.json")
+            load_file = Path(tempfile.mkdtemp(prefix="relstream-load-")) / "load.json"
         args = AsyncEngineArgs(
             model=model,
             tensor_parallel_size=settings.tensor_parallel_size,
@@ -154,7 +157,7 @@ class VllmRuntime:
             if llm is not None:
                 llm.shutdown()
             if load_file is not None:
-                shutil.rmtree(load_file.path.parent, ignore_errors=True)
+                shutil.rmtree(load_file.parent, ignore_errors=True)
             raise
         name = model.rstrip("/").rsplit("/", 1)[-1]
         return cls(settings, llm, tokenizer, name, identity, load_file)
@@ -176,7 +179,7 @@ class VllmRuntime:
         # globals are already gone and it prints a TypeError traceback: it is done.
         llm.shutdown = _already_shut_down
         if self._load_file is not None:
-            shutil.rmtree(self._load_file.path.parent, ignore_errors=True)
+            shutil.rmtree(self._load_file.parent, ignore_errors=True)
 
     @property
     def policy(self) -> str:
@@ -190,7 +193,7 @@ class VllmRuntime:
         """The policy's outstanding work and prices, as the plug-in last wrote them (None:
         none written yet, or not asked for, `report_load`, or none for STALE_LOAD_S while
         rows are in flight: the placer then stops choosing it); no row in flight, no work."""
-        written = self._load_file.read() if self._load_file is not None else None
+        written = read_load(self._load_file) if self._load_file is not None else None
         busy = self._rows_in_flight > 0
         if written is None or (busy and time.monotonic() - written.at > STALE_LOAD_S):
             return None  # an engine core that wrote nothing for so long is not stepping
@@ -321,8 +324,6 @@ class VllmRuntime:
         """The row's own vLLM request; as a leader, its answer goes to its followers."""
         from vllm.exceptions import VLLMClientError
 
-        from relstream.engine.plugin import relquery_tags
-
         # What vLLM raises about a request itself (validation, a bad parameter); anything
         # else is the engine's own failure.
         row_errors = (ValueError, VLLMClientError)
@@ -369,20 +370,18 @@ def _already_shut_down(*_args: object, **_kwargs: object) -> None:
     """What AsyncLLM.shutdown becomes once relstream has shut the engine down."""
 
 
-def _policy_args(settings: EngineSettings, load_file: LoadFile | None) -> dict:
+def _policy_args(settings: EngineSettings, load_file: Path | None) -> dict:
     """Every policy runs under the plug-in so every run has a step log and its load
     written for reports; for the policies stock vLLM decides itself it only observes."""
-    from relstream.engine.plugin import PLUGIN_CLASS
-
     relstream_config: dict = {"policy": settings.policy, "cost_model": settings.cost_model}
     if load_file is not None:
-        relstream_config["load_file"] = str(load_file.path)
+        relstream_config["load_file"] = str(load_file)
     if settings.cost_prior:
         relstream_config["cost_prior"] = dict(settings.cost_prior)
     if settings.step_log:
         relstream_config["step_log"] = str(settings.step_log)
     return {
         "scheduler_cls": PLUGIN_CLASS,
-        "additional_config": {"relstream": relstream_config},
+        "additional_config": {SETTINGS_KEY: relstream_config},
         "scheduling_policy": policy_spec(settings.policy).vllm_queue.value,
     }

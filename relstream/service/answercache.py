@@ -98,7 +98,7 @@ class KeptAnswer(Protocol):
 
 
 class AnswerStore(Protocol):
-    """A backend's answer cache as the topic fills it (relstream.engine.shared.AnswerCache)."""
+    """A backend's answer cache as the topic fills it (relstream.engine.answers.AnswerCache)."""
 
     model: str  # the full model id
     identity: str  # hex SHA-256 of the model's exact identity

@@ -130,7 +130,7 @@ class EngineMetrics:
         )
 
     def observe_answer_cache(self, cache) -> None:
-        """The engine's AnswerCache (relstream.engine.shared), where it has one."""
+        """The engine's AnswerCache (relstream.engine.answers), where it has one."""
         for measure in ("hits", "misses", "bytes"):
             self.answer_cache.labels(measure).set(getattr(cache, measure))
 

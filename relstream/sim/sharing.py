@@ -1,6 +1,6 @@
 """Work that never runs, as the simulated engine models it: identical requests in flight
-computed once, and answers remembered across relQueries (relstream.engine.shared does
-both on vLLM).
+computed once, and answers remembered across relQueries (relstream.engine.twins
+and relstream.engine.answers do both on vLLM).
 
 A request carries an `answer_key` when its answer is deterministic (greedy or seeded):
 equal keys, equal answers. With `dedup`, a request whose key a request of its own relQuery

@@ -29,9 +29,13 @@ OUTPUTS = 16  # tokens each row generates
 
 def build(policy: str | None, max_num_seqs: int, budget: int, num_blocks: int):
     """A vLLM scheduler on the CPU platform: stock (policy None) or relstream's plug-in."""
-    from relstream.engine.harness import build_scheduler
+    from relstream.engine.core.harness import build_scheduler
+    from relstream.engine.weights import model_dir
 
-    return build_scheduler(policy, max_num_seqs=max_num_seqs, budget=budget, num_blocks=num_blocks)
+    return build_scheduler(
+        policy, model_folder=model_dir("smollm2"), max_num_seqs=max_num_seqs, budget=budget,
+        num_blocks=num_blocks,
+    )  # fmt: skip
 
 
 def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
@@ -41,8 +45,8 @@ def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    from relstream.engine import plugin
-    from relstream.engine.harness import BLOCK
+    from relstream.engine.core.harness import BLOCK
+    from relstream.engine.tags import relquery_tags
 
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
@@ -50,7 +54,7 @@ def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
         relquery = f"q{row // rows_per_relquery}"
         size = min(rows_per_relquery, rows - row // rows_per_relquery * rows_per_relquery)
         params = SamplingParams(
-            ignore_eos=True, max_tokens=OUTPUTS, extra_args=plugin.relquery_tags(relquery, size)
+            ignore_eos=True, max_tokens=OUTPUTS, extra_args=relquery_tags(relquery, size)
         )
         params.update_from_generation_config({}, 2)
         prompt = [(row * 31 + i) % 40_000 + 10 for i in range(PROMPT)]
@@ -68,7 +72,7 @@ def fill(scheduler, rows: int, rows_per_relquery: int) -> None:
 def time_steps(scheduler, steps: int) -> tuple[list[float], list[float]]:
     """Seconds of `schedule()` + `update_from_output()` per step, the model's time aside,
     and of the policy's own decision (`plan`) within it (none for stock vLLM)."""
-    from relstream.engine.harness import fake_output
+    from relstream.engine.core.harness import fake_output
 
     timings: list[float] = []
     decisions: list[float] = []

@@ -1,4 +1,4 @@
-"""vLLM's FCFS waiting queue with removal in O(requests removed).
+"""Engine core: vLLM's FCFS waiting queue with removal in O(requests removed).
 
 The plug-in takes each step's admissions out of vLLM's waiting queue (`plugin`), and
 vLLM's own FCFSRequestQueue removes by rebuilding itself, a cost that grows with the

@@ -1,12 +1,13 @@
-"""The way an engine's load gets out of vLLM's engine core process.
+"""Engine core: the plug-in's writer of its policy's load, out of vLLM's engine core.
 
 The policy that knows an engine's outstanding work runs inside the engine core (the
-plug-in, `engine/plugin.py`), a process of its own; the load report is published by
-the engine service in the front process (`service/loadreport.py`). The plug-in writes
-its policy's load to a small file every `WRITE_EVERY_S` seconds and whenever it runs out
-of work, replacing it whole (a reader never sees half a record), and the runtime reads
-the latest when the service reports. A file, not a pipe: the writer never blocks on a
-reader, and a reader that is late only reads an older load.
+plug-in, `engine/core/plugin.py`), a process of its own; the load report is published
+by the engine service in the service's process (`service/loadreport.py`). The plug-in
+writes its policy's load to a small file every `WRITE_EVERY_S` seconds and whenever it
+runs out of work, replacing it whole (a reader never sees half a record), and the
+runtime reads the latest when the service reports (`engine/tags.py`: the record and its
+reader). A file, not a pipe: the writer never blocks on a reader, and a reader that is
+late only reads an older load.
 """
 
 from __future__ import annotations
@@ -17,23 +18,14 @@ from pathlib import Path
 
 import msgspec
 
+from relstream.engine.tags import CoreLoad
+
 WRITE_EVERY_S = 0.1  # the plug-in's writes at most this often (a report is every 0.25 s)
 MAX_SHARE = 0.05  # of the scheduler's thread spent pricing the load, at most
 
 
-class CoreLoad(msgspec.Struct, frozen=True):
-    """The policy's load (`Policy.load`) and when it was measured (`time.monotonic`,
-    one clock for every process on the machine)."""
-
-    outstanding_s: float
-    per_prompt_token_s: float
-    per_output_token_s: float
-    at: float
-    size_counts: tuple[int, ...] = ()  # its relQueries per size class (Policy.load)
-
-
-class LoadFile:
-    """One engine's load, written by the plug-in and read by the runtime."""
+class LoadWriter:
+    """One engine's load file, as the plug-in writes it."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -72,11 +64,3 @@ class LoadFile:
             return False
         self._idle = outstanding_s <= 0.0
         return True
-
-    def read(self) -> CoreLoad | None:
-        """The latest load written; None before the first write (or if it cannot be read:
-        a reader then reports nothing, and the placer falls back to the hash)."""
-        try:
-            return msgspec.json.decode(self.path.read_bytes(), type=CoreLoad)
-        except (OSError, msgspec.DecodeError):
-            return None

@@ -1,7 +1,11 @@
-"""vLLM's own scheduler with no model behind it: built as vLLM's scheduler tests build it
-(a VllmConfig over the local model folder, a KVCacheConfig, no model run) and driven with
-fake model outputs. The plug-in's contract test and the decision benchmark
-(`relstream_lab/paper/schedcost.py`) both run on it."""
+"""Engine core, stood up in the caller's process: vLLM's scheduler with no model behind it.
+
+Built as vLLM's scheduler tests build it (a VllmConfig over a local model folder, a
+KVCacheConfig, no model run) and driven with fake model outputs, so the plug-in's code
+runs as it does in vLLM's engine core but in the test's or benchmark's own process. The
+plug-in's contract test and the decision benchmark (`relstream_lab/paper/schedcost.py`)
+both run on it; they pass the model folder (`engine.weights.model_dir`), which the engine
+core's code does not build."""
 
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
-from relstream.engine import plugin
-from relstream.engine.weights import model_dir
+from relstream.engine.core import plugin
+from relstream.engine.tags import SETTINGS_KEY
 
 BLOCK = 16  # KV block size, in tokens
 TOKEN = 7  # every fake sampled token
@@ -25,6 +29,7 @@ TOKEN = 7  # every fake sampled token
 def build_scheduler(
     policy: str | None,
     *,
+    model_folder: Path,
     async_scheduling: bool = False,
     step_log: Path | None = None,
     max_num_seqs: int = 8,
@@ -32,11 +37,11 @@ def build_scheduler(
     num_blocks: int = 256,
 ):
     """Stock vLLM V1's scheduler (`policy` None) or relstream's plug-in deciding with
-    `policy`; the async class where vLLM schedules ahead (the CPU platform turns async
-    scheduling off in the config, so the class is chosen here as `relstream_scheduler`
-    chooses it)."""
+    `policy`, over the model in `model_folder` (its config only: no weights load); the
+    async class where vLLM schedules ahead (the CPU platform turns async scheduling off
+    in the config, so the class is chosen here as `relstream_scheduler` chooses it)."""
     model = ModelConfig(
-        model=str(model_dir("smollm2")), dtype="float32", seed=0, max_model_len=512,
+        model=str(model_folder), dtype="float32", seed=0, max_model_len=512,
         skip_tokenizer_init=True,
     )  # fmt: skip
     scheduler = SchedulerConfig(
@@ -49,7 +54,7 @@ def build_scheduler(
         scheduler_config=scheduler,
         model_config=model,
         cache_config=cache,
-        additional_config={"relstream": settings} if policy else {},
+        additional_config={SETTINGS_KEY: settings} if policy else {},
     )
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(

@@ -1,0 +1,57 @@
+"""Both processes: what the service and the plug-in in vLLM's engine core agree on.
+
+The runtime (`engine/runtime.py`, in the service's process) starts vLLM with the plug-in
+(`engine/core/plugin.py`, in vLLM's engine core process) and talks to it only through
+vLLM: the plug-in's class path and its settings in the engine arguments, each request's
+tags in its sampling parameters, and back the policy's load in a small file
+(`engine/core/loadwriter.py` writes it). Both sides import this module and neither
+imports the other's, so the engine core never loads the service's code nor the service
+the scheduler's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+# The engine arg `scheduler_cls`: a dotted path vLLM imports in its engine core process.
+PLUGIN_CLASS = "relstream.engine.core.plugin.relstream_scheduler"
+SETTINGS_KEY = "relstream"  # the plug-in's settings: vLLM's additional_config[SETTINGS_KEY]
+EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...}
+
+
+def relquery_tags(
+    relquery_id: str, size: int, deadline_in: float | None = None, share: str | None = None
+) -> dict[str, Any]:
+    """What a request must carry in `SamplingParams.extra_args` to be grouped, its
+    relQuery's deadline in seconds from now (relative, so no clock is shared), and the
+    key it shares with identical requests of other relQueries (one runs for all)."""
+    tags: dict[str, Any] = {"relquery_id": relquery_id, "relquery_size": size}
+    if deadline_in is not None:
+        tags["deadline_in_s"] = deadline_in
+    if share is not None:
+        tags["share"] = share
+    return {EXTRA_ARGS_KEY: tags}
+
+
+class CoreLoad(msgspec.Struct, frozen=True):
+    """The policy's load (`Policy.load`) as the plug-in writes it to the load file, and
+    when it was measured (`time.monotonic`, one clock for every process on the machine)."""
+
+    outstanding_s: float
+    per_prompt_token_s: float
+    per_output_token_s: float
+    at: float
+    size_counts: tuple[int, ...] = ()  # its relQueries per size class (Policy.load)
+
+
+def read_load(path: Path) -> CoreLoad | None:
+    """The latest load the plug-in wrote to `path`; None before the first write (or if it
+    cannot be read: the runtime then reports nothing, and the placer falls back to the
+    hash). The writer replaces the file whole, so a read never sees half a record."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=CoreLoad)
+    except (OSError, msgspec.DecodeError):
+        return None
