@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from helpers import encode_row, read_all, start_worker
 
 from relstream.kafka.brokers import EmbeddedBroker
@@ -216,3 +216,56 @@ def test_a_window_refused_in_its_transaction_becomes_its_rows_dead_letters(
     keys = collections.Counter(decode(DeadLetterMessage, m.value).key.decode() for m in letters)
     assert keys == collections.Counter(f"r{index}" for index in range(8))
     assert relqueries == []
+
+
+@pytest.mark.slow
+def test_a_worker_behind_closes_a_window_by_the_clock_only_once_read_to_the_end(
+    default_broker, tmp_path
+):
+    """Rows all stamped at one old instant, a backlog of several fetches: a stage that
+    closed the open window by the clock at the end of each fetch cut windows at fetch
+    boundaries, which a restart before the commit cuts again with more rows under the
+    same id (found by the protocol model). Read to the end first, every window but the
+    last is closed by rows, whole (the step takes 10,000 records at most)."""
+    topics = topics_on(default_broker)
+    config = tmp_path / "queries.toml"
+    config.write_text(QUERY.replace("window_seconds = 0.5\nmax_rows = 2", "max_rows = 128"))
+    registration = load_registrations(config)[0]
+    settings = StageSettings(
+        default_broker.bootstrap, topics, f"g-{uuid.uuid4().hex[:6]}", default_broker.kind
+    )
+    count, stamp_ms = 12_000, int((time.time() - 3600) * 1000)  # over one `getmany`
+
+    async def scenario():
+        await create_topics(default_broker.bootstrap, topics.layout())
+        producer = AIOKafkaProducer(bootstrap_servers=default_broker.bootstrap, linger_ms=20)
+        await producer.start()
+        try:
+            for index in range(count):
+                row = {"version": 1, "table": "reviews", "key": f"r{index}",
+                       "values": {"review": f"{index:05d}" + "x" * 300}}  # fmt: skip
+                await producer.send(topics.rows("reviews"), encode_row(row), b"one partition",
+                                    timestamp_ms=stamp_ms)  # fmt: skip
+            await producer.flush()
+        finally:
+            await producer.stop()
+        await asyncio.sleep(3.5)  # past every window's deadline and lateness, whatever the
+        # broker stamps (its append time, or the producer's)
+        stage = WindowStage(registration, settings)
+        running = asyncio.create_task(stage.run())
+        try:
+            for _ in range(60):
+                seen = await read_all(
+                    default_broker.bootstrap, topics.relqueries, "read_committed", 1.0
+                )
+                sizes = [len(decode(RelQueryMessage, m.value).rows) for m in seen]
+                if sum(sizes) >= count:
+                    return sizes
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        return sizes
+
+    sizes = asyncio.run(scenario())
+    assert sum(sizes) == count and set(sorted(sizes)[1:]) == {128}, sizes  # one short: the last
