@@ -44,11 +44,11 @@ $(STAMP): pyproject.toml
 lint: setup
 	$(BIN)/ruff check .
 
-# Two workers (pytest-xdist): the vLLM tests on one, first, the modules spread over both
-# (tests/conftest.py). `make test-fast` leaves out the vLLM tests and those marked slow.
+# Two workers (pytest-xdist), a module's tests on one; a module that starts vLLM runs while
+# no other does (tests/conftest.py). `make test-fast` leaves out the vLLM tests and those marked slow.
 TEST_WORKERS ?= 2
 PYTEST := RELSTREAM_STREAM_BIN=$(abspath $(STREAM_VENV))/bin $(ENGINE_ENV) $(BIN)/pytest -q \
-	-n $(TEST_WORKERS) --dist loadgroup
+	-n $(TEST_WORKERS) --dist loadfile
 test: setup lint
 	$(PYTEST)
 	$(MAKE) --no-print-directory test-vllm-next

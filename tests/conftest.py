@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import fcntl
+
 import pytest
 
 from relstream.kafka.brokers import EmbeddedBroker
@@ -7,14 +9,32 @@ from relstream.scheduler import CostModel, EngineLimits, Linear
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under xdist (`make test`: `-n 2 --dist loadgroup`) each module's tests run on one
-    worker, its module fixtures set up once, and every test that starts vLLM runs on the
-    same worker, first: two vLLM engines on two cores slow each other more than they
-    overlap, while the broker-and-process tests mostly wait."""
-    for item in items:
-        vllm = item.get_closest_marker("vllm") is not None
-        item.add_marker(pytest.mark.xdist_group("vllm" if vllm else item.nodeid.split("::")[0]))
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
+    """Modules that start vLLM first (in their own order), then the rest: under xdist the
+    longest modules start early instead of ending the run alone."""
+    vllm = {item.module for item in items if item.get_closest_marker("vllm")}
+    items.sort(key=lambda item: getattr(item, "module", None) not in vllm)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_vllm_module_at_a_time(request, tmp_path_factory):
+    """Under xdist (`make test`: `-n 2 --dist loadfile`, a module's tests on one worker) a
+    module with a test that starts vLLM holds a lock the workers share for its whole run:
+    two vLLM engines on two cores slow each other more than they overlap, while the
+    broker-and-process tests beside one mostly wait."""
+    module = request.module
+    if not any(
+        item.get_closest_marker("vllm") and getattr(item, "module", None) is module
+        for item in request.session.items
+    ):
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "vllm.lock"  # the workers' common parent
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 @pytest.fixture
