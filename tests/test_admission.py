@@ -121,6 +121,15 @@ def test_the_composer_counts_a_chunk_at_the_threshold_as_whole():
     assert chunks(step.plan()) == [("q0#0", 400)]
 
 
+def test_sarathi_continues_and_admits_prompts_in_chunks_of_the_threshold():
+    # Its own budget of 512: q0's running prompt 400, then 112 of q1's.
+    from relstream_lab.baselines.v0 import Sarathi
+
+    view = long_prompts(2)
+    view.tracker.start("q0#0")
+    assert chunks(Sarathi(COST).plan_step(view)) == [("q0#0", 400), ("q1#0", 112)]
+
+
 def test_seats_end_admission():
     view = engine(seats=2)
     view.add_relquery("a", [10, 10, 10], max_tokens=4)
