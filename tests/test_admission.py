@@ -2,19 +2,27 @@
 V0 and V1 treat a prompt longer than the budget, and that relstream's order never takes
 less work into a step than stock V1 when a backlog waits. Every case is computed by hand."""
 
+import pytest
 from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear, make_policy
 from relstream.scheduler.admission import Chunking, StepAdmission, Stop
+from relstream.scheduler.composer import StepComposer
+from relstream.scheduler.relstream import RelstreamConfig
+from relstream.scheduler.view import prefill_cap
 
 
-def engine(seats: int = 8, budget: int = 100, block: int = 16) -> ScriptedView:
+def engine(
+    seats: int = 8, budget: int = 100, block: int = 16, threshold: int = 0, adaptive: bool = False
+) -> ScriptedView:
     return ScriptedView(
         EngineLimits(
             max_num_seqs=seats,
             max_num_batched_tokens=budget,
             kv_capacity_tokens=10_000,
             block_size=block,
+            long_prefill_token_threshold=threshold,
+            long_prefill_adaptive=adaptive,
         )
     )
 
@@ -46,6 +54,80 @@ def test_v0_takes_whole_prompts_and_a_long_one_alone():
     step = StepAdmission.for_step(alone, Chunking.WHOLE)
     assert step.admit(waiting(alone)) is Stop.DRAINED
     assert admitted(step) == [("b#0", 150)]
+
+
+def long_prompts(count: int, threshold: int = 400, adaptive: bool = False) -> ScriptedView:
+    """`count` relQueries of one 800-token prompt each; budget 1,024 (vLLM's test)."""
+    view = engine(budget=1024, threshold=threshold, adaptive=adaptive)
+    for n in range(count):
+        view.add_relquery(f"q{n}", [800], max_tokens=4, arrival=float(n))
+    return view
+
+
+def chunks(plan) -> list[tuple[str, int]]:
+    return [(chunk.request_id, chunk.num_tokens) for chunk in plan.prefill]
+
+
+def test_v1_cuts_each_prompt_at_the_long_prefill_threshold_unless_it_is_alone():
+    # Threshold 400, budget 1,024: 400 + 400 + the 224 left (vLLM's own test case).
+    view = long_prompts(3)
+    step = StepAdmission.for_step(view)
+    assert step.admit(waiting(view)) is Stop.DRAINED
+    assert admitted(step) == [("q0#0", 400), ("q1#0", 400), ("q2#0", 224)]
+    # A lone request starves nobody: vLLM lets it take the budget.
+    alone = long_prompts(1)
+    step = StepAdmission.for_step(alone)
+    assert step.admit(waiting(alone)) is Stop.DRAINED
+    assert admitted(step) == [("q0#0", 800)]
+
+
+def test_a_running_prompt_continues_in_chunks_of_the_threshold():
+    # q0 started with no token computed yet: 400 of its 800, then q1's 400.
+    view = long_prompts(2)
+    view.tracker.start("q0#0")
+    step = StepAdmission.for_step(view)
+    step.run_running(list(view.tracker.running.values()))
+    step.admit(waiting(view))
+    assert chunks(step.plan()) == [("q0#0", 400), ("q1#0", 400)]
+
+
+def test_the_adaptive_threshold_is_never_below_a_fair_share_of_the_budget():
+    # max(100, 1,024 // 3 requests) = 341; no threshold, no cap.
+    view = long_prompts(3, threshold=100, adaptive=True)
+    assert prefill_cap(view.limits, view.tracker) == 341
+    assert prefill_cap(long_prompts(3, threshold=100).limits, view.tracker) == 100
+    assert prefill_cap(long_prompts(3, threshold=0).limits, view.tracker) is None
+
+
+@pytest.mark.parametrize("gate", ["load", "never"])
+def test_relstream_cuts_prompts_at_the_threshold_and_fills_the_budget(gate):
+    # Before it read the threshold, relstream planned 800 + 224 and vLLM ran 400 + 400
+    # of them, leaving the third request waiting with budget and seats to spare.
+    policy = make_policy("relstream", COST)
+    policy.config = RelstreamConfig(gate=gate)
+    plan = policy.plan(long_prompts(3))
+    assert sorted(size for _, size in chunks(plan)) == [224, 400, 400]
+
+
+def test_the_composer_counts_a_chunk_at_the_threshold_as_whole():
+    # Under a limit of 450 prompt tokens a prompt goes only whole, and vLLM runs 400 of
+    # an 800-token prompt: that chunk is whole. q1 then finds 50 of the limit left.
+    view = long_prompts(2)
+    view.tracker.start("q0#0")
+    step = StepComposer(view, None, reserve=1.0)
+    step.decode(list(view.tracker.active_relqueries.values()))
+    step.continue_prompts(view.tracker.relqueries["q0"], limit=450)
+    assert not step.admit(view.tracker.relqueries["q1"], limit=50)
+    assert chunks(step.plan()) == [("q0#0", 400)]
+
+
+def test_sarathi_continues_and_admits_prompts_in_chunks_of_the_threshold():
+    # Its own budget of 512: q0's running prompt 400, then 112 of q1's.
+    from relstream_lab.baselines.v0 import Sarathi
+
+    view = long_prompts(2)
+    view.tracker.start("q0#0")
+    assert chunks(Sarathi(COST).plan_step(view)) == [("q0#0", 400), ("q1#0", 112)]
 
 
 def test_seats_end_admission():

@@ -7,7 +7,7 @@ from helpers import entry_point_folder
 
 import relstream_lab
 from relstream.scheduler import POLICIES, VllmQueue, make_policy, policy_spec, static_priority
-from relstream.scheduler.registry import PolicySpec, register
+from relstream.scheduler.registry import PolicySpec, queue_conflict, register
 from relstream_lab.baselines import BASELINES
 from relstream_lab.policies import SIM_ONLY
 
@@ -32,6 +32,16 @@ def test_stock_vllm_decides_its_own_policies_and_the_plug_in_decides_the_rest(co
     # Policies the plug-in decides keep vLLM's plain FCFS queue underneath.
     assert {policy_spec(name).vllm_queue for name in plug_in} == {VllmQueue.FCFS}
     assert all(make_policy(name, cost).name == name for name in POLICIES)
+
+
+def test_vllms_priority_queue_conflicts_only_with_a_policy_the_plug_in_decides():
+    # Under relstream (or a lab policy) vLLM's priority queue would be silently ignored.
+    assert "'v1-priority'" in queue_conflict("relstream", "priority")
+    assert queue_conflict("sarathi", "priority") is not None
+    assert queue_conflict("relstream", "fcfs") is None
+    # Stock vLLM decides these itself: its queue is what runs.
+    assert queue_conflict("v1-priority", "priority") is None
+    assert queue_conflict("v1-fcfs", "priority") is None
 
 
 def test_each_policy_class_is_named_as_it_is_registered():

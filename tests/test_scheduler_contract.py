@@ -34,11 +34,14 @@ def build(async_scheduling: bool, policy: str, step_log=None, num_blocks: int = 
     )  # fmt: skip
 
 
-def add(scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int):
+def add(
+    scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int,
+    share: str | None = None,
+):  # fmt: skip
     init_none_hash(sha256)
-    params = SamplingParams(
-        ignore_eos=True, max_tokens=outputs, extra_args=tags.relquery_tags(relquery, size)
-    )
+    shared = {"share": share} if share else {}  # a test may wrap relquery_tags without it
+    extra = tags.relquery_tags(relquery, size, **shared)
+    params = SamplingParams(ignore_eos=True, max_tokens=outputs, extra_args=extra)
     params.update_from_generation_config({}, 2)
     scheduler.add_request(
         Request(
@@ -183,3 +186,37 @@ def test_vllm_resolves_the_plug_in_by_the_path_the_runtime_gives_it_and_by_the_o
     assert resolve_obj_by_qualname(tags.PLUGIN_CLASS) is plugin.relstream_scheduler
     old = resolve_obj_by_qualname("relstream.engine.plugin.relstream_scheduler")
     assert old is plugin.relstream_scheduler
+
+
+def long_prefills(policy: str | None, prompts: int, share: str | None = None):
+    """vLLM's own case: 800-token prompts, `long_prefill_token_threshold` 400, budget
+    1,024; the tokens each request computes in the first step."""
+    scheduler = build_scheduler(
+        policy, model_folder=model_dir("smollm2"), max_num_seqs=8, budget=1024,
+        num_blocks=512, max_model_len=2048, long_prefill_token_threshold=400,
+    )  # fmt: skip
+    for n in range(prompts):
+        add(scheduler, f"r{n}", f"q{n}", 1, prompt=800, outputs=4, share=share)
+    return dict(scheduler.schedule().num_scheduled_tokens)
+
+
+@pytest.mark.parametrize("policy", [None, "v1-fcfs", "relstream"], ids=str)
+def test_each_prompt_is_cut_at_the_long_prefill_threshold_and_the_budget_filled(policy):
+    assert long_prefills(policy, 3) == {"r0": 400, "r1": 400, "r2": 224}
+
+
+def test_a_request_planned_alone_is_cut_as_vllm_cuts_it_among_the_others():
+    # Two identical requests: relstream runs one and holds its twin back, as vLLM's
+    # queue holds it; with two requests there, vLLM cuts the prompt at 400, not alone.
+    assert long_prefills("relstream", 2, share="same") == {"r0": 400}
+
+
+def test_vllms_priority_queue_is_refused_under_a_policy_that_orders_requests_itself():
+    def built(policy: str):
+        return build_scheduler(
+            policy, model_folder=model_dir("smollm2"), scheduling_policy="priority"
+        )
+
+    with pytest.raises(ValueError, match="'v1-priority'"):
+        built("relstream")
+    assert built("v1-priority").policy_name == "v1-priority"

@@ -7,8 +7,9 @@ no policy can take fewer requests into a step than its order allows:
 
 1. `run_running`: running requests in the policy's order while the token budget lasts,
    a decode taking one token and an unfinished prompt the rest of it, cut to the budget
-   left. A request whose next tokens find no free KV preempts others by recompute, the
-   policy's `victim` first, until they fit (vLLM V1's `schedule()`, step 1).
+   left and to vLLM's `long_prefill_token_threshold` (`view.prefill_cap`). A request
+   whose next tokens find no free KV preempts others by recompute, the policy's
+   `victim` first, until they fit (vLLM V1's `schedule()`, step 1).
 2. `admit`: waiting requests in the policy's order while seats (`max_num_seqs`), token
    budget and KV last; a request is taken only if its whole current sequence fits after
    its prefix-cache hit, and the first one that does not fit ends admission, so a later
@@ -23,7 +24,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, SeqInfo, StepPlan
+from relstream.scheduler.view import (
+    IDLE,
+    EngineView,
+    PrefillChunk,
+    SeqInfo,
+    StepPlan,
+    prefill_cap,
+)
 
 Victim = Callable[[list[SeqInfo]], SeqInfo]  # the running request to evict first
 
@@ -41,7 +49,7 @@ class Stop(Enum):
 class Chunking(Enum):
     """How a prompt longer than the budget left is treated."""
 
-    CUT = "cut"  # vLLM V1, Sarathi: computed in chunks, this step's cut to what is left
+    CUT = "cut"  # vLLM V1, Sarathi: in chunks, cut to what is left (and to `cap`)
     WHOLE = "whole"  # vLLM V0: whole prompts only; one longer than the budget runs alone
 
 
@@ -59,6 +67,7 @@ class StepAdmission:
     free_kv: int
     seats: int
     chunking: Chunking = Chunking.CUT
+    cap: int | None = None  # the most tokens one request computes this step (None: any)
     scheduled: dict[str, int] = field(default_factory=dict)  # running id -> tokens this step
     growth: dict[str, int] = field(default_factory=dict)  # running id -> KV its tokens take
     preempted: list[SeqInfo] = field(default_factory=list)
@@ -81,6 +90,7 @@ class StepAdmission:
             view.free_kv_tokens() if free_kv is None else free_kv,
             limits.max_num_seqs - len(view.tracker.running) if seats is None else seats,
             chunking,
+            prefill_cap(limits, view.tracker),
         )
 
     def run_running(
@@ -104,6 +114,8 @@ class StepAdmission:
                 index += 1
                 continue
             tokens = min(seq.uncomputed_tokens, self.budget)
+            if self.cap is not None:
+                tokens = min(tokens, self.cap)
             need = self.view.growth_kv_tokens(seq, tokens)
             preempted_itself = False
             while need > self.free_kv and not preempted_itself:
@@ -143,6 +155,8 @@ class StepAdmission:
             if need > self.free_kv:
                 return Stop.KV
             tokens = seq.uncomputed_tokens - cached
+            if self.chunking is Chunking.CUT and self.cap is not None:
+                tokens = min(tokens, self.cap)
             if tokens > self.budget:
                 if self.chunking is Chunking.CUT:
                     tokens = self.budget

@@ -12,6 +12,7 @@ from relstream.scheduler.view import (
     RelQueryInfo,
     SeqInfo,
     StepPlan,
+    prefill_cap,
 )
 
 
@@ -24,6 +25,8 @@ class StepComposer:
         self.reserve = reserve
         self.block = view.limits.block_size
         self.budget = view.limits.max_num_batched_tokens
+        # the most tokens one request computes this step: vLLM's long-prefill threshold
+        self.cap = prefill_cap(view.limits, view.tracker)
         self.seats = view.limits.max_num_seqs - len(view.tracker.running)
         self.free = view.free_kv_tokens()
         self.reserved = 0  # KV the running requests will still take, summed
@@ -77,19 +80,25 @@ class StepComposer:
         a running prompt all the budget it can, so a prompt goes only where it fits whole
         when the step must not give it that much: under a `limit` on R's prompt tokens,
         and once this step admitted a better-ranked relQuery (vLLM computes running
-        prompts before it admits anyone). Otherwise it waits a step."""
+        prompts before it admits anyone). Otherwise it waits a step. "All" and "whole"
+        stop at the long-prefill cap, as vLLM's own chunk does."""
         allowed = self.budget if limit is None else min(limit, self.budget)
         whole_only = limit is not None or bool(self.prefill)
         for seq in list(info.running.values()):
             if seq.prefill_done or seq.request_id in self.preempted:
                 continue
-            tokens = min(seq.uncomputed_tokens, allowed)
-            if whole_only and tokens < seq.uncomputed_tokens:
+            chunk = self._chunk(seq.uncomputed_tokens)
+            tokens = min(chunk, allowed)
+            if whole_only and tokens < chunk:
                 continue
             if tokens <= 0 or not self._schedule(seq, tokens):
                 return
             self.budget -= tokens
             allowed -= tokens
+
+    def _chunk(self, tokens: int) -> int:
+        """What vLLM computes of a request's `tokens` left, budget permitting."""
+        return tokens if self.cap is None else min(tokens, self.cap)
 
     def _later(self, seq: SeqInfo, tokens: int) -> int:
         """KV `seq` will still take after this step's `tokens`: its prompt's rest and its
@@ -129,7 +138,8 @@ class StepComposer:
 
     def admit(self, info: RelQueryInfo, limit: int | None = None) -> bool:
         """Admit R's waiting rows while seats, budget, KV and a `limit` on their prompt
-        tokens (whole prompts only) last; False once one ran out."""
+        tokens (whole prompts, or whole chunks at the long-prefill cap) last; False once
+        one ran out."""
         block = self.view.limits.block_size
         expected = expected_output(info)
         allowed = limit
@@ -137,17 +147,18 @@ class StepComposer:
             if self.seats <= 0 or self.budget <= 0:
                 return False
             cached = self.view.cached_prompt_tokens(seq)
+            chunk = self._chunk(seq.uncomputed_tokens - cached)
             if allowed is not None:
-                if seq.uncomputed_tokens - cached > min(allowed, self.budget):
+                if chunk > min(allowed, self.budget):
                     return False
-                allowed -= seq.uncomputed_tokens - cached
+                allowed -= chunk
             need = self.view.admission_kv_tokens(seq, cached)
             total = seq.uncomputed_tokens + row_remaining_output(seq, expected, self.oracle)
             growth = (-(-total // block) - -(-seq.uncomputed_tokens // block)) * block
             growth = int(growth * self.reserve)
             if need + growth > self.free - self.reserved:
                 return False
-            tokens = min(seq.uncomputed_tokens - cached, self.budget)
+            tokens = min(chunk, self.budget)
             self.prefill.append(PrefillChunk(seq.request_id, tokens))
             self.free -= need
             self.reserved += growth

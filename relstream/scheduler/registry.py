@@ -89,6 +89,20 @@ def policy_spec(name: str) -> PolicySpec:
         ) from None
 
 
+def queue_conflict(name: str, queue: str) -> str | None:
+    """Why vLLM's `scheduling_policy` `queue` cannot go with policy `name` (None: it can).
+    A policy the plug-in decides orders requests itself on vLLM's FCFS queue, so vLLM's
+    priority queue under it would be accepted and silently ignored."""
+    spec = policy_spec(name)
+    if spec.decided_by_vllm is not None or queue == spec.vllm_queue:
+        return None
+    return (
+        f"vLLM's scheduling_policy={queue!r} has no effect under policy {name!r}, which "
+        f"orders requests itself: choose policy {V1Priority.name!r} for vLLM's priority "
+        f"queue, or leave scheduling_policy at {spec.vllm_queue.value!r}"
+    )
+
+
 def holds_twins(name: str) -> bool:
     """Whether identical requests of different relQueries are each sent under their own
     relQuery (`SeqInfo.share`): where relstream's plug-in decides every step it runs one

@@ -96,6 +96,23 @@ class EngineLimits:
     max_num_batched_tokens: int
     kv_capacity_tokens: int  # `cap` of Algorithm 1
     block_size: int
+    # vLLM's `long_prefill_token_threshold` (0: none) and its `_adaptive` floor
+    long_prefill_token_threshold: int = 0
+    long_prefill_adaptive: bool = False
+
+
+def prefill_cap(limits: EngineLimits, tracker: RequestTracker) -> int | None:
+    """The most tokens one request may compute in a step (None: no cap), as vLLM V1
+    applies `long_prefill_token_threshold` so that one long prompt does not starve the
+    others of the token budget: off while a single request is running or waiting, and,
+    adaptive, never below the budget's fair share among them."""
+    threshold = limits.long_prefill_token_threshold
+    eligible = len(tracker.running) + len(tracker.waiting) + len(tracker.held)
+    if threshold <= 0 or eligible <= 1:
+        return None
+    if limits.long_prefill_adaptive:
+        return max(threshold, limits.max_num_batched_tokens // eligible)
+    return threshold
 
 
 class RequestTracker:

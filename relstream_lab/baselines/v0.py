@@ -16,6 +16,7 @@ from relstream.scheduler.view import (
     PrefillChunk,
     SeqInfo,
     StepPlan,
+    prefill_cap,
 )
 from relstream_lab.baselines.aba import Arrangement, Decision, PrefillCandidate, arrange
 from relstream_lab.baselines.batching import (
@@ -115,11 +116,12 @@ class Sarathi(Policy):
         decode = decode_candidate(view)
         budget = self.token_budget - len(decode)
         chunks: list[PrefillChunk] = []
+        cap = prefill_cap(view.limits, view.tracker)  # vLLM's long-prefill threshold
         for seq in view.tracker.running.values():  # finish started prefills first
             if budget <= 0:
                 break
             if not seq.prefill_done:
-                take = min(budget, seq.uncomputed_tokens)
+                take = min(budget, seq.uncomputed_tokens, cap or budget)
                 chunks.append(PrefillChunk(seq.request_id, take))
                 budget -= take
         if budget > 0:

@@ -35,18 +35,22 @@ def build_scheduler(
     max_num_seqs: int = 8,
     budget: int = 64,
     num_blocks: int = 256,
+    max_model_len: int = 512,
+    long_prefill_token_threshold: int = 0,
+    scheduling_policy: str = "fcfs",
 ):
     """Stock vLLM V1's scheduler (`policy` None) or relstream's plug-in deciding with
     `policy`, over the model in `model_folder` (its config only: no weights load); the
     async class where vLLM schedules ahead (the CPU platform turns async scheduling off
     in the config, so the class is chosen here as `relstream_scheduler` chooses it)."""
     model = ModelConfig(
-        model=str(model_folder), dtype="float32", seed=0, max_model_len=512,
+        model=str(model_folder), dtype="float32", seed=0, max_model_len=max_model_len,
         skip_tokenizer_init=True,
     )  # fmt: skip
     scheduler = SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=512,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
         enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
+        long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
     )  # fmt: skip
     cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     settings = {"policy": policy, "step_log": str(step_log) if step_log else None}

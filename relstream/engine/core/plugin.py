@@ -53,6 +53,7 @@ from relstream.scheduler import (
     make_policy,
     policy_spec,
 )
+from relstream.scheduler.registry import queue_conflict
 from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
 
 # Until the online fit has seen steps, priorities come from the first step costs
@@ -84,11 +85,16 @@ def scheduler_class(async_scheduling: bool) -> type[Scheduler]:
 class RelstreamPlugin(EngineView):
     """The plug-in's behaviour, mixed into one of vLLM's scheduler classes below."""
 
+    _aside = (0, 0)  # (running, waiting) requests set aside while a plan is enforced
+
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         settings = dict((vllm_config.additional_config or {}).get(SETTINGS_KEY, {}))
         self.policy_name = settings.get("policy", DEFAULT_POLICY)
         self.decided_by_vllm = policy_spec(self.policy_name).decided_by_vllm is not None
+        conflict = queue_conflict(self.policy_name, self.policy.value)
+        if conflict:
+            raise ValueError(conflict)
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
         cost_model = settings.get("cost_model", "online")
         cost = cost_model_of(cost_model, CostModel.from_coefficients(prior))
@@ -103,6 +109,8 @@ class RelstreamPlugin(EngineView):
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             kv_capacity_tokens=kv_cache_config.num_blocks * self.block_size,
             block_size=self.block_size,
+            long_prefill_token_threshold=self.scheduler_config.long_prefill_token_threshold,
+            long_prefill_adaptive=getattr(self, "adaptive_long_prefill_threshold", False),
         )
         self._load_failed = False  # pricing the load raised once (logged once)
         load_path = settings.get("load_file")  # where the runtime reads the policy's load
@@ -275,6 +283,12 @@ class RelstreamPlugin(EngineView):
             self._step_log = None
         super().shutdown()
 
+    def get_request_counts(self) -> tuple[int, int]:
+        """vLLM's counts, with the requests a plan set aside: vLLM's long-prefill
+        threshold, off for a lone request, then applies as the policy planned it."""
+        running, waiting = super().get_request_counts()
+        return running + self._aside[0], waiting + self._aside[1]
+
     def _schedule_plan(self, plan: StepPlan, throttle_prefills: bool):
         planned = {chunk.request_id for chunk in plan.prefill} | set(plan.decode)
         for request_id in plan.preempt:
@@ -301,9 +315,11 @@ class RelstreamPlugin(EngineView):
             self.waiting.add_request(request)
         self.kv_holding_waiting = create_request_queue(self.policy)
         self.running = kept
+        self._aside = (len(held), len(waiting) + len(kv_holding))
         try:
             return super().schedule(throttle_prefills)
         finally:
+            del self._aside
             # Unadmitted planned requests and anything vLLM preempted go back in front.
             leftover, leftover_kv = list(self.waiting), list(self.kv_holding_waiting)
             self.running = held + self.running
