@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 import fcntl
+import os
 
 import pytest
 
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.scheduler import CostModel, EngineLimits, Linear
+
+# The commands the tests start print as to a pipe, whole lines (`cli/common.py`), unless
+# COLUMNS says a width: xdist's workers inherit one from the terminal, which folded paths.
+os.environ.pop("COLUMNS", None)
 
 
 def pytest_collection_modifyitems(config, items):
