@@ -189,3 +189,24 @@ def test_a_busy_metrics_port_is_one_line_before_the_engine_loads():
     assert said == [
         f"Error: --metrics-port cannot listen on 127.0.0.1:{port} (Address already in use)"
     ]
+
+
+def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_broker, tmp_path):
+    # A second `relstream broker` (forgotten in another terminal): on the same port it was
+    # reported "ready" (the first broker answered its probe) and waited forever; on the
+    # same data dir, a traceback around noida-db's own "already running".
+    from relstream.kafka.brokers import free_port
+
+    command = [sys.executable, "-m", "relstream", "broker"]
+    port = str(default_broker.port)
+    for args, said in (
+        (["--port", port, "--data-dir", str(tmp_path)], f"127.0.0.1:{port} is in use"),
+        (
+            ["--port", str(free_port()), "--data-dir", str(default_broker.data_path)],
+            "already running",
+        ),
+    ):
+        done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=30)
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, lines
+        assert lines[0].startswith("Error: ") and said in lines[0], lines
