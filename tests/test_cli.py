@@ -210,3 +210,28 @@ def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_br
         lines = (done.stdout + done.stderr).strip().splitlines()
         assert done.returncode == 1 and len(lines) == 1, lines
         assert lines[0].startswith("Error: ") and said in lines[0], lines
+
+
+def test_ctrl_c_ends_a_following_sink_or_results_quietly(default_broker, tmp_path):
+    # Ctrl-C is how `--follow` ends: it printed "Aborted!" with status 1, and the sink
+    # never said what it had stored.
+    import signal
+    import time
+
+    target = tmp_path / "results.jsonl"
+    for args in (["sink", str(target)], ["results"]):
+        command = [sys.executable, "-m", "relstream", *args, "--follow"]
+        command += ["--bootstrap", default_broker.bootstrap]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            time.sleep(8)  # in its loop, waiting for results
+            process.send_signal(signal.SIGINT)
+            said, _ = process.communicate(timeout=20)
+        finally:
+            process.kill()
+        assert process.returncode == 0 and "Aborted" not in said, said
+        expected = f"stored 0 new results in {target}" if args[0] == "sink" else ""
+        said = " ".join(said.split())  # COLUMNS, where set, wraps a long path
+        assert said.startswith(expected) and (expected or not said), said

@@ -241,10 +241,14 @@ def results(
     rows, those that did not answer first."""
     from relstream.client import RelstreamClient
 
-    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for result in client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped):
-            if _chosen(result.id, queries, ids):
-                _print_result(result, None if every_row else SHOWN_ROWS)
+    try:
+        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+            results = client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped)
+            for result in results:
+                if _chosen(result.id, queries, ids):
+                    _print_result(result, None if every_row else SHOWN_ROWS)
+    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: no "Aborted!"
+        pass
 
 
 SHOWN_ROWS = 3  # rows `results` prints of each relQuery unless --all
@@ -316,6 +320,8 @@ def sink(
                     ) from None
     except ResultsUnavailable as exc:
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
+    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: what was stored, then quiet
+        pass
     finally:
         store.close()
         if inputs is not None:
