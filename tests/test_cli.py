@@ -212,14 +212,14 @@ def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_br
         assert lines[0].startswith("Error: ") and said in lines[0], lines
 
 
-def test_ctrl_c_ends_a_following_sink_or_results_quietly(default_broker, tmp_path):
+def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_broker, tmp_path):
     # Ctrl-C is how `--follow` ends: it printed "Aborted!" with status 1, and the sink
     # never said what it had stored.
     import signal
     import time
 
     target = tmp_path / "results.jsonl"
-    for args in (["sink", str(target)], ["results"]):
+    for args in (["sink", str(target)], ["results"], ["deadletters"]):
         command = [sys.executable, "-m", "relstream", *args, "--follow"]
         command += ["--bootstrap", default_broker.bootstrap]
         process = subprocess.Popen(
@@ -232,6 +232,7 @@ def test_ctrl_c_ends_a_following_sink_or_results_quietly(default_broker, tmp_pat
         finally:
             process.kill()
         assert process.returncode == 0 and "Aborted" not in said, said
-        expected = f"stored 0 new results in {target}" if args[0] == "sink" else ""
+        expected = {"sink": f"stored 0 new results in {target}", "deadletters": "0 dead letters"}
+        expected = expected.get(args[0], "")
         said = " ".join(said.split())  # COLUMNS, where set, wraps a long path
         assert said.startswith(expected) and (expected or not said), said

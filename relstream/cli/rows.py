@@ -344,14 +344,17 @@ def deadletters(
     from relstream.kafka.inspect import DeadLetterCauses
 
     causes = DeadLetterCauses()
-    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for letter in client.dead_letters(follow=follow, idle_seconds=0):
-            causes.add(letter)
-            cut = " (cut)" if letter.truncated else ""
-            where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
-            console.print(
-                f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
-            )
+    try:
+        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+            for letter in client.dead_letters(follow=follow, idle_seconds=0):
+                causes.add(letter)
+                cut = " (cut)" if letter.truncated else ""
+                where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+                console.print(
+                    f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
+                )
+    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: the count, then quiet
+        pass
     console.print(f"{causes.total()} dead letters")
     for line in causes.lines():
         console.print(f"  {line}", markup=False)
