@@ -270,8 +270,11 @@ class RelstreamClient:
                         consumer.commit()
                 elif last is None and now - started > join_timeout:
                     raise ResultsUnavailable(
-                        f"group {group!r} was given no partition of {topic} "
-                        f"within {join_timeout:g} s from {self.bootstrap}"
+                        f"group {group!r} was given no partition of {topic} within "
+                        f"{join_timeout:g} s from {self.bootstrap}: a member that died "
+                        "without leaving (a killed reader) holds them until the broker "
+                        "expires it, which noida-db never does; read with a new group "
+                        "(a sink's --group: a sink stores each result once)"
                     )
                 elif not follow and last is not None and now - last >= idle_seconds:
                     return

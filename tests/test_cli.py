@@ -236,3 +236,32 @@ def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_bro
         expected = expected.get(args[0], "")
         said = " ".join(said.split())  # COLUMNS, where set, wraps a long path
         assert said.startswith(expected) and (expected or not said), said
+
+
+def test_a_sink_whose_group_a_killed_sink_holds_says_why_and_what_to_do(default_broker, tmp_path):
+    # A `sink --follow` killed (SIGKILL): noida-db never expires it, so the same sink run
+    # again waited 60 s and said only "was given no partition".
+    import signal
+    import time
+
+    import pytest
+
+    from relstream.client import RelstreamClient, ResultsUnavailable
+    from relstream.connectors.sinks import default_group
+
+    target = tmp_path / "results.jsonl"
+    command = [sys.executable, "-m", "relstream", "sink", str(target), "--follow"]
+    killed = subprocess.Popen([*command, "--bootstrap", default_broker.bootstrap])
+    try:
+        time.sleep(8)  # joined, holding every partition
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    with (
+        RelstreamClient(default_broker.bootstrap) as client,
+        pytest.raises(ResultsUnavailable) as raised,
+    ):
+        list(client.results(default_group(str(target)), join_timeout=5))
+    said = str(raised.value)
+    assert "a member that died without leaving" in said and "noida-db never does" in said
+    assert "read with a new group (a sink's --group" in said
