@@ -238,15 +238,14 @@ def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_bro
         assert said.startswith(expected) and (expected or not said), said
 
 
-def test_a_sink_whose_group_a_killed_sink_holds_says_why_and_what_to_do(default_broker, tmp_path):
+def test_a_sink_run_again_after_a_kill_takes_its_group_back_at_once(default_broker, tmp_path):
     # A `sink --follow` killed (SIGKILL): noida-db never expires it, so the same sink run
-    # again waited 60 s and said only "was given no partition".
+    # again waited 60 s and failed ("was given no partition"). A reader is a static member
+    # now, as engines and workers are: the run again has its id and its partitions.
     import signal
     import time
 
-    import pytest
-
-    from relstream.client import RelstreamClient, ResultsUnavailable
+    from relstream.client import RelstreamClient
     from relstream.connectors.sinks import default_group
 
     target = tmp_path / "results.jsonl"
@@ -257,11 +256,7 @@ def test_a_sink_whose_group_a_killed_sink_holds_says_why_and_what_to_do(default_
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait()
-    with (
-        RelstreamClient(default_broker.bootstrap) as client,
-        pytest.raises(ResultsUnavailable) as raised,
-    ):
-        list(client.results(default_group(str(target)), join_timeout=5))
-    said = str(raised.value)
-    assert "a member that died without leaving" in said and "noida-db never does" in said
-    assert "read with a new group (a sink's --group" in said
+    started = time.monotonic()
+    with RelstreamClient(default_broker.bootstrap) as client:
+        assert list(client.results(default_group(str(target)), join_timeout=20)) == []
+    assert time.monotonic() - started < 20
