@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
+from relstream.kafka.membership import member_slot
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
@@ -246,16 +247,24 @@ class RelstreamClient:
         if group is None:
             yield from self._look(topic, message_type, follow, idle_seconds, on_unreadable)
             return
-        consumer = sync_consumer(
-            self.bootstrap,
-            topic,
-            security=self.security,
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **client_settings(self.broker_kind),
-            **portable_session(self.broker_kind),
-        )
+        # A static member (as engines and workers are): the same reader run again after
+        # a kill takes its partitions back at once; noida-db never expires a dead member.
+        slot = member_slot(self.bootstrap, group, self.broker_kind)
+        try:
+            consumer = sync_consumer(
+                self.bootstrap,
+                topic,
+                security=self.security,
+                group_id=group,
+                group_instance_id=slot.instance_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                **client_settings(self.broker_kind),
+                **portable_session(self.broker_kind),
+            )
+        except BaseException:
+            slot.release()
+            raise
         try:
             started = time.monotonic()
             last: float | None = None  # the idle clock starts once partitions are assigned
@@ -270,13 +279,17 @@ class RelstreamClient:
                         consumer.commit()
                 elif last is None and now - started > join_timeout:
                     raise ResultsUnavailable(
-                        f"group {group!r} was given no partition of {topic} "
-                        f"within {join_timeout:g} s from {self.bootstrap}"
+                        f"group {group!r} was given no partition of {topic} within "
+                        f"{join_timeout:g} s from {self.bootstrap}: a member that died "
+                        "without leaving (a killed reader) holds them until the broker "
+                        "expires it, which noida-db never does; read with a new group "
+                        "(a sink's --group: a sink stores each result once)"
                     )
                 elif not follow and last is not None and now - last >= idle_seconds:
                     return
         finally:
             consumer.close()
+            slot.release()
 
     def _look(
         self,

@@ -189,3 +189,74 @@ def test_a_busy_metrics_port_is_one_line_before_the_engine_loads():
     assert said == [
         f"Error: --metrics-port cannot listen on 127.0.0.1:{port} (Address already in use)"
     ]
+
+
+def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_broker, tmp_path):
+    # A second `relstream broker` (forgotten in another terminal): on the same port it was
+    # reported "ready" (the first broker answered its probe) and waited forever; on the
+    # same data dir, a traceback around noida-db's own "already running".
+    from relstream.kafka.brokers import free_port
+
+    command = [sys.executable, "-m", "relstream", "broker"]
+    port = str(default_broker.port)
+    for args, said in (
+        (["--port", port, "--data-dir", str(tmp_path)], f"127.0.0.1:{port} is in use"),
+        (
+            ["--port", str(free_port()), "--data-dir", str(default_broker.data_path)],
+            "already running",
+        ),
+    ):
+        done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=30)
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, lines
+        assert lines[0].startswith("Error: ") and said in lines[0], lines
+
+
+def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_broker, tmp_path):
+    # Ctrl-C is how `--follow` ends: it printed "Aborted!" with status 1, and the sink
+    # never said what it had stored.
+    import signal
+    import time
+
+    target = tmp_path / "results.jsonl"
+    for args in (["sink", str(target)], ["results"], ["deadletters"]):
+        command = [sys.executable, "-m", "relstream", *args, "--follow"]
+        command += ["--bootstrap", default_broker.bootstrap]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            time.sleep(8)  # in its loop, waiting for results
+            process.send_signal(signal.SIGINT)
+            said, _ = process.communicate(timeout=20)
+        finally:
+            process.kill()
+        assert process.returncode == 0 and "Aborted" not in said, said
+        expected = {"sink": f"stored 0 new results in {target}", "deadletters": "0 dead letters"}
+        expected = expected.get(args[0], "")
+        said = " ".join(said.split())  # COLUMNS, where set, wraps a long path
+        assert said.startswith(expected) and (expected or not said), said
+
+
+def test_a_sink_run_again_after_a_kill_takes_its_group_back_at_once(default_broker, tmp_path):
+    # A `sink --follow` killed (SIGKILL): noida-db never expires it, so the same sink run
+    # again waited 60 s and failed ("was given no partition"). A reader is a static member
+    # now, as engines and workers are: the run again has its id and its partitions.
+    import signal
+    import time
+
+    from relstream.client import RelstreamClient
+    from relstream.connectors.sinks import default_group
+
+    target = tmp_path / "results.jsonl"
+    command = [sys.executable, "-m", "relstream", "sink", str(target), "--follow"]
+    killed = subprocess.Popen([*command, "--bootstrap", default_broker.bootstrap])
+    try:
+        time.sleep(8)  # joined, holding every partition
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    started = time.monotonic()
+    with RelstreamClient(default_broker.bootstrap) as client:
+        assert list(client.results(default_group(str(target)), join_timeout=20)) == []
+    assert time.monotonic() - started < 20

@@ -137,3 +137,22 @@ def test_a_table_no_query_reads_is_refused_with_strict(tmp_path):
     said = " ".join(done.output.split())
     assert f"no query in {config} reads table 'reveiws'; its queries read reviews" in said
     assert "nothing was sent" in said and "no Kafka broker" not in said
+
+
+def test_rows_that_lack_a_column_a_reading_query_uses_are_warned_of_before_sending(
+    tmp_path, default_broker
+):
+    # `{reveiw}` in queries.toml (or the wrong file): produce said "produced 2 rows" and
+    # the worker dead-lettered both. Now a warning naming the columns, and --strict refuses.
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{reveiw} {stars}"\n')
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id,review,stars\nr1,fine,5\nr2,bad,1\n")
+    args = (str(rows), "--table", "reviews", "--key-column", "id", "--config", str(config))
+    said = f"query 'q' uses {{reveiw}}, which 2 of 2 rows of {rows} lack: the worker dead-letters"
+    refused = produce(*args, "--strict")
+    assert refused.exit_code == 1 and "nothing was sent" in refused.output
+    assert said in " ".join(refused.output.split()) and "no Kafka broker" not in refused.output
+    sent = CliRunner().invoke(main, ["produce", *args, "--bootstrap", default_broker.bootstrap])
+    assert sent.exit_code == 0, sent.output
+    assert said in " ".join(sent.output.split()) and "produced 2 rows" in sent.output

@@ -23,8 +23,9 @@ from relstream.extras import MissingExtra, extra_of, install_hint
 # name: the worker's environment has no kafka-python to import them from.
 UNREACHABLE = frozenset({"KafkaConnectionError", "NoBrokersAvailable", "KafkaTimeoutError"})
 # The Python client's own errors, whose message already says what to check: no broker at
-# the address, or a reader's group that never got a partition.
-SAID_IN_FULL = frozenset({"BrokerUnavailable", "ResultsUnavailable"})
+# the address, a reader's group that never got a partition, an embedded broker that did
+# not start (its port taken, or its data dir in use).
+SAID_IN_FULL = frozenset({"BrokerUnavailable", "ResultsUnavailable", "BrokerNotStarted"})
 DEBUG_ENV = "RELSTREAM_DEBUG"  # set: an unreachable broker shows its traceback
 
 

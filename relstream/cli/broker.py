@@ -59,8 +59,8 @@ def broker(
     # process and orphaning the broker; seen once in the test suite.)
     signal.signal(signal.SIGTERM, _interrupt)
     embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables)
+    bootstrap = embedded.start()  # stops what it started where it fails
     try:
-        bootstrap = embedded.start()
         console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
         if embedded.data_path is not None:
             console.print(f"data in {embedded.data_path.resolve()} (kept when it stops)")

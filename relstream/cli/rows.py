@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -19,6 +20,9 @@ from relstream.cli.common import (
 from relstream.kafka.security import KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.schemas import ResultMessage, RowMessage
+
+if TYPE_CHECKING:
+    from relstream.stream.registrations import QueryRegistration
 
 
 @click.command()
@@ -87,7 +91,7 @@ def produce(
         raise click.BadParameter(
             f"unknown encoding {encoding!r}", param_hint="--encoding"
         ) from None
-    read = _check_readers(config, table, strict) if config is not None else None
+    readers = _check_readers(config, table, strict) if config is not None else None
     try:
         if source.startswith(("postgresql://", "postgres://")):
             if not query:
@@ -106,26 +110,51 @@ def produce(
             f"{said}; 0 rows sent (a source with a bad row is refused whole)"
         ) from None
     _check_keys(rows, source, unique)
+    _check_columns(readers or [], rows, source, strict)
+    read = None if readers is None else bool(readers)
     _produce_rows(bootstrap, prefix, table, rows, security, read, strict)
 
 
-def _check_readers(config: Path, table: str, strict: bool) -> bool:
-    """Whether a query of the workers' `config` reads `table`: where none does, rows sent
+def _check_readers(config: Path, table: str, strict: bool) -> list[QueryRegistration]:
+    """The queries of the workers' `config` that read `table`: where none does, rows sent
     there would never be asked, so a warning naming the tables read (`strict`: a
-    refusal). Returns True when one does."""
+    refusal)."""
     from relstream.stream.registrations import RegistrationError, load_registrations
 
     try:
-        tables = sorted({r.table for r in load_registrations(config)})
+        registrations = load_registrations(config)
     except RegistrationError as exc:
         raise click.ClickException(str(exc)) from None
+    tables = sorted({r.table for r in registrations})
     if table in tables:
-        return True
+        return [r for r in registrations if r.table == table]
     said = f"no query in {config} reads table {table!r}; its queries read {', '.join(tables)}"
     if strict:
         raise click.ClickException(f"{said} (--strict: nothing was sent)")
     console.print(f"[yellow]warning: {said}[/]", highlight=False, soft_wrap=True)  # whole paths
-    return False
+    return []
+
+
+def _check_columns(
+    readers: list[QueryRegistration], rows: list[RowMessage], source: str, strict: bool
+) -> None:
+    """Rows that lack a column a reading query's template names are dead-lettered by the
+    worker (a typo such as `{reveiw}`, or the wrong file): a warning naming the columns
+    and how many rows lack them, before anything is sent (`strict`: a refusal)."""
+    for registration in readers:
+        needed = dict.fromkeys((*registration.template.columns, *registration.fields))
+        lacking = {c: sum(c not in row.values for row in rows) for c in needed}
+        lacking = {c: n for c, n in lacking.items() if n}
+        if not lacking:
+            continue
+        names = ", ".join("{" + c + "}" for c in lacking)
+        said = (
+            f"query {registration.name!r} uses {names}, which {max(lacking.values())} of "
+            f"{len(rows)} rows of {source} lack: the worker dead-letters those rows"
+        )
+        if strict:
+            raise click.ClickException(f"{said} (--strict: nothing was sent)")
+        console.print(f"[yellow]warning: {said}[/]", highlight=False)
 
 
 def _check_keys(rows: list[RowMessage], source: str, unique: bool) -> None:
@@ -212,10 +241,14 @@ def results(
     rows, those that did not answer first."""
     from relstream.client import RelstreamClient
 
-    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for result in client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped):
-            if _chosen(result.id, queries, ids):
-                _print_result(result, None if every_row else SHOWN_ROWS)
+    try:
+        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+            results = client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped)
+            for result in results:
+                if _chosen(result.id, queries, ids):
+                    _print_result(result, None if every_row else SHOWN_ROWS)
+    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: no "Aborted!"
+        pass
 
 
 SHOWN_ROWS = 3  # rows `results` prints of each relQuery unless --all
@@ -287,6 +320,8 @@ def sink(
                     ) from None
     except ResultsUnavailable as exc:
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
+    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: what was stored, then quiet
+        pass
     finally:
         store.close()
         if inputs is not None:
@@ -309,14 +344,17 @@ def deadletters(
     from relstream.kafka.inspect import DeadLetterCauses
 
     causes = DeadLetterCauses()
-    with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-        for letter in client.dead_letters(follow=follow, idle_seconds=0):
-            causes.add(letter)
-            cut = " (cut)" if letter.truncated else ""
-            where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
-            console.print(
-                f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
-            )
+    try:
+        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+            for letter in client.dead_letters(follow=follow, idle_seconds=0):
+                causes.add(letter)
+                cut = " (cut)" if letter.truncated else ""
+                where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+                console.print(
+                    f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
+                )
+    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: the count, then quiet
+        pass
     console.print(f"{causes.total()} dead letters")
     for line in causes.lines():
         console.print(f"  {line}", markup=False)

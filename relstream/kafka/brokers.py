@@ -37,6 +37,11 @@ DEFAULT_BROKER = "tansu"
 STORED_BROKER = "noida-db"
 
 
+class BrokerNotStarted(RuntimeError):
+    """The embedded broker did not start: its port is taken, or it exited (e.g. another
+    noida-db already runs on the same data dir). The message says which, in one line."""
+
+
 def default_data_dir() -> Path:
     """Where noida-db keeps its topics unless told: the user's data dir, never the current
     directory (noida-db's own default, `./.noida-db`)."""
@@ -47,6 +52,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ensure_free(port: int) -> None:
+    """Raise where something listens on `port` (SO_REUSEADDR: a port that only has
+    connections closing, as after a broker's restart, counts as free)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise BrokerNotStarted(
+                f"127.0.0.1:{port} is in use ({exc.strerror}): another broker? "
+                f"`relstream status --bootstrap 127.0.0.1:{port}` shows what answers there"
+            ) from None
 
 
 def _binary(broker: str) -> Path:
@@ -92,6 +111,10 @@ class EmbeddedBroker:
         return self._process.pid if self._process is not None else None
 
     def start(self, timeout: float = 30.0) -> str:
+        if self.port:
+            # Checked first: a broker already there would answer the readiness probe
+            # below, and this one, having exited, would be reported ready.
+            _ensure_free(self.port)
         self.port = self.port or free_port()
         self._log = Path(tempfile.mkstemp(prefix=f"relstream-{self.kind}-", suffix=".log")[1])
         with self._log.open("wb") as log:
@@ -133,7 +156,7 @@ class EmbeddedBroker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"{self.kind} exited early:\n{self.log_tail()}")
+                raise BrokerNotStarted(f"{self.kind} did not start: {self._said()}")
             try:
                 # a plain connect first: aiokafka logs every refused connection
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -142,6 +165,13 @@ class EmbeddedBroker:
             except Exception:
                 time.sleep(0.2)
         raise TimeoutError(f"{self.kind} not ready on {self.bootstrap} after {timeout:g} s")
+
+    def _said(self) -> str:
+        """What the broker printed as its error (noida-db's `error:` and `hint:` lines),
+        else its log's last lines."""
+        tail = self.log_tail().splitlines()
+        said = [line for line in tail if line.startswith(("error:", "hint:"))]
+        return "; ".join(said or tail[-3:]) or "no output"
 
     def log_tail(self, lines: int = 20) -> str:
         if self._log is None or not self._log.exists():
