@@ -269,3 +269,78 @@ def test_a_worker_behind_closes_a_window_by_the_clock_only_once_read_to_the_end(
 
     sizes = asyncio.run(scenario())
     assert sum(sizes) == count and set(sorted(sizes)[1:]) == {128}, sizes  # one short: the last
+
+
+@pytest.mark.slow
+def test_rows_at_offsets_a_broker_restarted_empty_reuses_are_windowed_not_skipped(
+    tmp_path, monkeypatch
+):
+    """Issue 39, "Why" 3, the worker (at least once: Tansu, no transactions). A window
+    published, its commit refused (the broker going away), the broker back EMPTY: rows at
+    the same offsets were taken for a replay of the published window ("replayed as
+    published, not sent again"), skipped and committed, with no relQuery and no dead
+    letter. The book of published windows keys them by first offset and first row time."""
+    from relstream.stream import stage as stage_module
+
+    topics = Topics(prefix=f"e{uuid.uuid4().hex[:6]}.")
+    broker = EmbeddedBroker("tansu", topics=topics, tables=("reviews",))
+    broker.start()
+    config = tmp_path / "queries.toml"
+    config.write_text(QUERY)  # two rows a window
+    registration = load_registrations(config)[0]
+    settings = StageSettings(broker.bootstrap, topics, "empty-restart", broker.kind)
+    refused, restarted = [], asyncio.Event()
+
+    async def refused_until_restarted(consumer, offsets):  # the broker going away
+        if offsets and not restarted.is_set():
+            refused.append(offsets)
+            return {}
+        return await commit_assigned(consumer, offsets)
+
+    commit_assigned = stage_module.commit_assigned
+    monkeypatch.setattr(stage_module, "commit_assigned", refused_until_restarted)
+
+    def two_rows(first: str) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"one partition", encode_row({"version": 1, "table": "reviews", "key": key,
+                                           "values": {"review": key}}))
+            for key in (first, first + "b")
+        ]  # fmt: skip
+
+    async def relqueries(within_s: float) -> list[RelQueryMessage]:
+        for _ in range(int(within_s)):
+            seen = await read_all(broker.bootstrap, topics.relqueries, "read_committed", 1.0)
+            if seen:
+                return [decode(RelQueryMessage, m.value) for m in seen]
+        return []
+
+    async def scenario():
+        stage = WindowStage(registration, settings)
+        running = asyncio.create_task(stage.run())
+        try:
+            async with asyncio.timeout(60):
+                await stage.ready.wait()
+            await produce(broker.bootstrap, topics.rows("reviews"), two_rows("old"))
+            before = await relqueries(30)
+            for _ in range(50):
+                if refused:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(broker.stop)
+            await asyncio.to_thread(broker.start)  # empty, on the same port
+            restarted.set()
+            await asyncio.sleep(3)  # past the old window's replay time
+            await produce(broker.bootstrap, topics.rows("reviews"), two_rows("new"))
+            after = await relqueries(60)
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        return before, after, refused
+
+    try:
+        before, after, refused_commits = asyncio.run(scenario())
+    finally:
+        broker.stop()
+    assert refused_commits and [[r.key for r in q.rows] for q in before] == [["old", "oldb"]]
+    assert [[r.key for r in q.rows] for q in after] == [["new", "newb"]]
