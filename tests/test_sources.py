@@ -127,6 +127,16 @@ def test_an_empty_file_is_one_line_naming_it_once(tmp_path):
     assert done.output.strip() == f"{said} (a source with a bad row is refused whole)"
 
 
+def test_a_header_alone_says_it_sends_nothing_and_asks_no_broker(tmp_path):
+    # It printed "produced 0 rows" as if all went well (issue 42's new-user trial).
+    header = tmp_path / "header.csv"
+    header.write_text("id,review\n")
+    done = produce(str(header), "--table", "t")
+    assert (
+        done.exit_code == 0 and done.output.strip() == f"warning: {header} has no rows: 0 rows sent"
+    )
+
+
 def test_a_table_no_query_reads_is_refused_with_strict(tmp_path):
     config = tmp_path / "queries.toml"
     config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n')

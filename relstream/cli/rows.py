@@ -109,6 +109,9 @@ def produce(
         raise click.ClickException(
             f"{said}; 0 rows sent (a source with a bad row is refused whole)"
         ) from None
+    if not rows:  # a header alone, an empty table or query: a mistake more often than not
+        console.print(f"[yellow]warning: {source} has no rows: 0 rows sent[/]", soft_wrap=True)
+        return
     _check_keys(rows, source, unique)
     _check_columns(readers or [], rows, source, strict)
     read = None if readers is None else bool(readers)
