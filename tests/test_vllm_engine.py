@@ -253,7 +253,9 @@ def test_the_engine_reports_the_work_it_has_left(served, policy):
     seen = [(at, load) for at, load in loads if load is not None and load.outstanding_s > 0]
     assert seen, "no load read while 60 rows ran"
     at, most = max(seen, key=lambda sample: sample[1].outstanding_s)
-    assert most.per_prompt_token_s > 0 and most.per_output_token_s > 0
+    # The online fit's prices: a prompt token on this 135M model costs so little that,
+    # timed beside another test (xdist), its fitted price may be 0; never negative.
+    assert most.per_prompt_token_s >= 0 and most.per_output_token_s > 0
     assert sum(most.size_counts) >= 1  # its relQueries counted by size, for placement
     # Engine seconds, not tokens or ms: within 10x of the time the rows then took (seen:
     # 1.2x; rows are priced at their whole output budget until a row of their relQuery
