@@ -305,6 +305,10 @@ class PartitionProducers:
         reader may then see one of them twice, under the same key)."""
         breaks = self._breaks[producer]
         before = breaks()
+        # Asked first: `Fenced` from it (the work is no longer this owner's) must not
+        # leave a transaction open on a producer that stays, holding back every
+        # `read_committed` reader of the partitions it wrote until the next try renews it.
+        commit = {partition: offsets()}
         await producer.begin_transaction()
         sent = []
         for send in sends:  # a message over the producer's own limit is refused here
@@ -315,7 +319,7 @@ class PartitionProducers:
         for send, future in sent:
             with _refusal(send):
                 await future
-        await producer.send_offsets_to_transaction({partition: offsets()}, self._group)
+        await producer.send_offsets_to_transaction(commit, self._group)
         if breaks() != before:
             raise BrokerLost("its connection broke before the commit")
         await producer.commit_transaction()
