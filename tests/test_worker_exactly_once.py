@@ -104,6 +104,21 @@ def stop(process) -> None:
             process.wait(10)
 
 
+@contextlib.asynccontextmanager
+async def running_stage(registration, settings):
+    """A window stage run in this process, joined and ready, until the block ends."""
+    stage = WindowStage(registration, settings)
+    running = asyncio.create_task(stage.run())
+    try:
+        async with asyncio.timeout(60):
+            await stage.ready.wait()
+        yield stage
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
 def topics_on(broker) -> Topics:
     made = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
     asyncio.run(create_topics(broker.bootstrap, made.layout(("reviews",))))
@@ -193,21 +208,13 @@ def test_a_window_refused_in_its_transaction_becomes_its_rows_dead_letters(
     ]  # fmt: skip
 
     async def scenario():
-        stage = WindowStage(registration, settings)
-        running = asyncio.create_task(stage.run())
-        try:
-            async with asyncio.timeout(60):
-                await stage.ready.wait()
+        async with running_stage(registration, settings):
             await produce(default_broker.bootstrap, topics.rows("reviews"), big)
             for _ in range(60):
                 letters = await read_all(default_broker.bootstrap, topics.deadletter,
                                          "read_committed", 1.0)  # fmt: skip
                 if len(letters) >= 8:
                     break
-        finally:
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
         relqueries = await read_all(default_broker.bootstrap, topics.relqueries,
                                     "read_committed", 1.0)  # fmt: skip
         return letters, relqueries
@@ -251,9 +258,7 @@ def test_a_worker_behind_closes_a_window_by_the_clock_only_once_read_to_the_end(
             await producer.stop()
         await asyncio.sleep(3.5)  # past every window's deadline and lateness, whatever the
         # broker stamps (its append time, or the producer's)
-        stage = WindowStage(registration, settings)
-        running = asyncio.create_task(stage.run())
-        try:
+        async with running_stage(registration, settings):
             for _ in range(60):
                 seen = await read_all(
                     default_broker.bootstrap, topics.relqueries, "read_committed", 1.0
@@ -261,10 +266,6 @@ def test_a_worker_behind_closes_a_window_by_the_clock_only_once_read_to_the_end(
                 sizes = [len(decode(RelQueryMessage, m.value).rows) for m in seen]
                 if sum(sizes) >= count:
                     return sizes
-        finally:
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
         return sizes
 
     sizes = asyncio.run(scenario())
@@ -315,11 +316,7 @@ def test_rows_at_offsets_a_broker_restarted_empty_reuses_are_windowed_not_skippe
         return []
 
     async def scenario():
-        stage = WindowStage(registration, settings)
-        running = asyncio.create_task(stage.run())
-        try:
-            async with asyncio.timeout(60):
-                await stage.ready.wait()
+        async with running_stage(registration, settings):
             await produce(broker.bootstrap, topics.rows("reviews"), two_rows("old"))
             before = await relqueries(30)
             for _ in range(50):
@@ -332,10 +329,6 @@ def test_rows_at_offsets_a_broker_restarted_empty_reuses_are_windowed_not_skippe
             await asyncio.sleep(3)  # past the old window's replay time
             await produce(broker.bootstrap, topics.rows("reviews"), two_rows("new"))
             after = await relqueries(60)
-        finally:
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
         return before, after, refused
 
     try:
