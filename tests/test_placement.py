@@ -50,6 +50,20 @@ def test_a_report_resets_what_was_sent_and_an_older_one_is_ignored():
     assert room.estimate("b") == 6.0
 
 
+def test_a_report_read_late_keeps_what_was_sent_after_it_was_measured():
+    # The HTTP door's race: it keeps a relQuery at 101.5, then reads b's report measured
+    # at 101.2 (before the relQuery reached b). What was sent at 100.5 is in that report;
+    # the 5 s sent at 101.5 are not, and still count until a report measured after them.
+    room = placement()
+    room.choose(b"k", 0, 500, now=100.5)  # 5 s to b: 9
+    room.choose(b"k", 0, 500, now=101.5)  # b 9 < a 10: to b, 14
+    room.choose(b"k", 0, 500, now=101.5)  # a 10 < b 14: to a, 15
+    room.report(EngineLoad("b", (2, 3), outstanding_s=6.0, at=101.2))
+    assert room.estimate("b") == 6.0 + 5.0
+    room.report(EngineLoad("b", (2, 3), outstanding_s=7.0, at=101.6))
+    assert room.estimate("b") == 7.0
+
+
 def test_without_a_fresh_report_the_key_hash_decides():
     room = placement()
     # Reports of 100 s expire after 3 s; an engine with no partitions is never chosen.

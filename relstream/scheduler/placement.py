@@ -2,19 +2,20 @@
 
 Engines in one consumer group each own some partitions of the relqueries topic, so the
 partition a relQuery is written to picks its engine. Each engine reports, every quarter
-second by default, the partitions it owns, its outstanding work in engine seconds (its own cost
-fit) and its unfinished relQueries counted by size class; a report expires after
-`expiry` seconds. The placer estimates each engine's work as its last report plus the
-work the placer itself sent it since. Among engines within `margin` of the least, one
-that recently served the same template wins (its prompt prefix is cached). Otherwise,
-among engines within `spread` of the least, the relQuery goes where it delays the fewest
-relQueries: an engine runs small relQueries first, so a relQuery placed there delays the
-ones larger than it, and placing it beside relQueries of its own size keeps an engine's
-large relQueries from being passed by every small one that arrives (a burst's tail);
-then the least work. With no fresh report it falls back to the key's hash, as a
-producer's default partitioner does. The same object places relQueries from the Python
-client, the worker and the HTTP door (`relstream/placer.py`) and among the simulator's
-engines (`relstream_lab/placement/run.py`).
+second by default, the partitions it owns, its outstanding work in engine seconds (its
+own cost fit) and its unfinished relQueries counted by size class; a report expires
+after `expiry` seconds. The placer estimates each engine's work as its last report plus
+the work the placer itself sent it after that report was measured: a report read late
+does not wipe out what was sent after it, which it cannot hold. Among engines within
+`margin` of the least, one that recently served the same template wins (its prompt
+prefix is cached). Otherwise, among engines within `spread` of the least, the relQuery
+goes where it delays the fewest relQueries: an engine runs small relQueries first, so a
+relQuery placed there delays the ones larger than it, and placing it beside relQueries
+of its own size keeps an engine's large relQueries from being passed by every small one
+that arrives (a burst's tail); then the least work. With no fresh report it falls back
+to the key's hash, as a producer's default partitioner does. The same object places
+relQueries from the Python client, the worker and the HTTP door (`relstream/placer.py`)
+and among the simulator's engines (`relstream_lab/placement/run.py`).
 """
 
 from __future__ import annotations
@@ -98,30 +99,33 @@ class Placement:
     margin: float = MARGIN
     spread: float = SPREAD
     _reports: dict[str, EngineLoad] = field(default_factory=dict)
-    _sent: dict[str, float] = field(default_factory=dict)  # work sent since each report
-    _sent_sizes: dict[str, list[int]] = field(default_factory=dict)  # the same, per class
+    # (when, work) of each relQuery sent to an engine after its report was measured: only
+    # picks since then, a report's expiry at most, as an engine with no fresh report is
+    # never picked
+    _sent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _turn: dict[str, int] = field(default_factory=dict)  # round robin over its partitions
 
     def report(self, load: EngineLoad) -> None:
         """A fresh report replaces the engine's last one (an older one is ignored); the
-        work sent before it is now in its count."""
+        work sent before it was measured is now in its count, what was sent after is not."""
         last = self._reports.get(load.engine)
         if last is not None and last.at > load.at:
             return
         self._reports[load.engine] = load
-        self._sent[load.engine] = 0.0
-        self._sent_sizes[load.engine] = [0] * SIZE_CLASSES
+        sent = self._sent.get(load.engine, [])
+        self._sent[load.engine] = [(at, work) for at, work in sent if at > load.at]
 
     def estimate(self, engine: str) -> float:
         """The engine's outstanding work as the placer sees it."""
-        return self._reports[engine].outstanding_s + self._sent.get(engine, 0.0)
+        return self._reports[engine].outstanding_s + sum(w for _, w in self._sent.get(engine, ()))
 
     def delayed(self, engine: str, work: float) -> float:
         """How many of the engine's relQueries a relQuery of `work` engine seconds would
         delay, as the placer sees them: those in larger size classes, and half of those
         in its own (the engine runs the smaller first)."""
         own = size_class(work)
-        sent = self._sent_sizes.get(engine, [0] * SIZE_CLASSES)
+        sent = size_counts(w for _, w in self._sent.get(engine, ()))
+        sent = [*sent, *[0] * SIZE_CLASSES]
         counts = [*self._reports[engine].size_counts, *[0] * SIZE_CLASSES]
         return (
             sum(counts[k] + sent[k] for k in range(own + 1, SIZE_CLASSES))
@@ -185,8 +189,7 @@ class Placement:
                 ),
             )
         work = chosen.work(prompt_tokens, output_tokens)
-        self._sent[chosen.engine] = self._sent.get(chosen.engine, 0.0) + work
-        self._sent_sizes.setdefault(chosen.engine, [0] * SIZE_CLASSES)[size_class(work)] += 1
+        self._sent.setdefault(chosen.engine, []).append((now, work))
         turn = self._turn.get(chosen.engine, 0)
         self._turn[chosen.engine] = turn + 1
         return Choice(chosen.engine, chosen.partitions[turn % len(chosen.partitions)])
