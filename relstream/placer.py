@@ -50,7 +50,7 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.supervise import supervised
 from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
-from relstream.scheduler.placement import EXPIRY_S, Choice, EngineLoad, Placement
+from relstream.scheduler.placement import CHARS_PER_TOKEN, EXPIRY_S, Choice, EngineLoad, Placement
 from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage, encode
 from relstream.schemas.formats import Headers, decode_record
 from relstream.schemas.messages import KIND_HEADER
@@ -60,7 +60,6 @@ log.addFilter(RateLimited(30.0))  # a flood of bad reports: one line per kind an
 
 PLACEMENTS = ("load", "hash")
 PLACEMENT_ENV = "RELSTREAM_PLACEMENT"  # "hash" turns placement by load off
-CHARS_PER_TOKEN = 4  # a prompt's tokens, estimated from its characters
 LOOKBACK_RECORDS = 500  # a reader starts this far before the metrics topic's end
 CATCH_UP_S = 3.0  # a reader reads up to the end, at most this long, before placing
 POLL_MS = 200

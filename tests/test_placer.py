@@ -134,12 +134,19 @@ def test_the_sim_backend_reports_its_work_in_flight_at_its_speed():
 
     async def serve(backend):
         handle = await backend.submit(rq)
+        at_once = backend.load()  # before it is simulated: its estimate
         await asyncio.sleep(0.2)
         during = backend.load()
         result = await handle.result()
-        return during, result.latency.total, backend.load()
+        return at_once, during, result.latency.total, backend.load()
 
-    during, alone, after = asyncio.run(serve(slow))
+    at_once, during, alone, after = asyncio.run(serve(slow))
+    # Counted before it is simulated: 8 rows of 16 outputs and "Describe {city}." (16 chars,
+    # 4 tokens) at the slow engine's prices, each row's value left out.
+    prices = slow.load()
+    assert at_once.outstanding_s == pytest.approx(
+        8 * (4 * prices.per_prompt_token_s + 16 * prices.per_output_token_s), rel=0.01
+    )
     # The relQuery takes 4 x its simulated latency in engine seconds, 0.2 s real = 0.4 s of it.
     assert during.outstanding_s == pytest.approx(4 * alone - 0.4, abs=0.2)
     assert after.outstanding_s == 0.0 and after.templates == (template_id("Describe {city}."),)

@@ -30,6 +30,7 @@ EXPIRY_S = 3.0  # a report older than this is not trusted (twelve default report
 MARGIN = 0.1  # engines within 10 % of the least count as tied for the template
 SPREAD = 0.5  # engines within 50 % of the least may take a relQuery where it delays fewest
 SIZE_CLASSES = 16  # a report counts relQueries in at most this many size classes
+CHARS_PER_TOKEN = 4  # a prompt's tokens, estimated from its characters
 SMALLEST_CLASS_S = 2.0**-8  # class k: from 2**k times this to twice that (class 0: from 0)
 
 

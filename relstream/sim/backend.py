@@ -48,7 +48,7 @@ from relstream.model import (
 from relstream.outputs import OutputKind
 from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.placement import size_counts
+from relstream.scheduler.placement import CHARS_PER_TOKEN, size_counts
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
@@ -212,6 +212,11 @@ class SimRelQueryBackend:
         await asyncio.gather(*map(asyncio.wrap_future, warming))
 
     async def submit(self, relquery: RelQuery) -> SimHandle:
+        # Counted in the load from now, while it is simulated too (a big one takes
+        # seconds): a report does not call this engine idle while it holds work.
+        if self.settings.time_scale > 0:
+            estimate = self._estimated_s(relquery) * self.settings.time_scale
+            self._ends[relquery.id] = time.monotonic() + estimate
         outcome = asyncio.ensure_future(self._serve_in_time(relquery))
         return SimHandle(relquery, outcome, self.settings.policy)
 
@@ -243,8 +248,22 @@ class SimRelQueryBackend:
             size_counts(each),
         )
 
+    def _estimated_s(self, relquery: RelQuery) -> float:
+        """Engine seconds, at its speed, a relQuery not yet simulated is counted as in its
+        load: its rows' templates and output budgets at the profile's prices (row values
+        left out: no walk over its rows on the event loop)."""
+        prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
+        prompt = len(relquery.template.text) // CHARS_PER_TOKEN * prices.per_token
+        per_row = prompt + relquery.max_output_tokens * prices.per_output
+        return len(relquery.rows) * per_row / self.settings.speed
+
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
-        result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
+        except BaseException:
+            self._ends.pop(relquery.id, None)
+            raise
+        self._ends.pop(relquery.id, None)
         if self.settings.time_scale > 0 and result.latency is not None:
             wait = result.latency.total / self.settings.speed * self.settings.time_scale
             self._ends[relquery.id] = time.monotonic() + wait
