@@ -71,6 +71,9 @@ class CrashReport:
     windowed: Counter[str] = field(default_factory=Counter)  # row key -> relQueries with it
     waited_s: float = 0.0  # rows stopped -> the reader done
     complete: bool = False  # every row accounted for before the timeout
+    # partition -> (last stable offset, end) where a transaction held read_committed
+    # readers back when the reader stopped: an open one no producer ends
+    unstable: dict[str, tuple[int, int]] = field(default_factory=dict)
     error: str = ""
 
     @property
@@ -178,10 +181,32 @@ async def collect(
             if report.complete and time.monotonic() - quiet_since > quiet_s:
                 break
             await asyncio.sleep(0)
+        if not report.complete:
+            report.unstable = await _unstable(consumer, bootstrap, broker_kind)
     finally:
         report.waited_s = time.monotonic() - started
         sink.close()
         await consumer.stop()
+
+
+async def _unstable(consumer, bootstrap: str, broker_kind: str) -> dict[str, tuple[int, int]]:
+    """The partitions whose last stable offset (a read_committed reader's end) is short of
+    their end: an open transaction holds every later message from read_committed readers."""
+    parts = sorted(consumer.assignment())
+    stable = await consumer.end_offsets(parts)
+    uncommitted = new_consumer(
+        bootstrap, broker_kind=broker_kind, isolation_level="read_uncommitted"
+    )
+    await uncommitted.start()
+    try:
+        ends = await uncommitted.end_offsets(parts)
+    finally:
+        await uncommitted.stop()
+    return {
+        f"{part.topic}[{part.partition}]": (stable[part], ends[part])
+        for part in parts
+        if stable[part] < ends[part]
+    }
 
 
 def _result(report: CrashReport, sink: JsonlSink, record) -> None:
@@ -279,6 +304,11 @@ def report_text(report: CrashReport) -> str:
         + ", ".join(f"{name} {'yes' if up else 'NO'}" for name, up in report.alive.items()),
     ]
     lines += [f"  - {name}: {how}" for name, how in report.exits.items()]
+    if report.unstable:
+        lines.append(
+            "- held by a transaction still open (last stable offset, end): "
+            + ", ".join(f"{part} {lso}/{end}" for part, (lso, end) in report.unstable.items())
+        )
     if report.error:
         lines.append(f"- the drill stopped early: {report.error}")
     lines.append("- checks: " + "; ".join(
