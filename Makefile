@@ -23,7 +23,7 @@ $(STREAM_STAMP): pyproject.toml
 
 $(STAMP): pyproject.toml
 	# Debian packages: tcmalloc for vLLM's CPU build, PostgreSQL for the connector tests,
-	# kcat for the wire-format page's librdkafka commands (tests/test_wire_clients.py).
+	# kcat for the wire-format page's librdkafka commands (tests/service/test_wire_clients.py).
 	test -e $(TCMALLOC) && (command -v initdb || ls /usr/lib/postgresql/*/bin/initdb) >/dev/null \
 		&& command -v kcat >/dev/null \
 		|| apt-get install -y -q libtcmalloc-minimal4 postgresql kcat \
@@ -69,7 +69,7 @@ $(VLLM_NEXT_DIR)/vllm/__init__.py: | $(STAMP)
 	rm $(VLLM_NEXT_DIR)/vllm-$(VLLM_NEXT)-*.whl
 test-vllm-next: $(VLLM_NEXT_DIR)/vllm/__init__.py
 	VLLM_TARGET_DEVICE=cpu RELSTREAM_EXPECT_VLLM=$(VLLM_NEXT) PYTHONPATH=$(abspath $(VLLM_NEXT_DIR)) \
-		$(BIN)/pytest -q -p no:cacheprovider tests/test_scheduler_contract.py
+		$(BIN)/pytest -q -p no:cacheprovider tests/engine/test_scheduler_contract.py
 
 # Broker, Faust worker and vLLM engine on the bundled sample table, answered live.
 # `make demo DEMO_ARGS="--backend sim"` answers instantly without a model.

@@ -1,4 +1,4 @@
-"""The model of Kafka and the glue that tests/test_protocol.py drives (its docstring says
+"""The model of Kafka and the glue that tests/kafka/test_protocol.py drives (its docstring says
 what each part mirrors); imported by that module only.
 
 `Kafka`: one rows partition, one relqueries partition; a group's committed offset and

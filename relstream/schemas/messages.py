@@ -9,7 +9,7 @@ Wire evolution, so a reader of the previous release survives a writer of this on
 other way round (a rolling upgrade): decoders ignore fields they do not know within a
 version, writers leave out every field at its default (`omit_defaults`), so a field added
 with a default is never seen by a reader that predates it unless it carries news, and a
-field that changes meaning takes a new version. `tests/test_compatibility.py` holds the
+field that changes meaning takes a new version. `tests/wire/test_compatibility.py` holds the
 previous release's schemas and checks both directions.
 """
 

@@ -224,7 +224,7 @@ class WindowStage:
         the clock close its open window. Closed while rows of it were unread (a backlog
         over one step), a window would end at a fetch boundary, and a restart before the
         commit would cut it again with more rows under the same id (the protocol model,
-        tests/test_protocol.py, found it)."""
+        tests/kafka/test_protocol.py, found it)."""
         end = self._consumer.last_stable_offset(partition)
         if end is None or end < 0:  # not yet fetched, or a broker that does not say
             end = self._consumer.highwater(partition)

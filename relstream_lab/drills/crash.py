@@ -14,7 +14,7 @@ row or dead letter (without transactions, on Tansu: a sink that keeps one result
 stores each row once), every process alive, and each process started anew taking work
 (its ready file) within `serve_within` seconds; it also times each one's first output.
 Every process the drill starts is stopped at its end, whatever happened; each wait is
-bounded. `tests/test_drill_crash.py` runs a short one.
+bounded. `tests/lab/test_drill_crash.py` runs a short one.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ promises: every valid relQuery answered, every bad message dead-lettered with a 
 bounded: each one's RSS is sampled every 0.1 s from after start-up (the baseline) to the
 end, and its growth (peak minus baseline) must stay under `RSS_BOUND_MB`. Valid relQueries
 of about 5 MB (`large`, `large_rows` rows each) go beside the bad ones.
-`tests/test_flood.py` runs a short one in `make test`.
+`tests/lab/test_flood.py` runs a short one in `make test`.
 """
 
 from __future__ import annotations

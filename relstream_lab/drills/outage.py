@@ -12,7 +12,7 @@ for. The drill then checks what docs/operations.md promises: every row the broke
 is in exactly one stored result (a `JsonlSink`, which keeps one result per relQuery id),
 every bad row is dead-lettered, both processes are alive, and the engine's log shows the
 pause and the resume. It also counts the log lines each process wrote during the outage.
-`tests/test_outage.py` runs a short one.
+`tests/kafka/test_outage.py` runs a short one.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from relstream.scheduler.view import PrefillChunk, StepPlan
 from relstream.schemas.convert import metrics_message
 from relstream.service.metrics import EngineMetrics
 
-# b = 25 ms, a_p = 1 ms, a_d = 2.5 ms (as tests/test_relstream.py).
+# b = 25 ms, a_p = 1 ms, a_d = 2.5 ms (as tests/scheduler/test_relstream.py).
 SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
 FULL_BATCHES = RelstreamConfig(gate="never")  # V1's batches: the order alone is under test
 

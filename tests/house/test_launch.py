@@ -10,7 +10,7 @@ import pytest
 
 from relstream import launch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def worker_bin() -> Path:

@@ -81,7 +81,7 @@ def test_every_package_imports_only_what_the_architecture_table_says():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     table = text[text.index("| package | owns | may import |") :].split("\n\n")[0]
     allowed: dict[str, set[str]] = {}
     for row in table.splitlines()[2:]:
@@ -133,10 +133,10 @@ def test_no_test_module_imports_another():
     from pathlib import Path
 
     importing = re.compile(r"\b(?:from|import)\s+(?:tests\.)?(test_\w+|conftest)\b")
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     offenders = {
         f"{path.name} imports {name}"
-        for path in sorted(tests.glob("*.py"))
+        for path in sorted(tests.rglob("*.py"))
         for name in importing.findall(path.read_text())
     }
     assert offenders == set()
@@ -150,7 +150,7 @@ def engine_module_map() -> dict[str, str]:
     runs in."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     table = text[text.index("| engine module | runs in | holds |") :].split("\n\n")[0]
     rows = [row.strip("|").split("|") for row in table.splitlines()[2:]]
     return {module.strip().strip("`"): runs_in.strip() for module, runs_in, _ in rows}
@@ -225,3 +225,15 @@ def test_vllm_is_given_the_plug_ins_path_as_a_string_the_service_never_imports()
     path = engine.joinpath(*module.split(".")[2:]).with_suffix(".py")
     assert engine_module_map()[path.relative_to(engine).as_posix()] == "engine core"
     assert f"def {name}(" in path.read_text()
+
+
+def test_every_test_module_is_in_a_folder_the_architecture_table_names():
+    from pathlib import Path
+
+    tests = Path(__file__).parents[1]
+    text = (tests.parent / "docs" / "architecture.md").read_text()
+    table = text[text.index("| test folder | tests |") :].split("\n\n")[0]
+    named = {row.strip("|").split("|")[0].strip().strip("`/") for row in table.splitlines()[2:]}
+    folders = {path.parent.name for path in tests.rglob("test_*.py")}
+    assert folders == named
+    assert sorted(path.name for path in tests.glob("test_*.py")) == []

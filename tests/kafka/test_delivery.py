@@ -213,7 +213,7 @@ def test_the_engine_command_exits_non_zero_when_its_engine_fails(broker, tmp_pat
     registered = entry_point_folder(
         tmp_path, "relstream.backends", "faulty", "helpers:faulty_backend"
     )
-    path = [str(registered), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    path = [str(registered), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
     arguments = ["engine", "--backend", "faulty", "--bootstrap", broker.bootstrap]
     arguments += ["--prefix", topics.prefix, "--group", group, "--broker-kind", broker.kind]
     finished = subprocess.run(

@@ -23,7 +23,7 @@ from relstream.schemas import DeadLetterMessage, RowMessage, encode, validate
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RELSTREAM = (sys.executable, "-m", "relstream")
 ROWS = 6
 

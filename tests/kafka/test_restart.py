@@ -30,7 +30,7 @@ from relstream.schemas import ResultMessage, RowMessage, decode, encode
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUERY = (
     '[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'
     "window_seconds = 1.0\nmax_rows = 1\nmax_output_tokens = 4\n"

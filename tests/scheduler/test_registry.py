@@ -11,7 +11,7 @@ from relstream.scheduler.registry import PolicySpec, queue_conflict, register
 from relstream_lab.baselines import BASELINES
 from relstream_lab.policies import SIM_ONLY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_stock_vllm_decides_its_own_policies_and_the_plug_in_decides_the_rest(cost):

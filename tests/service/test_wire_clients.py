@@ -24,7 +24,7 @@ from relstream.client import RelstreamClient
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JSON_HEADER = ("content-type", b"application/json")
 WAIT_S = 90
 

@@ -45,7 +45,7 @@ from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def decode_result(message) -> ResultMessage:

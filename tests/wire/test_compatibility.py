@@ -35,7 +35,7 @@ from relstream.schemas import (
 )
 from relstream.schemas.messages import MESSAGE_TYPES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "schemas"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "schemas"
 RELEASES = ("80b905e", "5e404c3")
 NOW = time.time()
 TYPES = {

@@ -70,7 +70,7 @@ def test_spec_and_sampling_travel_on_the_wire():
         ("top_p", 0.0, "top_p"),
         ("seed", -1, "seed"),
         ("stop", [""], "stop"),
-        # An unknown field is ignored (tests/test_compatibility.py); a bad known one is not.
+        # An unknown field is ignored (tests/wire/test_compatibility.py); a bad known one is not.
         ("output", {"choices": []}, "choices"),
     ],
 )

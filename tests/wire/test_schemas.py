@@ -111,7 +111,7 @@ def test_round_trip(kind):
     message = validate(KINDS[kind], GOOD[kind])
     assert json_schema(kind)["title"] == kind
     assert decode(KINDS[kind], encode(message)) == message
-    # Fields at their default are left out (tests/test_compatibility.py says why); the
+    # Fields at their default are left out (tests/wire/test_compatibility.py says why); the
     # rest are written as given, and the short form reads back as the same message.
     wire = msgpack.unpackb(encode(message))
     assert set(wire) <= set(GOOD[kind])
