@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from relstream.kafka.groupjoin import rejoin_on_empty_assignment
 from relstream.kafka.idlefetch import HeldFetchConsumer
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 
@@ -41,7 +42,9 @@ def new_consumer(
     """Every consumer relstream makes: the broker's settings and the security ones. It
     commits only when told (after the work is done), a new group starts from the
     earliest offset, a fetch holds at most `FETCH_BYTES`, and it reads only committed
-    messages (what an aborted transaction wrote is never seen)."""
+    messages (what an aborted transaction wrote is never seen). A member the broker
+    assigns nothing by mistake joins again (`groupjoin`)."""
+    rejoin_on_empty_assignment()
     options = {
         "enable_auto_commit": False,
         "isolation_level": "read_committed",
