@@ -8,7 +8,6 @@ benchmarks and the tests drive either without knowing which.
 from __future__ import annotations
 
 import zlib
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -41,26 +40,6 @@ class BackendLoad:
 def template_id(text: str) -> str:
     """A template's short id in load reports: its text's CRC-32 (a template may be 64 KB)."""
     return f"{zlib.crc32(text.encode()):08x}"
-
-
-RECENT_TEMPLATES = 8  # templates a load report names
-
-
-class RecentTemplates:
-    """Ids of the templates an engine served lately, newest first, at most
-    RECENT_TEMPLATES (a placer prefers an engine whose prefix cache holds one)."""
-
-    def __init__(self) -> None:
-        self._ids: deque[str] = deque(maxlen=RECENT_TEMPLATES)
-
-    def note(self, text: str) -> None:
-        tid = template_id(text)
-        if tid in self._ids:
-            self._ids.remove(tid)
-        self._ids.appendleft(tid)
-
-    def ids(self) -> tuple[str, ...]:
-        return tuple(self._ids)
 
 
 class EngineFailure(RuntimeError):

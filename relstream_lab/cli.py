@@ -7,13 +7,13 @@ import click
 
 from relstream.cli import Commands
 from relstream.extras import require
-from relstream_lab.campaign.cli import campaign
+from relstream_lab.campaign.cli import campaign, ceiling, frontier
 from relstream_lab.drills.cli import drill
 from relstream_lab.idle.cli import idle
-from relstream_lab.paper.cli import paper
+from relstream_lab.paper.cli import paper, scheduler_cost
 from relstream_lab.placement.cli import placement
 from relstream_lab.prefix.cli import prefix
-from relstream_lab.streaming.cli import streaming
+from relstream_lab.streaming.cli import faust_agent, streaming
 from relstream_lab.sustained.cli import sustained
 from relstream_lab.zipf.cli import zipf
 
@@ -30,6 +30,19 @@ def bench() -> None:
     require("lab")
 
 
-for command in (paper, campaign, streaming, sustained, zipf, prefix, placement, idle):
+for command in (
+    paper,
+    scheduler_cost,
+    campaign,
+    ceiling,
+    frontier,
+    streaming,
+    faust_agent,
+    sustained,
+    zipf,
+    prefix,
+    placement,
+    idle,
+):
     bench.add_command(command)
 main.add_command(drill)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from relstream.backend import BackendLoad, EngineFailure, RecentTemplates, backlog_rows_for
+from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for
 from relstream.engine.answers import AnswerCache, SharedOutcome, request_key
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.engine.handle import EngineHandle
@@ -45,6 +45,7 @@ from relstream.model import (
     RowResult,
     RowStatus,
 )
+from relstream.recenttemplates import RecentTemplates
 from relstream.scheduler import (
     COST_MODEL_KINDS,
     DEFAULT_POLICY,

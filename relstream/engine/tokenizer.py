@@ -170,7 +170,3 @@ def chatml_prompt(user: str, system: str | None = None) -> str:
 def encode_batch(texts: list[str], name: str = "smollm2") -> list[list[int]]:
     """Token ids per text; special tokens only where the text itself spells them."""
     return [e.ids for e in load_tokenizer(name).encode_batch(texts, add_special_tokens=False)]
-
-
-def count_tokens(texts: list[str], name: str = "smollm2") -> list[int]:
-    return [len(ids) for ids in encode_batch(texts, name)]

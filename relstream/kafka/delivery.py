@@ -33,7 +33,7 @@ from aiokafka.errors import (
 )
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
-from relstream.kafka.outage import RateLimited
+from relstream.kafka.loglimit import RateLimited
 from relstream.schemas import DeadLetterMessage, encode
 from relstream.schemas.convert import dead_letter_message
 
@@ -99,7 +99,7 @@ async def publish_acked(
 ) -> int:
     """Send `value` to `topic` until the broker acknowledges it; returns the tries it took.
     Raises `Refused` if the broker refuses it for good. `what` names it in the log lines,
-    which go through the outage rate limit (`outage.RateLimited`). `partition`: where it
+    which go through the log rate limit (`loglimit.RateLimited`). `partition`: where it
     goes, kept for every try (None: by its key's hash)."""
     timer = asyncio.get_running_loop().call_later(stall_s, stalled)
     tries = 0

@@ -1,5 +1,6 @@
 """Who goes first, apart from how much goes in (SGLang's `calc_priority` beside its
-admission): each policy names its order as a `Ranking`, and admission only walks it.
+admission): each policy names its order as an object whose `rank` gives a relQuery's
+rank (`StaticRanking`: the paper's static priority), and admission only walks it.
 
 A rank is a tuple, smaller first, that ends with the relQuery's id, so ranks are
 distinct and totally ordered. `RankedQueue` keeps relQueries in rank order and moves
@@ -9,7 +10,6 @@ only those re-ranked, so a step costs what changed, not what waits.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
 
 from sortedcontainers import SortedList
 
@@ -22,12 +22,6 @@ def static_priority(prompt_tokens: int, requests: int, max_tokens: int) -> int:
     """Prio(R) = Σ_{r∈R} tok(r) + OL(r): the relQuery's prompt tokens plus its output
     budget, smaller first (the paper's vLLM-SP)."""
     return prompt_tokens + requests * max_tokens
-
-
-class Ranking(Protocol):
-    """A policy's order over relQueries."""
-
-    def rank(self, info: RelQueryInfo, now: float) -> Rank: ...
 
 
 class StaticRanking:

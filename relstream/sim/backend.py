@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from relstream.backend import BackendLoad, EngineFailure, RecentTemplates, backlog_rows_for
+from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
     LatencyBreakdown,
@@ -46,6 +46,7 @@ from relstream.model import (
     prepare_row,
 )
 from relstream.outputs import OutputKind
+from relstream.recenttemplates import RecentTemplates
 from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.scheduler.cost import Coefficients
 from relstream.scheduler.placement import CHARS_PER_TOKEN, size_counts

@@ -106,7 +106,6 @@ class WindowStage:
         # (`windowing`). With transactions nothing uncommitted is visible (`transacted`).
         self._published: dict[int, dict[tuple[int, int], int]] = {}
         self._tx: WindowTransactions | None = None  # exactly once, where the broker can
-        self.rows_seen = 0
         self._rebalances = RevocationListener(self._forget, self._assigned)
         self.ready = self._rebalances.joined  # set once it has joined its group
 
@@ -192,7 +191,6 @@ class WindowStage:
                     row, size = checked
                 stamp = record.timestamp / 1000 if record.timestamp >= 0 else time.time()
                 closed += cutter.add(record.offset, stamp, row, size)
-            self.rows_seen += len(records)
         now = time.time()
         for partition, cutter in list(self._cutters.items()):
             if cutter.open is None or not await self._read_to_end(partition):

@@ -4,7 +4,7 @@ under the clairvoyant reference (relstream's order on exact remaining work, in V
 batches), beside stock V1. If the reference, told every true output length, does
 not reach a target ratio, no estimate of remaining work will.
 
-    python -m relstream_lab.campaign.ceiling docs/benchmarks/vllm-campaign --load 1.3 \
+    relstream-lab bench ceiling docs/benchmarks/vllm-campaign --load 1.3 \
         --datasets ../shared/datasets
 
 writes ceiling.json and ceiling.md in that folder.
@@ -83,28 +83,11 @@ def table(records: list[dict]) -> list[str]:
     return lines
 
 
-@click.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option(
-    "--load", type=float, default=1.3, show_default=True, help="fraction of each epoch's capacity"
-)
-@click.option(
-    "--seeds", default="0,1,2", show_default=True, help="Poisson seeds the campaign has run"
-)
-@click.option(
-    "--datasets",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    required=True,
-    help="the tables the campaign ran on (its command's --datasets)",
-)
-def main(out: Path, load: float, seeds: str, datasets: Path) -> None:
-    records = ceiling(out, datasets, load, [int(seed) for seed in seeds.split(",")])
+def write_ceiling(out: Path, datasets_dir: Path, load: float, seeds: list[int]) -> list[str]:
+    """`ceiling` at `load` into ceiling.json and ceiling.md in `out`; the table's lines."""
+    records = ceiling(out, datasets_dir, load, seeds)
     (out / "ceiling.json").write_text(json.dumps(records, indent=2) + "\n")
     heading = f"Simulated at {load:g} of each epoch's capacity: v1-fcfs mean / each ordering's."
     lines = table(records)
     (out / "ceiling.md").write_text("\n".join([heading, "", *lines, ""]))
-    click.echo("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()
+    return lines

@@ -1,5 +1,6 @@
 """`relstream-lab bench campaign`: the paper-style trace on the real engine (vLLM), resumable
-across sessions and machines."""
+across sessions and machines; `bench ceiling` and `bench frontier`: what the simulator says
+ordering and the Δ gate can buy on a campaign's own traces."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from relstream.cli.common import console, csv_list, progress, unwind_on_sigterm
+from relstream.cli.common import console, csv_list, csv_of, progress, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.scheduler import DEFAULT_POLICY
 from relstream_lab.common.options import (
@@ -112,3 +113,76 @@ def campaign(**opts) -> None:
     document = write_vllm_report(out_dir, datasets_dir)
     print_top_rate(document, max(run["rate"] for run in document["runs"]))
     console.print(f"wrote {out_dir}/results.json, README.md, plots, {out_dir.name} checkpoint")
+
+
+campaign_dir = click.argument(
+    "out", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="CAMPAIGN"
+)
+
+
+@click.command()
+@campaign_dir
+@click.option(
+    "--load", type=float, default=1.3, show_default=True, help="fraction of each epoch's capacity"
+)
+@click.option(
+    "--seeds",
+    default="0,1,2",
+    show_default=True,
+    callback=csv_of(int),
+    help="Poisson seeds the campaign has run",
+)
+@click.option(
+    "--datasets",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="the tables the campaign ran on (its command's --datasets)",
+)
+def ceiling(out: Path, load: float, seeds: tuple[int, ...], datasets: Path) -> None:
+    """How far ordering can take a campaign's traces (simulator): relstream and the
+    clairvoyant reference against stock V1 on each epoch's fitted profile; writes
+    ceiling.json and ceiling.md in CAMPAIGN (a campaign's --out folder)."""
+    from relstream_lab.campaign.ceiling import write_ceiling
+
+    click.echo("\n".join(write_ceiling(out, datasets, load, list(seeds))))
+
+
+@click.command()
+@campaign_dir
+@click.option(
+    "--seeds", default="0,1", show_default=True, callback=csv_of(int), help="Trace seeds."
+)
+@click.option(
+    "--loads",
+    default="0.75,1",
+    show_default=True,
+    callback=csv_of(float),
+    help="Fractions of the campaign's measured capacity.",
+)
+@click.option(
+    "--stretch",
+    default="0,0.25,0.5,0.75,1",
+    show_default=True,
+    callback=csv_of(float),
+    help="Exponents k of the gate's pressure, one row each.",
+)
+@click.option(
+    "--datasets",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("../shared/datasets"),
+    show_default=True,
+    help="the tables the campaign ran on (its command's --datasets)",
+)
+def frontier(
+    out: Path,
+    seeds: tuple[int, ...],
+    loads: tuple[float, ...],
+    stretch: tuple[float, ...],
+    datasets: Path,
+) -> None:
+    """What the Δ gate can buy on a campaign's trace (simulator): relstream's mean and
+    makespan against stock V1's for each k, as a markdown table on stdout."""
+    from relstream_lab.campaign.frontier import frontier_lines
+
+    for line in frontier_lines(out, seeds, loads, stretch, datasets):
+        click.echo(line)

@@ -7,14 +7,14 @@ The real-engine targets ask for both at once on the campaign's 48-relQuery trace
 setting of the one knob that trades them, so a line that no row meets in a cell is out
 of reach of the policy on that machine, whatever its setting.
 
-    python -m relstream_lab.campaign.frontier docs/benchmarks/vllm-adaptive \\
+    relstream-lab bench frontier docs/benchmarks/vllm-adaptive \\
         --seeds 0,1,2,3 --stretch 0,0.25,0.5,0.75,1 > docs/benchmarks/vllm-adaptive/frontier.md
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
@@ -56,33 +56,29 @@ def cell(profile, relqueries, stretches: list[float]) -> list[tuple[str, float, 
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("campaign", type=Path, help="a campaign's --out folder")
-    parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--loads", default="0.75,1")
-    parser.add_argument("--stretch", default="0,0.25,0.5,0.75,1")
-    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"))
-    args = parser.parse_args()
-    campaign = json.loads((args.campaign / "campaign.json").read_text())
-    capacity = json.loads((args.campaign / "capacity.json").read_text())["relqueries_per_s"]
-    profile = profile_from_document(json.loads((args.campaign / "fitted_profile.json").read_text()))
-    datasets = load_datasets(args.datasets)
-    stretches = [float(k) for k in args.stretch.split(",")]
-    print("| seed | load | setting | better stock mean / its mean | makespan vs better stock "
-          "| max / v1-fcfs max |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
-    for seed in (int(s) for s in args.seeds.split(",")):
+def frontier_lines(
+    out: Path,
+    seeds: tuple[int, ...],
+    loads: tuple[float, ...],
+    stretches: tuple[float, ...],
+    datasets_dir: Path,
+) -> Iterator[str]:
+    """The markdown table for the campaign in `out`, a line at a time as each is computed:
+    one row per (seed, load, setting)."""
+    campaign = json.loads((out / "campaign.json").read_text())
+    capacity = json.loads((out / "capacity.json").read_text())["relqueries_per_s"]
+    profile = profile_from_document(json.loads((out / "fitted_profile.json").read_text()))
+    datasets = load_datasets(datasets_dir)
+    yield ("| seed | load | setting | better stock mean / its mean | makespan vs better stock "
+           "| max / v1-fcfs max |")  # fmt: skip
+    yield "|---|---|---|---|---|---|"
+    for seed in seeds:
         config = TraceConfig(**{**campaign["trace"], "seed": seed})
-        outputs = args.campaign / f"outputs-{config.arrival}-s{seed}.json"
+        outputs = out / f"outputs-{config.arrival}-s{seed}.json"
         real = json.loads(outputs.read_text()) if outputs.exists() else None
         trace = tokenize_trace(generate_relqueries(config, datasets), config, real)
-        for load in (float(x) for x in args.loads.split(",")):
+        for load in loads:
             relqueries = trace.at_rate(load * capacity, profile.limits.block_size)
-            for name, speedup, makespan, peak in cell(profile, relqueries, stretches):
-                print(f"| {seed} | {load:g} | {name} | {speedup:.2f}x | {makespan:+.1%} "
-                      f"| {peak:.2f}x |", flush=True)  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+            for name, speedup, makespan, peak in cell(profile, relqueries, list(stretches)):
+                yield (f"| {seed} | {load:g} | {name} | {speedup:.2f}x | {makespan:+.1%} "
+                       f"| {peak:.2f}x |")  # fmt: skip

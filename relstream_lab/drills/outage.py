@@ -45,8 +45,6 @@ from relstream_lab.drills.parts import (
 
 ENGINE_PAUSE = "pausing relqueries partition"
 ENGINE_RESUME = "resuming relqueries partition"
-WORKER_PAUSE = "pausing its rows partitions"
-WORKER_RESUME = "resuming its rows partitions"
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""`relstream-lab bench paper`: the paper's experiment on the simulated engine."""
+"""`relstream-lab bench paper`: the paper's experiment on the simulated engine;
+`bench scheduler-cost`: what a decision costs inside vLLM's own Scheduler."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from relstream.cli.common import console, progress
+from relstream.cli.common import console, csv_of, progress
+from relstream.extras import require
+from relstream.scheduler import DEFAULT_POLICY
 from relstream.sim.profiles import PROFILE_NAMES
 from relstream_lab.common.options import (
     canonical_command,
@@ -74,3 +77,35 @@ def paper(**opts) -> None:
         document = run_sim_benchmark(options, on_trace, on_run)
     print_top_rate(document, document["top_rate"])
     console.print(f"wrote {out_dir}/results.json, latency_vs_rate.png, breakdown.png, README.md")
+
+
+@click.command("scheduler-cost")
+@click.option(
+    "--rows",
+    default="1000,10000,100000",
+    show_default=True,
+    callback=csv_of(int),
+    help="Comma-separated crowds of waiting rows, each timed under both schedulers.",
+)
+@click.option("--rows-per-relquery", default=50, show_default=True)
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="The plug-in's policy.")
+@click.option("--max-num-seqs", default=256, show_default=True)
+@click.option("--budget", default=2048, show_default=True, help="Tokens a step may schedule.")
+@click.option("--blocks", default=4096, show_default=True, help="KV cache blocks.")
+@click.option("--warm-up", default=20, show_default=True, help="Steps before the timed ones.")
+@click.option("--steps", default=200, show_default=True, help="Steps timed.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def scheduler_cost(rows: tuple[int, ...], policy: str, out: Path, **crowd: int) -> None:
+    """What a scheduling decision costs inside vLLM's own Scheduler (no model run): stock
+    V1 against relstream's plug-in, per crowd of waiting rows."""
+    require("engine")
+    from relstream_lab.paper.schedcost import Crowd, run_schedcost
+
+    command = canonical_command(
+        ["bench", "scheduler-cost"],
+        rows=",".join(map(str, rows)),
+        policy=policy,
+        steps=crowd["steps"],
+        out=out,
+    )
+    run_schedcost(out, rows, policy, Crowd(**crowd), command)

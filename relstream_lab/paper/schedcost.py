@@ -8,23 +8,36 @@ The waiting crowd is N rows in relQueries of `rows_per_relquery`; each timed ste
 learn), on this machine's CPU. A GPU step of a 7-8B model takes about 10-30 ms, so the
 report states each median and p99 as a share of a 10 ms and a 30 ms step.
 
-    python -m relstream_lab.paper.schedcost --rows 1000,10000,100000 \
+    relstream-lab bench scheduler-cost --rows 1000,10000,100000 \
         --out docs/benchmarks/scheduler-cost
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 PROMPT = 64  # tokens of each row's prompt
 OUTPUTS = 16  # tokens each row generates
+
+
+@dataclass(frozen=True)
+class Crowd:
+    """How the waiting rows are cut into relQueries, the scheduler's limits, and the steps
+    timed."""
+
+    rows_per_relquery: int = 50
+    max_num_seqs: int = 256
+    budget: int = 2048
+    blocks: int = 4096
+    warm_up: int = 20
+    steps: int = 200
 
 
 def build(policy: str | None, max_num_seqs: int, budget: int, num_blocks: int):
@@ -101,15 +114,15 @@ def time_steps(scheduler, steps: int) -> tuple[list[float], list[float]]:
     return timings, decisions
 
 
-def measure(policy: str | None, rows: int, args: argparse.Namespace) -> dict:
-    scheduler = build(policy, args.max_num_seqs, args.budget, args.blocks)
+def measure(policy: str | None, rows: int, crowd: Crowd) -> dict:
+    scheduler = build(policy, crowd.max_num_seqs, crowd.budget, crowd.blocks)
     started = time.perf_counter()
-    fill(scheduler, rows, args.rows_per_relquery)
+    fill(scheduler, rows, crowd.rows_per_relquery)
     filled = time.perf_counter() - started
-    timings, decisions = time_steps(scheduler, args.warm_up + args.steps)
-    ms = np.array(timings[args.warm_up :]) * 1000
+    timings, decisions = time_steps(scheduler, crowd.warm_up + crowd.steps)
+    ms = np.array(timings[crowd.warm_up :]) * 1000
     median, p99 = float(np.median(ms)), float(np.percentile(ms, 99, method="inverted_cdf"))
-    plan_ms = np.array(decisions[args.warm_up :] or [np.nan]) * 1000
+    plan_ms = np.array(decisions[crowd.warm_up :] or [np.nan]) * 1000
     return {
         "scheduler": f"relstream plug-in ({policy})" if policy else "stock vLLM V1 (fcfs)",
         "waiting_rows": rows,
@@ -160,34 +173,19 @@ def _decision(result: dict) -> str:
     return f"{result['decision_median_ms']:.2f}, {result['decision_p99_ms']:.2f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1000,10000,100000")
-    parser.add_argument("--rows-per-relquery", type=int, default=50)
-    parser.add_argument("--policy", default="relstream")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--budget", type=int, default=2048)
-    parser.add_argument("--blocks", type=int, default=4096)
-    parser.add_argument("--warm-up", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def run_schedcost(
+    out: Path, crowds: tuple[int, ...], policy: str, crowd: Crowd, command: str
+) -> None:
+    """Stock vLLM and `policy`'s plug-in at each crowd of waiting rows: each result as a
+    JSON line on stdout, then results.json and README.md in `out`."""
     import vllm
 
     results = []
-    for rows in (int(n) for n in args.rows.split(",")):
-        for policy in (None, args.policy):
-            results.append(measure(policy, rows, args))
+    for rows in crowds:
+        for each in (None, policy):
+            results.append(measure(each, rows, crowd))
             print(json.dumps(results[-1]))
-    command = (
-        f"python -m relstream_lab.paper.schedcost --rows {args.rows} --policy {args.policy} "
-        f"--steps {args.steps} --out {args.out}"
-    )
     machine = f"{platform.processor() or platform.machine()}, {platform.platform()}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "README.md").write_text(markdown(results, command, machine, vllm.__version__))
-
-
-if __name__ == "__main__":
-    main()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "README.md").write_text(markdown(results, command, machine, vllm.__version__))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from relstream.scheduler.cost import Coefficients
@@ -272,10 +272,6 @@ def run_placement(options: PlacementOptions) -> list[dict]:
                             }
                         )
     return records
-
-
-def options_record(options: PlacementOptions) -> dict:
-    return asdict(options)
 
 
 def markdown(records: list[dict], command: str, machine: str) -> list[str]:

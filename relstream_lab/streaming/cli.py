@@ -1,4 +1,5 @@
-"""`relstream-lab bench streaming`: what the streaming path costs beside a direct run."""
+"""`relstream-lab bench streaming`: what the streaming path costs beside a direct run;
+`bench faust-agent`: the window stage as a Faust agent against the real one."""
 
 from __future__ import annotations
 
@@ -93,3 +94,19 @@ def streaming(**opts) -> None:
         f"Kafka overhead {overheads}; window stage "
         f"{document['window_throughput']['rows_per_second']:,.0f} rows/s; wrote {out_dir}"
     )
+
+
+@click.command("faust-agent")
+@click.option(
+    "--stream-python",
+    required=True,
+    help="The worker environment's Python (.venv-stream/bin/python).",
+)
+@click.option("--rows", default=100_000, show_default=True, help="Rows produced live per run.")
+@click.option("--repeats", default=2, show_default=True, help="Runs of each worker, alternating.")
+def faust_agent(stream_python: str, rows: int, repeats: int) -> None:
+    """Can the window stage be a Faust agent? Rows/s and rows per CPU-second of the real
+    window stage and of a Faust-agent prototype on one Tansu broker, as JSON on stdout."""
+    from relstream_lab.streaming.faust_probe import measure
+
+    measure(stream_python, rows, repeats)

@@ -1,13 +1,13 @@
 """Can the window stage be a Faust agent? The measurement behind docs/architecture.md,
 "Why the window stage is not a Faust agent".
 
-`worker` runs a prototype of the window stage as a Faust agent over a Faust topic: it
+The prototype worker runs the window stage as a Faust agent over a Faust topic: it
 reads micro-batches with `Stream.noack_take`, checks each row and cuts each partition into
 windows as the real stage does (`stream.windowing`), sends each closed window's relQuery
 and waits for the broker's acknowledgement, then acknowledges (`Stream.ack`) every event
-below the partition's committable offset, so Faust commits only there. It takes the
-arguments of `relstream worker` that the streaming benchmark passes, and runs from the
-worker's environment.
+below the partition's committable offset, so Faust commits only there. `measure` starts it
+from the worker's environment as it starts `relstream worker` (this file run as a script,
+`worker` and the arguments of `relstream worker` that the streaming benchmark passes).
 
 `measure` runs the streaming benchmark's window-stage measurement (as
 `relstream_lab.streaming.run.window_throughput`: worker warmed, rows produced live, rows/s to the
@@ -16,7 +16,7 @@ prototype, and also takes the CPU seconds the worker process spent on those rows
 per CPU-second: what one core would sustain, whatever else the machine runs). It prints
 the figures as JSON. Run from the engine's environment:
 
-    python -m relstream_lab.streaming.faust_probe measure \\
+    relstream-lab bench faust-agent \\
         --stream-python .venv-stream/bin/python --rows 100000 --repeats 2 \\
         > docs/benchmarks/streaming/faust_agents.json
 """
@@ -106,22 +106,24 @@ def _worker(args: argparse.Namespace) -> None:
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
 
 
-def _measure(args: argparse.Namespace) -> None:
+def measure(stream_python: str, rows: int, repeats: int) -> None:
+    """Each worker's window-stage figures, `repeats` runs of `rows` rows each, alternating,
+    as JSON on stdout (each run's also on stderr as it ends)."""
     from relstream.kafka.brokers import EmbeddedBroker
 
     commands = {
-        "current stage (aiokafka batches)": [args.stream_python, "-m", "relstream"],
-        "Faust agent (noack_take)": [args.stream_python, str(HERE)],
-        "Faust agent, rows not decoded": [args.stream_python, str(HERE), "--bare"],
+        "current stage (aiokafka batches)": [stream_python, "-m", "relstream"],
+        "Faust agent (noack_take)": [stream_python, str(HERE)],
+        "Faust agent, rows not decoded": [stream_python, str(HERE), "--bare"],
     }
     figures: dict[str, list[dict]] = {name: [] for name in commands}
     with tempfile.TemporaryDirectory() as workdir, EmbeddedBroker("tansu") as broker:
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name, command in commands.items():
-                figure = _window_stage(broker, args.rows, command, Path(workdir))
+                figure = _window_stage(broker, rows, command, Path(workdir))
                 figures[name].append(figure)
                 print(name, figure, file=sys.stderr, flush=True)
-    print(json.dumps({"rows": args.rows, "runs": figures}, indent=2))
+    print(json.dumps({"rows": rows, "runs": figures}, indent=2))
 
 
 def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
@@ -184,23 +186,17 @@ def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = parser.add_subparsers(dest="mode", required=True)
-    parser.add_argument("--bare", action="store_true", help="worker: skip decoding rows")
-    worker = modes.add_parser("worker")
+    """The prototype worker, started by `measure` as `start_worker` starts one:
+    `faust_probe.py [--bare] worker --bootstrap ... --config ...`."""
+    parser = argparse.ArgumentParser(description="the window stage as a Faust agent")
+    parser.add_argument("--bare", action="store_true", help="skip decoding rows")
+    parser.add_argument("mode", choices=["worker"])
     for option in ("--bootstrap", "--config", "--prefix", "--broker-kind", "--app-id"):
-        worker.add_argument(option)
-    worker.add_argument("--ready-file")
-    measure = modes.add_parser("measure")
-    measure.add_argument("--stream-python", required=True)
-    measure.add_argument("--rows", type=int, default=100_000)
-    measure.add_argument("--repeats", type=int, default=2)
+        parser.add_argument(option)
+    parser.add_argument("--ready-file")
     args = parser.parse_args()
-    if args.mode == "worker":
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-        _worker(args)
-    else:
-        _measure(args)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    _worker(args)
 
 
 if __name__ == "__main__":

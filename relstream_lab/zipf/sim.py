@@ -73,14 +73,6 @@ class ZipfOptions:
     workers: int = 2
 
 
-@dataclass(frozen=True)
-class ZipfRow:
-    row_index: int
-    beer: int  # the beer's index in the table's order of first appearance
-    token_ids: tuple[int, ...]
-    output_length: int
-
-
 def read_beers(datasets_dir: Path) -> list[dict[str, str]]:
     """The table's distinct beers (name and style), in order of first appearance."""
     beers: dict[str, dict[str, str]] = {}

@@ -71,12 +71,6 @@ def test_chatml_prompt(tok) -> None:
     assert ids.count(tok.token_to_id("<|im_end|>")) == 2
 
 
-def test_count_tokens_agrees_with_encode() -> None:
-    texts = ROUND_TRIP + list(EXPECTED)
-    assert rt.count_tokens(texts) == [len(ids) for ids in rt.encode_batch(texts)]
-    assert rt.count_tokens([]) == []
-
-
 def test_memoized_and_unknown_name() -> None:
     assert rt.load_tokenizer() is rt.load_tokenizer("smollm2")
     with pytest.raises(ValueError, match="smollm2"):

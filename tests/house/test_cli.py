@@ -55,8 +55,22 @@ def test_the_product_lists_only_product_commands_and_the_lab_its_own():
     product = set(main.commands)
     assert not product & {"bench", "drill"} and not any(n.startswith("bench") for n in product)
     assert set(lab.commands) == {"bench", "drill"}
-    benches = {"paper", "campaign", "streaming", "sustained", "zipf", "prefix", "placement", "idle"}
+    benches = {"paper", "scheduler-cost", "campaign", "ceiling", "frontier", "streaming"}
+    benches |= {"faust-agent", "sustained", "zipf", "prefix", "placement", "idle"}
     assert benches == set(lab.commands["bench"].commands)
+
+
+def test_every_lab_study_is_a_bench_command_with_its_options():
+    # The studies once run as `python -m relstream_lab....` are subcommands like the rest.
+    runner = CliRunner()
+    for words, option in (
+        (["bench", "ceiling"], "--load"),
+        (["bench", "frontier"], "--stretch"),
+        (["bench", "faust-agent"], "--stream-python"),
+        (["bench", "scheduler-cost"], "--rows-per-relquery"),
+    ):
+        result = runner.invoke(lab, [*words, "--help"])
+        assert result.exit_code == 0 and option in result.output, result.output
 
 
 def test_the_engine_names_every_backend_it_can_start(tmp_path):

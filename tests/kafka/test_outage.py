@@ -11,7 +11,7 @@ import pytest
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import new_producer, read_messages
 from relstream.kafka.delivery import Backoff, publish_acked
-from relstream.kafka.outage import RateLimited
+from relstream.kafka.loglimit import RateLimited
 from relstream.kafka.topics import Topics
 from relstream.model import Template
 from relstream.schemas import RowMessage
