@@ -7,9 +7,7 @@ benchmarks and the tests drive either without knowing which.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from relstream.model import RelQuery, RelQueryResult, RowResult
@@ -22,24 +20,6 @@ def backlog_rows_for(kv_capacity_tokens: int) -> int:
     """Rows to hand an engine whose KV holds `kv_capacity_tokens`: many more than fit at
     once (the scheduler orders them), never fewer than 256."""
     return max(256, BACKLOG_KV_MULTIPLE * kv_capacity_tokens // TOKENS_PER_ROW)
-
-
-@dataclass(frozen=True)
-class BackendLoad:
-    """What an engine has yet to do, for placing relQueries by load (its `load_report`):
-    outstanding work in engine seconds and its prices, from its scheduler's cost fit."""
-
-    outstanding_s: float
-    per_prompt_token_s: float
-    per_output_token_s: float
-    templates: tuple[str, ...] = ()  # ids of templates it served lately, newest first
-    # its unfinished relQueries per size class (`scheduler.placement.size_counts`)
-    size_counts: tuple[int, ...] = ()
-
-
-def template_id(text: str) -> str:
-    """A template's short id in load reports: its text's CRC-32 (a template may be 64 KB)."""
-    return f"{zlib.crc32(text.encode()):08x}"
 
 
 class EngineFailure(RuntimeError):
@@ -77,8 +57,9 @@ class RelQueryHandle(Protocol):
 class RelQueryBackend(Protocol):
     """Something that serves relQueries: submit, then follow the handle.
 
-    A backend may also answer `load() -> BackendLoad | None`, its load now, which the
-    service reports for placement (`service/loadreport.py`); one without it, or that
+    A backend may also answer `load() -> Load | None`, its load now
+    (`relstream.placement.load`), which the service reports for placement
+    (`placement/reports.py`); one without it, or that
     answers None (the vLLM runtime before its plug-in's first write), reports nothing."""
 
     model_name: str  # reported with every result

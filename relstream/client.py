@@ -26,7 +26,8 @@ from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
-from relstream.placer import LoadReader, placement_of
+from relstream.placement.book import placement_of
+from relstream.placement.readers import LoadReader
 from relstream.schemas import (
     ControlMessage,
     DeadLetterMessage,

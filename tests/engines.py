@@ -8,7 +8,7 @@ import time
 
 from relstream.kafka.clients import Subscription
 from relstream.launch import spawn_logged
-from relstream.placer import is_load_report
+from relstream.placement.reports import is_load_report
 from relstream.schemas import MetricsMessage, decode
 
 

@@ -23,9 +23,9 @@ from relstream.cli.common import (
 from relstream.cli.door import door_limit_options, door_limits, http_door
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
+from relstream.placement.reports import LOAD_REPORT_S
 from relstream.ready import clear_ready
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
-from relstream.service.loadreport import LOAD_REPORT_S
 
 BUILT_IN_BACKENDS = ("vllm", "sim")
 # Each entry point of this group names a function that takes the command's options (a
@@ -255,7 +255,7 @@ def _sim_tokenizer_present() -> None:
 
 def _answer_secret(opts: dict) -> bytes | None:
     """The engines' shared secret: required for `--answer-cache topic`, else any given."""
-    from relstream.placer import engines_secret
+    from relstream.placement.reports import engines_secret
     from relstream.service.answercache import AnswerSecretError, answer_secret
 
     if opts["answer_cache"] != "topic" and not (opts["answer_secret_file"] or engines_secret()):

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for
+from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.answers import AnswerCache, SharedOutcome, request_key
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
 from relstream.engine.handle import EngineHandle
@@ -45,7 +45,7 @@ from relstream.model import (
     RowResult,
     RowStatus,
 )
-from relstream.recenttemplates import RecentTemplates
+from relstream.placement.load import Load, RecentTemplates
 from relstream.scheduler import (
     COST_MODEL_KINDS,
     DEFAULT_POLICY,
@@ -190,20 +190,21 @@ class VllmRuntime:
         cache = self._llm.vllm_config.cache_config
         return backlog_rows_for((cache.num_gpu_blocks or 0) * cache.block_size)
 
-    def load(self) -> BackendLoad | None:
+    def load(self) -> Load | None:
         """The policy's outstanding work and prices, as the plug-in last wrote them (None:
         none written yet, or not asked for, `report_load`, or none for STALE_LOAD_S while
         rows are in flight: the placer then stops choosing it); no row in flight, no work."""
-        written = read_load(self._load_file) if self._load_file is not None else None
+        read = read_load(self._load_file) if self._load_file is not None else None
         busy = self._rows_in_flight > 0
-        if written is None or (busy and time.monotonic() - written.at > STALE_LOAD_S):
+        if read is None or (busy and time.monotonic() - read[0] > STALE_LOAD_S):
             return None  # an engine core that wrote nothing for so long is not stepping
-        return BackendLoad(
+        written = read[1]
+        return Load(
             written.outstanding_s if busy else 0.0,
             written.per_prompt_token_s,
             written.per_output_token_s,
-            self._templates.ids(),
             written.size_counts if busy else (),
+            self._templates.ids(),
         )
 
     async def reset_prefix_cache(self) -> None:

@@ -3,8 +3,8 @@
 The runtime (`engine/runtime.py`, in the service's process) starts vLLM with the plug-in
 (`engine/core/plugin.py`, in vLLM's engine core process) and talks to it only through
 vLLM: the plug-in's class path and its settings in the engine arguments, each request's
-tags in its sampling parameters, and back the policy's load in a small file
-(`engine/core/loadwriter.py` writes it). Both sides import this module and neither
+tags in its sampling parameters, and back the policy's load (`placement/load.py`) in a
+small file (`engine/core/loadwriter.py` writes it). Both sides import this module and neither
 imports the other's, so the engine core never loads the service's code nor the service
 the scheduler's.
 """
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from relstream.placement.load import Load
 
 # The engine arg `scheduler_cls`: a dotted path vLLM imports in its engine core process.
 PLUGIN_CLASS = "relstream.engine.core.plugin.relstream_scheduler"
@@ -36,22 +38,18 @@ def relquery_tags(
     return {EXTRA_ARGS_KEY: tags}
 
 
-class CoreLoad(msgspec.Struct, frozen=True):
-    """The policy's load (`Policy.load`) as the plug-in writes it to the load file, and
-    when it was measured (`time.monotonic`, one clock for every process on the machine)."""
-
-    outstanding_s: float
-    per_prompt_token_s: float
-    per_output_token_s: float
-    at: float
-    size_counts: tuple[int, ...] = ()  # its relQueries per size class (Policy.load)
+def load_record(at: float, load: Load) -> bytes:
+    """The load file's record: the policy's load (`Policy.load`) and when it was measured
+    (`time.monotonic`, one clock for every process on the machine)."""
+    return msgspec.json.encode((at, load))
 
 
-def read_load(path: Path) -> CoreLoad | None:
-    """The latest load the plug-in wrote to `path`; None before the first write (or if it
-    cannot be read: the runtime then reports nothing, and the placer falls back to the
-    hash). The writer replaces the file whole, so a read never sees half a record."""
+def read_load(path: Path) -> tuple[float, Load] | None:
+    """When the plug-in last wrote its load to `path`, and the load; None before the first
+    write (or if it cannot be read: the runtime then reports nothing, and the placer falls
+    back to the hash). The writer replaces the file whole, so a read never sees half a
+    record."""
     try:
-        return msgspec.json.decode(path.read_bytes(), type=CoreLoad)
+        return msgspec.json.decode(path.read_bytes(), type=tuple[float, Load])
     except (OSError, msgspec.DecodeError):
         return None

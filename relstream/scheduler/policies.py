@@ -4,10 +4,9 @@ the simulator and the vLLM plug-in run exactly the same decisions."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
 
+from relstream.placement.load import Load, size_counts
 from relstream.scheduler.cost import Coefficients, CostModel
-from relstream.scheduler.placement import size_counts
 from relstream.scheduler.remaining import remaining
 from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import EngineView, PrefillChunk, StepFeedback, StepPlan
@@ -28,18 +27,6 @@ def load_batch(view: EngineView) -> int:
     tracker = view.tracker
     held = len(tracker.waiting) + len(tracker.running)
     return max(1, min(view.limits.max_num_seqs, held))
-
-
-class PolicyLoad(NamedTuple):
-    """What an engine reports for placement (`placement.EngineLoad`), as its policy
-    prices it: the work its relQueries have left in engine seconds, what a prompt token
-    and an output token cost, and its relQueries counted by size class of their work
-    (`placement.size_counts`: a relQuery is placed where it delays the fewest larger)."""
-
-    outstanding_s: float
-    per_prompt_token_s: float
-    per_output_token_s: float
-    size_counts: tuple[int, ...]
 
 
 class Policy(ABC):
@@ -64,14 +51,15 @@ class Policy(ABC):
         """A step as executed: refits the cost model (kept as given when fixed)."""
         self.cost.observe(feedback)
 
-    def load(self, view: EngineView) -> PolicyLoad:
-        """Each relQuery's work left (`remaining`, priced at the cost model's lines). A
+    def load(self, view: EngineView) -> Load:
+        """What the engine reports for placement, as this policy prices it: each
+        relQuery's work left (`remaining`, priced at the cost model's lines). A
         decode step's base is shared by the batch the backlog will run in (`load_batch`),
         not today's: a report made as work arrives would otherwise price it at one
         request a step."""
         c = Coefficients.of(self.cost, load_batch(view))
         works = [c.work(remaining(info)) for info in view.tracker.relqueries.values()]
-        return PolicyLoad(sum(works, 0.0), c.per_token, c.per_output, size_counts(works))
+        return Load(sum(works, 0.0), c.per_token, c.per_output, size_counts(works))
 
     def cost_coefficients(self) -> dict[str, float]:
         """The step costs this policy decides with, as last fitted (for reports)."""

@@ -55,6 +55,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from relstream.placement.load import Load, size_counts
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.cost import Coefficients, CostModel
@@ -62,8 +63,7 @@ from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
-from relstream.scheduler.placement import size_counts
-from relstream.scheduler.policies import Policy, PolicyLoad, load_batch
+from relstream.scheduler.policies import Policy, load_batch
 from relstream.scheduler.ranking import RankedQueue
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
 from relstream.scheduler.starvation import StarvationGuard
@@ -139,14 +139,14 @@ class Relstream(Policy):
     def plan(self, view: EngineView) -> StepPlan:
         return self.plan_step(view)  # unfinished prompts continue inside the step itself
 
-    def load(self, view: EngineView) -> PolicyLoad:
+    def load(self, view: EngineView) -> Load:
         """As every policy's, from the book it keeps (prompts at the prefix cache's miss
         ratio) at the last step's prices, the fitted step cost's."""
         if self._last is None:  # no step planned yet: the cost model's prior prices
             return super().load(view)
         c = replace(self._last, batch=load_batch(view))
         counts = size_counts(c.work(left) for left in self._left.values())
-        return PolicyLoad(c.work(self._left.total()), c.per_token, c.per_output, counts)
+        return Load(c.work(self._left.total()), c.per_token, c.per_output, counts)
 
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._last = self._coefficients(view)

@@ -35,7 +35,7 @@ MAX_OUTPUT_TOKENS = 32_768
 MAX_CHOICES = 1024
 MAX_REGEX_CHARS = 4096
 MAX_STOP_STRINGS = 16
-MAX_SIZE_CLASSES = 16  # a load report's size classes (scheduler.placement.SIZE_CLASSES)
+MAX_SIZE_CLASSES = 16  # a load report's size classes (placement/load.py, SIZE_CLASSES)
 MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
 MAX_DEADLINE_S = 366 * 24 * 3600.0  # a deadline further off than a year is no deadline
 
@@ -266,7 +266,7 @@ KIND_HEADER = "relstream-kind"  # names a load report among the metrics topic's 
 class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     """One engine's load, every quarter second by default on the metrics topic (key: the
     engine; header `relstream-kind: load_report`), for placing relQueries by load
-    (`relstream.placer`): the relqueries partitions it owns now and the work it has yet
+    (`relstream.placement`): the relqueries partitions it owns now and the work it has yet
     to do. A reader trusts a report only for a few seconds after `at`."""
 
     kind: ClassVar[str] = "load_report"
@@ -281,7 +281,7 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     # to twice that), at most 16 classes; absent from older engines' reports
     size_counts: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SIZE_CLASSES)] = []
     at: Annotated[Finite, Meta(description="seconds since the epoch")]
-    # HMAC-SHA256 with the engines' secret, where one is set (relstream.placer.report_mac)
+    # HMAC-SHA256 with the engines' secret, where one is set (placement/reports.py, report_mac)
     mac: Annotated[bytes, Meta(min_length=32, max_length=32)] | None = None
 
     @property

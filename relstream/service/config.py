@@ -32,6 +32,6 @@ class ServiceConfig:
     answer_topic: bool = False  # back the backend's answer cache with the answers topic
     answer_secret: bytes | None = None  # the engines' shared secret, signing answers
     stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
-    load_report_s: float = 0.0  # > 0: report load this often (service/loadreport.py)
+    load_report_s: float = 0.0  # > 0: report load this often (placement/reports.py)
     instance_id: str | None = None  # its static member id in the group (None: dynamic)
     transactions: bool = True  # exactly once where the broker has them (service/commits.py)

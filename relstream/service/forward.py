@@ -1,6 +1,6 @@
 """The HTTP door's placement (docs/operations.md, Scale-out): a relQuery POSTed to the door of an
 engine that serves Kafka and reports its load goes where the worker and the Python client
-would send it, the engine with the least outstanding work (`relstream.placer`).
+would send it, the engine with the least outstanding work (`relstream.placement`).
 
 The door keeps it where placement cannot tell (no fresh report), where this engine is
 within the placement margin of the least (no needless Kafka hop), and where it cannot be
@@ -35,7 +35,8 @@ from relstream.kafka.delivery import Refused, publish_acked
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.supervise import supervised
 from relstream.kafka.topics import Topics
-from relstream.placer import AsyncLoadReader, Demand, demand_of, placement_of
+from relstream.placement.book import Demand, demand_of, placement_of
+from relstream.placement.readers import AsyncLoadReader
 from relstream.schemas import (
     ControlMessage,
     DeadLetterMessage,

@@ -51,6 +51,7 @@ from relstream.kafka.delivery import (
 )
 from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.model import RelQuery, RelQueryResult, with_queued
+from relstream.placement.reports import report_load
 from relstream.ready import mark_ready_when
 from relstream.schemas import Message, MessageError, decode_relquery_stepwise
 from relstream.schemas.convert import partial_result_message
@@ -61,7 +62,6 @@ from relstream.service.backlog import LettersInFlight, RowBudget
 from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced
 from relstream.service.config import ServiceConfig
 from relstream.service.control import Cancels, follow_control, record_time
-from relstream.service.loadreport import report_load
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook

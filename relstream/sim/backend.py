@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from relstream.backend import BackendLoad, EngineFailure, backlog_rows_for
+from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import (
     LatencyBreakdown,
@@ -46,10 +46,9 @@ from relstream.model import (
     prepare_row,
 )
 from relstream.outputs import OutputKind
-from relstream.recenttemplates import RecentTemplates
+from relstream.placement.load import CHARS_PER_TOKEN, Load, RecentTemplates, size_counts
 from relstream.scheduler import DEFAULT_POLICY, make_policy
 from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.placement import CHARS_PER_TOKEN, size_counts
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
@@ -233,7 +232,7 @@ class SimRelQueryBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def load(self) -> BackendLoad:
+    def load(self) -> Load:
         """Engine seconds its relQueries in flight have yet to take, each and together,
         and the profile's prices (an output token's step shared by a full batch), at its
         speed."""
@@ -241,12 +240,12 @@ class SimRelQueryBackend:
         each = [max(due - now, 0.0) / scale for due in self._ends.values()] if scale else []
         left = sum(each, 0.0)
         prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
-        return BackendLoad(
+        return Load(
             left,
             prices.per_token / speed,
             prices.per_output / speed,
-            self._templates.ids(),
             size_counts(each),
+            self._templates.ids(),
         )
 
     def _estimated_s(self, relquery: RelQuery) -> float:

@@ -26,7 +26,8 @@ from relstream.kafka.clients import client_settings, portable_session
 from relstream.kafka.membership import member_slot
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.placer import AsyncLoadReader, placement_of
+from relstream.placement.book import placement_of
+from relstream.placement.readers import AsyncLoadReader
 from relstream.ready import mark_ready
 from relstream.stream.heldfetch import HeldFetchTransport
 from relstream.stream.registrations import QueryRegistration, worker_group

@@ -51,7 +51,8 @@ from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.kafka.transactions import PartitionProducers, has_transactions, rejoin
-from relstream.placer import AsyncLoadReader, Demand, demand_of
+from relstream.placement.book import Demand, demand_of
+from relstream.placement.readers import AsyncLoadReader
 from relstream.schemas import RelQueryMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.transacted import (

@@ -2,7 +2,7 @@
 
 Each engine is a `Simulator` running relstream's policy and owns one partition. A
 relQuery arriving is placed by the key's hash (`hash`, what a consumer group gives
-today) or by `scheduler.placement.Placement` (`load`), fed every `report_s` seconds by
+today) or by `placement.choice.Placement` (`load`), fed every `report_s` seconds by
 each engine's own report (its policy's outstanding work, prices and unfinished relQueries
 per size class), as the metrics topic would carry them. `exact` is what the placer
 chases: the same rule on each engine's report taken at that instant. `pooled` is
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from relstream.placement.choice import EngineLoad, Placement, hash_partition
 from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.placement import EngineLoad, Placement, hash_partition
 from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.remaining import Remaining
 from relstream.scheduler.view import StepKind
@@ -194,17 +194,7 @@ def _outstanding(sim: Simulator) -> float:
 
 def _report(index: int, sim: Simulator, now: float) -> EngineLoad:
     assert isinstance(sim.policy, Relstream)
-    load = sim.policy.load(sim)
-    return EngineLoad(
-        str(index),
-        (index,),
-        load.outstanding_s,
-        now,
-        (),
-        load.per_prompt_token_s,
-        load.per_output_token_s,
-        load.size_counts,
-    )
+    return EngineLoad(str(index), (index,), sim.policy.load(sim), now)
 
 
 def _place(
@@ -327,7 +317,7 @@ def markdown(records: list[dict], command: str, machine: str) -> list[str]:
         " outstanding work from its report (every `--report-s` seconds) plus what the placer"
         " sent it since, and among engines within 50 % of the least, the one where the"
         " relQuery delays the fewest larger relQueries, by the report's count per size"
-        " class (`scheduler/placement.py`); `exact`: the same rule on reports taken at each"
+        " class (`placement/choice.py`); `exact`: the same rule on reports taken at each"
         " arrival; `pooled`: the pooled ideal, one FCFS queue for the E engines,"
         " each relQuery dispatched when an engine can start it (its own queue empty) to"
         " the free one with the least outstanding work; `pooled-smallest`: the same pool"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from relstream.backend import run, template_id
+from relstream.backend import run
 from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
+from relstream.placement.load import template_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

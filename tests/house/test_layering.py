@@ -6,6 +6,8 @@ ENGINE_FREE = (
     "relstream.backend",
     "relstream.schemas",
     "relstream.scheduler",
+    "relstream.placement.load",
+    "relstream.placement.choice",
     "relstream.sim",
     "relstream.sim.backend",
     "relstream_lab.paper.run",
@@ -14,9 +16,10 @@ HEAVY = ("vllm", "torch", "aiokafka", "faust")
 
 
 def test_policy_simulator_and_wire_never_import_an_engine_or_a_kafka_client():
-    # One policy, two mechanisms: the scheduler core, the simulator, the domain model and
-    # the wire contract stay free of vLLM, torch, and the Kafka and Faust clients, so they
-    # run (and are tested) anywhere, in the worker's environment too.
+    # One policy, two mechanisms: the scheduler core, the simulator, the domain model,
+    # placement's load and choice and the wire contract stay free of vLLM, torch, and the
+    # Kafka and Faust clients, so they run (and are tested) anywhere, in the worker's
+    # environment and vLLM's engine core too.
     code = (
         "import importlib, sys\n"
         f"for name in {ENGINE_FREE!r}: importlib.import_module(name)\n"
@@ -237,3 +240,67 @@ def test_every_test_module_is_in_a_folder_the_architecture_table_names():
     folders = {path.parent.name for path in tests.rglob("test_*.py")}
     assert folders == named
     assert sorted(path.name for path in tests.glob("test_*.py")) == []
+
+
+def placement_module_map() -> dict[str, bool]:
+    """docs/architecture.md's placement module map: a module of `placement/` -> whether it
+    is pure."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    table = text[text.index("| placement module | pure | holds |") :].split("\n\n")[0]
+    rows = [row.strip("|").split("|") for row in table.splitlines()[2:]]
+    return {module.strip().strip("`"): pure.strip() == "yes" for module, pure, _ in rows}
+
+
+def test_placements_pure_modules_import_nothing_of_relstream_but_each_other():
+    # The scheduler, the simulator and vLLM's engine core import `placement.load`, the lab
+    # `placement.choice`: they must not pull in the reports' Kafka side, so a pure module
+    # imports only pure modules of its package (and its package imports nothing at all).
+    import ast
+    from pathlib import Path
+
+    import relstream
+
+    package = Path(relstream.__file__).parent / "placement"
+    pure = placement_module_map()
+    assert sorted(pure) == sorted(p.name for p in package.glob("*.py"))
+    allowed = {f"relstream.placement.{m.removesuffix('.py')}" for m, p in pure.items() if p}
+    for module in (m for m, p in pure.items() if p):
+        for node in ast.walk(ast.parse((package / module).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "relstream":
+                    assert module != "__init__.py" and name in allowed, f"{module}: {name}"
+
+
+def test_the_load_an_engine_reports_is_carried_by_the_fewest_types():
+    # One number, an engine's outstanding work, once took seven types to travel from the
+    # policy to the placer. Now `Load` carries it everywhere, the wire its message, and
+    # `relstream status` its row: a new type with the field is one more to keep in step.
+    import ast
+    from pathlib import Path
+
+    import relstream
+
+    root = Path(relstream.__file__).parent
+    carriers = sorted(
+        (path.relative_to(root).as_posix(), node.name)
+        for path in root.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        for field in node.body
+        if isinstance(field, ast.AnnAssign)
+        and isinstance(field.target, ast.Name)
+        and field.target.id == "outstanding_s"
+    )
+    assert carriers == [
+        ("kafka/inspect.py", "EngineSeen"),
+        ("placement/load.py", "Load"),
+        ("schemas/messages.py", "LoadReportMessage"),
+    ]

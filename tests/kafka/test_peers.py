@@ -21,7 +21,9 @@ from relstream.kafka.clients import create_topics, new_producer, read_messages
 from relstream.kafka.delivery import publish_acked, publish_best_effort, send_dead_letter
 from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
-from relstream.placer import AsyncLoadReader, Demand
+from relstream.placement.book import Demand
+from relstream.placement.readers import AsyncLoadReader
+from relstream.placement.reports import HEADERS
 from relstream.schemas import (
     ControlMessage,
     DeadLetterMessage,
@@ -33,7 +35,6 @@ from relstream.schemas import (
 from relstream.schemas.convert import relquery_message
 from relstream.schemas.messages import ResultRow
 from relstream.service.forward import ResultFollower
-from relstream.service.loadreport import HEADERS
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
@@ -83,7 +84,7 @@ def test_a_reader_takes_only_signed_current_reports_of_partitions_that_exist(def
     # The relqueries topic has 2 partitions; the engines share SECRET. Five engines
     # report: a is signed and sound; b names partition 7; c is dated a minute ahead (it
     # would outlive c's real reports); d is unsigned; e is signed with another secret.
-    from relstream.placer import signed
+    from relstream.placement.reports import signed
 
     topics = fresh_topics(partitions=2)
     now = time.time()
@@ -137,7 +138,8 @@ def test_a_reader_takes_only_signed_current_reports_of_partitions_that_exist(def
 
 
 def test_the_python_clients_reader_checks_reports_too(default_broker):
-    from relstream.placer import LoadReader, signed
+    from relstream.placement.readers import LoadReader
+    from relstream.placement.reports import signed
 
     topics = fresh_topics(partitions=2)
 

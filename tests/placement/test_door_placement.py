@@ -21,7 +21,8 @@ from relstream.kafka.clients import create_topics, new_producer, read_messages, 
 from relstream.kafka.delivery import publish_acked
 from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
-from relstream.placer import LoadReader
+from relstream.placement.readers import LoadReader
+from relstream.placement.reports import HEADERS
 from relstream.schemas import (
     ControlMessage,
     DeadLetterMessage,
@@ -36,7 +37,6 @@ from relstream.schemas.parts import split_result
 from relstream.service.doorlimits import DoorLimits
 from relstream.service.forward import DoorPlacement, ResultFollower
 from relstream.service.http import build_http_app
-from relstream.service.loadreport import HEADERS
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 PARTITIONS = 4  # two for each engine

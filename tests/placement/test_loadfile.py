@@ -9,6 +9,7 @@ from helpers import ScriptedView
 
 from relstream.engine.core.loadwriter import MAX_SHARE, WRITE_EVERY_S, LoadWriter
 from relstream.engine.tags import read_load
+from relstream.placement.load import Load
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.registry import make_policy
 
@@ -27,9 +28,9 @@ def test_a_policy_reports_what_is_left_at_its_prices(policy):
     # the two rows the backlog will run together (per output 0.002 + 0.03 / 2 = 0.017 s):
     # 0.3 + 0.34 s. Relstream has planned no step yet, so it prices with the cost model's
     # lines as every policy does.
-    outstanding, per_prompt, per_output, _ = make_policy(policy, COST).load(view)
-    assert (per_prompt, per_output) == pytest.approx((0.001, 0.017))
-    assert outstanding == pytest.approx(0.64)
+    load = make_policy(policy, COST).load(view)
+    assert (load.per_prompt_token_s, load.per_output_token_s) == pytest.approx((0.001, 0.017))
+    assert load.outstanding_s == pytest.approx(0.64)
 
 
 def test_a_running_row_counts_only_what_it_has_left():
@@ -40,9 +41,9 @@ def test_a_running_row_counts_only_what_it_has_left():
     view.start("B#0")  # 3 left
     # Three requests held, so a batch of three: per output 0.002 + 0.03 / 3 = 0.012 s.
     # Left: A#1's prompt (200) and 9 + 10 + 3 output tokens: 0.2 + 22 x 0.012 = 0.464 s.
-    outstanding, _, per_output, _ = make_policy("v1-fcfs", COST).load(view)
-    assert per_output == pytest.approx(0.012)
-    assert outstanding == pytest.approx(0.464)
+    load = make_policy("v1-fcfs", COST).load(view)
+    assert load.per_output_token_s == pytest.approx(0.012)
+    assert load.outstanding_s == pytest.approx(0.464)
 
 
 @pytest.mark.parametrize("policy", ["v1-fcfs", "relstream"])
@@ -62,40 +63,46 @@ def test_a_backlog_is_priced_at_the_engines_seats_not_beyond():
     view.add_relquery("A", [10] * 20, max_tokens=5)
     # 20 rows wait, 8 seats: per output 0.002 + 0.03 / 8 = 0.00575 s; 200 prompt tokens
     # and 100 output tokens: 0.2 + 0.575 s.
-    outstanding, _, per_output, _ = make_policy("v1-fcfs", COST).load(view)
-    assert per_output == pytest.approx(0.00575)
-    assert outstanding == pytest.approx(0.775)
+    load = make_policy("v1-fcfs", COST).load(view)
+    assert load.per_output_token_s == pytest.approx(0.00575)
+    assert load.outstanding_s == pytest.approx(0.775)
 
 
 def test_the_runtime_reads_what_the_plugin_wrote(tmp_path):
     path = tmp_path / "load.json"
     assert read_load(path) is None  # nothing written yet: nothing to report
     before = time.monotonic()
-    assert LoadWriter(path).write(1.5, 0.001, 0.017, size_counts=(0, 2, 1))
-    written = read_load(path)
-    assert (written.outstanding_s, written.per_prompt_token_s) == (1.5, 0.001)
-    assert written.size_counts == (0, 2, 1)
-    assert written.per_output_token_s == 0.017
-    assert before <= written.at <= time.monotonic()
-    path.write_bytes(b'{"outstanding_s": ')  # not ours, or cut: read as nothing
+    assert LoadWriter(path).write(Load(1.5, 0.001, 0.017, size_counts=(0, 2, 1)))
+    at, written = read_load(path)
+    assert written == Load(1.5, 0.001, 0.017, size_counts=(0, 2, 1))
+    assert before <= at <= time.monotonic()
+    path.write_bytes(b'[1.0, {"outstanding_s": ')  # not ours, or cut: read as nothing
     assert read_load(path) is None
 
 
 def test_writes_come_every_period_and_at_once_when_work_runs_out(tmp_path):
     writer = LoadWriter(tmp_path / "load.json")
     assert writer.due(time.monotonic(), idle=False)  # never written
-    writer.write(2.0, 0.001, 0.017)
+    writer.write(Load(2.0, 0.001, 0.017))
     now = time.monotonic()
     assert not writer.due(now, idle=False)
     assert writer.due(now + WRITE_EVERY_S, idle=False)
     assert writer.due(now, idle=True)  # the last request gone: write the zero now
-    writer.write(0.0, 0.001, 0.017)
+    writer.write(Load(0.0, 0.001, 0.017))
     assert not writer.due(time.monotonic(), idle=True)  # and only once
+
+
+def test_an_idle_engine_core_writes_no_work_and_its_prices(tmp_path):
+    # The last request gone, a policy may still price what its book holds: written as
+    # none, so the engine reads as idle at once; its prices stay for the placer.
+    writer = LoadWriter(tmp_path / "load.json")
+    writer.write(Load(2.0, 0.001, 0.017, size_counts=(0, 1)), idle=True)
+    assert read_load(writer.path)[1] == Load(0.0, 0.001, 0.017)
 
 
 def test_a_load_slow_to_price_is_written_less_often(tmp_path):
     writer = LoadWriter(tmp_path / "load.json")
-    writer.write(2.0, 0.001, 0.017, took_s=0.04)  # 40 ms: 10,000 one-row relQueries
+    writer.write(Load(2.0, 0.001, 0.017), took_s=0.04)  # 40 ms: 10,000 one-row relQueries
     now = time.monotonic()
     assert not writer.due(now + WRITE_EVERY_S, idle=False)
     assert writer.due(now + 0.04 / MAX_SHARE, idle=False)  # 0.8 s: 5 % of the thread
@@ -103,5 +110,5 @@ def test_a_load_slow_to_price_is_written_less_often(tmp_path):
 
 def test_a_load_that_cannot_be_written_fails_nothing(tmp_path):
     writer = LoadWriter(tmp_path / "gone" / "load.json")  # its folder removed at shutdown
-    assert writer.write(1.0, 0.001, 0.017) is False
+    assert writer.write(Load(1.0, 0.001, 0.017)) is False
     assert read_load(writer.path) is None

@@ -2,26 +2,24 @@
 the engine where a relQuery delays fewest among those near the least, the hash when no
 report is fresh. Cases computed by hand."""
 
-from relstream.scheduler.placement import (
-    SIZE_CLASSES,
-    Choice,
-    EngineLoad,
-    Placement,
-    hash_partition,
-    size_class,
-    size_counts,
-)
+from relstream.placement.choice import Choice, EngineLoad, Placement, hash_partition
+from relstream.placement.load import SIZE_CLASSES, Load, size_class, size_counts
 from relstream.schemas.messages import MAX_SIZE_CLASSES
 
 PRICES = {"per_prompt_token_s": 0.001, "per_output_token_s": 0.01}
+
+
+def reported(engine, partitions, outstanding_s, at, templates=(), **prices) -> EngineLoad:
+    """An engine's report as the placer keeps it, measured at `at`."""
+    return EngineLoad(engine, partitions, Load(outstanding_s, templates=templates, **prices), at)
 
 
 def placement(spread: float = 0.0) -> Placement:
     # Engine a owns partitions 0, 1 with 10 s of work; b owns 2, 3 with 4 s.
     # A prompt token costs each 1 ms, an output token 10 ms. Spread 0: the least work only.
     room = Placement(partitions=4, spread=spread)
-    room.report(EngineLoad("a", (0, 1), 10.0, at=100.0, **PRICES))
-    room.report(EngineLoad("b", (2, 3), 4.0, at=100.0, templates=("t1",), **PRICES))
+    room.report(reported("a", (0, 1), 10.0, at=100.0, **PRICES))
+    room.report(reported("b", (2, 3), 4.0, at=100.0, templates=("t1",), **PRICES))
     return room
 
 
@@ -35,7 +33,7 @@ def test_a_relquery_goes_to_the_engine_with_the_least_work_counting_what_was_sen
 
 def test_among_engines_within_the_margin_the_templates_engine_wins():
     room = placement()
-    room.report(EngineLoad("a", (0, 1), 4.2, at=101.0, templates=("t2",), **PRICES))
+    room.report(reported("a", (0, 1), 4.2, at=101.0, templates=("t2",), **PRICES))
     # a 4.2 and b 4.0 are within 10 % of 4.0: t1's engine b, t2's engine a.
     assert room.choose(b"k", 0, 0, now=101.5, template="t2") in (0, 1)
     assert room.choose(b"k", 0, 0, now=101.5, template="t1") in (2, 3)
@@ -44,9 +42,9 @@ def test_among_engines_within_the_margin_the_templates_engine_wins():
 def test_a_report_resets_what_was_sent_and_an_older_one_is_ignored():
     room = placement()
     room.choose(b"k", 0, 500, now=100.5)  # 5 s to b: 9
-    room.report(EngineLoad("b", (2, 3), outstanding_s=6.0, at=101.0))
+    room.report(reported("b", (2, 3), outstanding_s=6.0, at=101.0))
     assert room.estimate("b") == 6.0
-    room.report(EngineLoad("b", (2, 3), outstanding_s=1.0, at=100.9))  # late, stale
+    room.report(reported("b", (2, 3), outstanding_s=1.0, at=100.9))  # late, stale
     assert room.estimate("b") == 6.0
 
 
@@ -58,16 +56,16 @@ def test_a_report_read_late_keeps_what_was_sent_after_it_was_measured():
     room.choose(b"k", 0, 500, now=100.5)  # 5 s to b: 9
     room.choose(b"k", 0, 500, now=101.5)  # b 9 < a 10: to b, 14
     room.choose(b"k", 0, 500, now=101.5)  # a 10 < b 14: to a, 15
-    room.report(EngineLoad("b", (2, 3), outstanding_s=6.0, at=101.2))
+    room.report(reported("b", (2, 3), outstanding_s=6.0, at=101.2))
     assert room.estimate("b") == 6.0 + 5.0
-    room.report(EngineLoad("b", (2, 3), outstanding_s=7.0, at=101.6))
+    room.report(reported("b", (2, 3), outstanding_s=7.0, at=101.6))
     assert room.estimate("b") == 7.0
 
 
 def test_without_a_fresh_report_the_key_hash_decides():
     room = placement()
     # Reports of 100 s expire after 3 s; an engine with no partitions is never chosen.
-    room.report(EngineLoad("c", (), outstanding_s=0.0, at=104.0))
+    room.report(reported("c", (), outstanding_s=0.0, at=104.0))
     assert room.choose(b"key-7", 10, 10, now=103.5) == hash_partition(b"key-7", 4)
 
 
@@ -75,7 +73,7 @@ def test_a_preferred_engine_keeps_a_relquery_only_within_the_margin():
     # The HTTP door of engine a prefers a: no Kafka hop while a is about as idle as b.
     room = placement()
     assert room.pick(0, 0, now=100.5, prefer="a") == Choice("b", 2)  # a 10 s, b 4 s
-    room.report(EngineLoad("a", (0, 1), 4.3, at=101.0, **PRICES))
+    room.report(reported("a", (0, 1), 4.3, at=101.0, **PRICES))
     # a 4.3 is within 10 % of b's 4.0 (bound 4.4): a keeps it, though b has t1 warm.
     # 1,000 prompt tokens are 1 s: a 5.3, past the bound, so the next goes to b.
     assert room.pick(1000, 0, now=101.5, template="t1", prefer="a") == Choice("a", 0)
@@ -100,10 +98,10 @@ def test_near_the_least_work_a_relquery_goes_where_it_delays_fewest():
     # delayed); c: 13 s, one relQuery of 8-16 s (class 11), but over twice the least
     # (12 s) with spread 1.
     room = Placement(partitions=6, spread=1.0)
-    room.report(EngineLoad("a", (0, 1), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
+    room.report(reported("a", (0, 1), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
     counts = (0,) * 7 + (20,)
-    room.report(EngineLoad("b", (2, 3), 10.0, 100.0, size_counts=counts, **PRICES))
-    room.report(EngineLoad("c", (4, 5), 13.0, 100.0, size_counts=(0,) * 11 + (1,), **PRICES))
+    room.report(reported("b", (2, 3), 10.0, 100.0, size_counts=counts, **PRICES))
+    room.report(reported("c", (4, 5), 13.0, 100.0, size_counts=(0,) * 11 + (1,), **PRICES))
     # b delays 0, then 0.5 and 1 (half of those sent of its own class) against a's 2;
     # at 13 s b is past 12 s and a, the only one left near, takes the fourth.
     assert [room.choose(b"k", 0, 100, now=100.5) for _ in range(4)] == [2, 3, 2, 0]
@@ -114,15 +112,15 @@ def test_near_the_least_work_a_relquery_goes_where_it_delays_fewest():
     assert room.choose(b"k", 0, 250, now=100.6) == 3
     assert room.choose(b"k", 0, 400, now=100.6) == 1
     # A fresh report of b forgets what was sent: its own counts only.
-    room.report(EngineLoad("b", (2, 3), 2.0, 101.0, size_counts=(0,) * 9 + (1,), **PRICES))
+    room.report(reported("b", (2, 3), 2.0, 101.0, size_counts=(0,) * 9 + (1,), **PRICES))
     assert room.delayed("b", 1.0) == 1.0
 
 
 def test_the_templates_engine_still_wins_among_those_within_the_margin():
     # a and b within 10 %: the template's engine a, though it delays two relQueries there.
     room = Placement(partitions=2, spread=1.0)
-    room.report(EngineLoad("a", (0,), 4.2, 100.0, ("t",), size_counts=(0,) * 9 + (2,), **PRICES))
-    room.report(EngineLoad("b", (1,), 4.0, 100.0, **PRICES))
+    room.report(reported("a", (0,), 4.2, 100.0, ("t",), size_counts=(0,) * 9 + (2,), **PRICES))
+    room.report(reported("b", (1,), 4.0, 100.0, **PRICES))
     assert room.choose(b"k", 0, 100, now=100.5, template="t") == 0
     assert room.choose(b"k", 0, 100, now=100.5, template="u") == 1
 
@@ -132,16 +130,16 @@ def test_an_engine_that_does_not_count_its_relqueries_leaves_the_least_work_to_d
     # Near the least (a, 6 s, two larger relQueries), the least work decides: a. Once b
     # is past the spread (18 s > 9 s), a's counts decide among the rest, a alone.
     room = Placement(partitions=2, spread=0.5)
-    room.report(EngineLoad("a", (0,), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
-    room.report(EngineLoad("b", (1,), 8.0, 100.0, **PRICES))
-    assert not room.fresh(100.5)[1].counted
+    room.report(reported("a", (0,), 6.0, 100.0, size_counts=(0,) * 9 + (2,), **PRICES))
+    room.report(reported("b", (1,), 8.0, 100.0, **PRICES))
+    assert not room.fresh(100.5)[1].load.counted
     assert room.choose(b"k", 0, 100, now=100.5) == 0
-    room.report(EngineLoad("b", (1,), 18.0, 101.0, **PRICES))
+    room.report(reported("b", (1,), 18.0, 101.0, **PRICES))
     assert room.choose(b"k", 0, 100, now=101.5) == 0
     # An idle engine counts none and is counted: the rule applies, and b (idle, 0 s)
     # delays no one.
-    room.report(EngineLoad("b", (1,), 0.0, 102.0, **PRICES))
-    assert room.fresh(102.5)[1].counted
+    room.report(reported("b", (1,), 0.0, 102.0, **PRICES))
+    assert room.fresh(102.5)[1].load.counted
     assert room.choose(b"k", 0, 100, now=102.5) == 1
 
 

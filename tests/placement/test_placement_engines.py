@@ -17,7 +17,7 @@ from relstream.client import RelstreamClient
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
-from relstream.placer import AsyncLoadReader, LoadReader
+from relstream.placement.readers import AsyncLoadReader, LoadReader
 from relstream.schemas import RelQueryMessage, RelQueryRow
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings

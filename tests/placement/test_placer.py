@@ -6,13 +6,12 @@ import msgpack
 import msgspec
 import pytest
 
-from relstream.backend import template_id
 from relstream.engine.tokenizer import load_tokenizer
 from relstream.model import RelQuery, Row, Template
-from relstream.placer import LoadBook, placement_of, prompt_tokens
-from relstream.scheduler.placement import size_class
+from relstream.placement.book import LoadBook, placement_of, prompt_tokens
+from relstream.placement.load import size_class, template_id
+from relstream.placement.reports import HEADERS
 from relstream.schemas import LoadReportMessage, RelQueryMessage, RelQueryRow, encode
-from relstream.service.loadreport import HEADERS
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 TOPIC = "relstream.relqueries"
@@ -158,7 +157,8 @@ def test_the_sim_backend_reports_its_work_in_flight_at_its_speed():
 
 
 def test_a_report_is_taken_only_if_current_of_known_partitions_and_signed_if_asked():
-    from relstream.placer import MAX_SKEW_S, signed
+    from relstream.placement.book import MAX_SKEW_S
+    from relstream.placement.reports import signed
 
     book = LoadBook(TOPIC, clock=lambda: NOW, partitions=2)
     assert not book.take(report("a", [2], 0.0), HEADERS)  # partitions 0 and 1 only

@@ -29,7 +29,7 @@ from relstream.kafka.clients import (
     read_messages,
 )
 from relstream.kafka.topics import Topics
-from relstream.placer import is_load_report
+from relstream.placement.reports import is_load_report
 from relstream.schemas import (
     DeadLetterMessage,
     LoadReportMessage,

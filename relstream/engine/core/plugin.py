@@ -274,8 +274,7 @@ class RelstreamPlugin(EngineView):
             self._load_failed = True
             return
         took = time.perf_counter() - started
-        outstanding, counts = (0.0, ()) if idle else (load.outstanding_s, load.size_counts)
-        load_file.write(outstanding, load.per_prompt_token_s, load.per_output_token_s, counts, took)
+        load_file.write(load, took, idle)
 
     def shutdown(self) -> None:
         if self._step_log:

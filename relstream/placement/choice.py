@@ -14,69 +14,32 @@ relQuery placed there delays the ones larger than it, and placing it beside relQ
 of its own size keeps an engine's large relQueries from being passed by every small one
 that arrives (a burst's tail); then the least work. With no fresh report it falls back
 to the key's hash, as a producer's default partitioner does. The same object places
-relQueries from the Python client, the worker and the HTTP door (`relstream/placer.py`)
+relQueries from the Python client, the worker and the HTTP door (`placement/book.py`)
 and among the simulator's engines (`relstream_lab/placement/run.py`).
 """
 
 from __future__ import annotations
 
-import math
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from relstream.placement.load import SIZE_CLASSES, Load, size_class, size_counts
 
 EXPIRY_S = 3.0  # a report older than this is not trusted (twelve default report periods)
 MARGIN = 0.1  # engines within 10 % of the least count as tied for the template
 SPREAD = 0.5  # engines within 50 % of the least may take a relQuery where it delays fewest
-SIZE_CLASSES = 16  # a report counts relQueries in at most this many size classes
-CHARS_PER_TOKEN = 4  # a prompt's tokens, estimated from its characters
-SMALLEST_CLASS_S = 2.0**-8  # class k: from 2**k times this to twice that (class 0: from 0)
-
-
-def size_class(work_s: float) -> int:
-    """The size class of a relQuery with `work_s` engine seconds left: its power of two,
-    class 0 for under 1/128 s, the last class for 128 s and more."""
-    if work_s < 2 * SMALLEST_CLASS_S:
-        return 0
-    if not math.isfinite(work_s) or work_s >= SMALLEST_CLASS_S * 2 ** (SIZE_CLASSES - 1):
-        return SIZE_CLASSES - 1  # and a work no fit should give (inf, NaN): not a crash
-    return math.floor(math.log2(work_s / SMALLEST_CLASS_S))
-
-
-def size_counts(works: Iterable[float]) -> tuple[int, ...]:
-    """How many relQueries of these works fall in each size class, up to the last
-    class that holds one."""
-    counts = [0] * SIZE_CLASSES
-    for work in works:
-        counts[size_class(work)] += 1
-    while counts and not counts[-1]:
-        counts.pop()
-    return tuple(counts)
 
 
 @dataclass(frozen=True)
 class EngineLoad:
-    """One engine's report: what it owns and the work it has yet to do."""
+    """One engine's report as the placer keeps it: the partitions it owns, its load, and
+    when that was measured."""
 
     engine: str
     partitions: tuple[int, ...]
-    outstanding_s: float  # engine seconds of work left, its relQueries together
-    at: float  # when it was measured
-    templates: tuple[str, ...] = ()  # templates it served lately, most recent first
-    per_prompt_token_s: float = 0.0  # its cost fit: what a prompt token costs it
-    per_output_token_s: float = 0.0  # and an output token, its step shared by the batch
-    size_counts: tuple[int, ...] = ()  # its unfinished relQueries per size class
-
-    @property
-    def counted(self) -> bool:
-        """Whether its report counts its relQueries by size: one with work left and no
-        counts comes from an engine that does not count them."""
-        return bool(self.size_counts) or self.outstanding_s <= 0
-
-    def work(self, prompt_tokens: int, output_tokens: int) -> float:
-        """Engine seconds a relQuery of these tokens adds to this engine."""
-        return self.per_prompt_token_s * prompt_tokens + self.per_output_token_s * output_tokens
+    load: Load
+    at: float
 
 
 class Choice(NamedTuple):
@@ -106,19 +69,20 @@ class Placement:
     _sent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _turn: dict[str, int] = field(default_factory=dict)  # round robin over its partitions
 
-    def report(self, load: EngineLoad) -> None:
+    def report(self, report: EngineLoad) -> None:
         """A fresh report replaces the engine's last one (an older one is ignored); the
         work sent before it was measured is now in its count, what was sent after is not."""
-        last = self._reports.get(load.engine)
-        if last is not None and last.at > load.at:
+        last = self._reports.get(report.engine)
+        if last is not None and last.at > report.at:
             return
-        self._reports[load.engine] = load
-        sent = self._sent.get(load.engine, [])
-        self._sent[load.engine] = [(at, work) for at, work in sent if at > load.at]
+        self._reports[report.engine] = report
+        sent = self._sent.get(report.engine, [])
+        self._sent[report.engine] = [(at, work) for at, work in sent if at > report.at]
 
     def estimate(self, engine: str) -> float:
         """The engine's outstanding work as the placer sees it."""
-        return self._reports[engine].outstanding_s + sum(w for _, w in self._sent.get(engine, ()))
+        sent = sum(w for _, w in self._sent.get(engine, ()))
+        return self._reports[engine].load.outstanding_s + sent
 
     def delayed(self, engine: str, work: float) -> float:
         """How many of the engine's relQueries a relQuery of `work` engine seconds would
@@ -127,7 +91,7 @@ class Placement:
         own = size_class(work)
         sent = size_counts(w for _, w in self._sent.get(engine, ()))
         sent = [*sent, *[0] * SIZE_CLASSES]
-        counts = [*self._reports[engine].size_counts, *[0] * SIZE_CLASSES]
+        counts = [*self._reports[engine].load.size_counts, *[0] * SIZE_CLASSES]
         return (
             sum(counts[k] + sent[k] for k in range(own + 1, SIZE_CLASSES))
             + (counts[own] + sent[own]) / 2
@@ -135,11 +99,7 @@ class Placement:
 
     def fresh(self, now: float) -> list[EngineLoad]:
         """Reports young enough to trust, of engines that own partitions."""
-        return [
-            load
-            for load in self._reports.values()
-            if now - load.at <= self.expiry and load.partitions
-        ]
+        return [r for r in self._reports.values() if now - r.at <= self.expiry and r.partitions]
 
     def choose(
         self,
@@ -165,31 +125,29 @@ class Placement:
         """The engine and partition for a relQuery, its work counted as sent there; None
         with no fresh report. `prefer` (an engine's name) wins among the tied engines: a
         door that is itself an engine keeps its relQuery rather than send it away."""
-        loads = self.fresh(now)
-        if not loads:
+        reports = self.fresh(now)
+        if not reports:
             return None
-        estimate = {load.engine: self.estimate(load.engine) for load in loads}
+        estimate = {r.engine: self.estimate(r.engine) for r in reports}
         least = min(estimate.values())
-        tied = [load for load in loads if estimate[load.engine] <= least * (1 + self.margin)]
-        mine = [load for load in tied if load.engine == prefer]
-        warm = [load for load in tied if template is not None and template in load.templates]
-        near = [load for load in loads if estimate[load.engine] <= least * (1 + self.spread)]
-        if mine or warm or not all(load.counted for load in near):
+        tied = [r for r in reports if estimate[r.engine] <= least * (1 + self.margin)]
+        mine = [r for r in tied if r.engine == prefer]
+        warm = [r for r in tied if template is not None and template in r.load.templates]
+        near = [r for r in reports if estimate[r.engine] <= least * (1 + self.spread)]
+        if mine or warm or not all(r.load.counted for r in near):
             # An engine that does not count its relQueries (an older release) would look
             # as if it delayed none: where one is near the least, the least work decides.
-            chosen = min(
-                mine or warm or tied, key=lambda load: (estimate[load.engine], load.engine)
-            )
+            chosen = min(mine or warm or tied, key=lambda r: (estimate[r.engine], r.engine))
         else:
             chosen = min(
                 near,
-                key=lambda load: (
-                    self.delayed(load.engine, load.work(prompt_tokens, output_tokens)),
-                    estimate[load.engine],
-                    load.engine,
+                key=lambda r: (
+                    self.delayed(r.engine, r.load.work(prompt_tokens, output_tokens)),
+                    estimate[r.engine],
+                    r.engine,
                 ),
             )
-        work = chosen.work(prompt_tokens, output_tokens)
+        work = chosen.load.work(prompt_tokens, output_tokens)
         self._sent.setdefault(chosen.engine, []).append((now, work))
         turn = self._turn.get(chosen.engine, 0)
         self._turn[chosen.engine] = turn + 1

@@ -1,7 +1,7 @@
-"""An engine's load reports: every LOAD_REPORT_S seconds, on the metrics topic, the
-relqueries partitions it owns now (its consumer's assignment) and its outstanding work
-and prices (its backend's `load()`), so relQueries can be placed by load
-(`relstream.placer`).
+"""An engine's load reports, written and signed: every LOAD_REPORT_S seconds, on the metrics
+topic, the relqueries partitions it owns now (its consumer's assignment) and its
+backend's `load()` (`placement/load.py`), so relQueries can be placed by load
+(`placement/book.py` reads them).
 
 A report is best effort: one the broker does not take is dropped, and the next one
 replaces it. A reader trusts each for a few seconds only, so an engine
@@ -14,17 +14,62 @@ each report is signed with it, and readers with that secret take only signed one
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import os
 import time
+
+import msgspec
 
 from relstream.backend import RelQueryBackend
 from relstream.kafka.delivery import publish_best_effort
 from relstream.kafka.supervise import supervised
-from relstream.placer import engines_secret, signed
+from relstream.placement.choice import EngineLoad
+from relstream.placement.load import Load
 from relstream.schemas import LoadReportMessage, encode
+from relstream.schemas.formats import Headers
 from relstream.schemas.messages import KIND_HEADER
 
 LOAD_REPORT_S = 0.25  # how often an engine reports, by default (docs/benchmarks/placement)
 HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
+SECRET_ENV = "RELSTREAM_ANSWER_SECRET"  # the engines' secret (service/answercache.py)
+MAC_CONTEXT = b"relstream.load_report.v1\0"
+
+
+def engines_secret() -> bytes | None:
+    """The engines' secret from `RELSTREAM_ANSWER_SECRET`, or None where it is not set."""
+    return os.environ.get(SECRET_ENV, "").encode() or None
+
+
+def report_mac(secret: bytes, report: LoadReportMessage) -> bytes:
+    """HMAC-SHA256 over the report's message without its MAC."""
+    unsigned = encode(msgspec.structs.replace(report, mac=None))
+    return hmac.new(secret, MAC_CONTEXT + unsigned, hashlib.sha256).digest()
+
+
+def signed(report: LoadReportMessage, secret: bytes | None) -> LoadReportMessage:
+    """The report signed with `secret`; unchanged without one."""
+    if not secret:
+        return report
+    return msgspec.structs.replace(report, mac=report_mac(secret, report))
+
+
+def is_load_report(headers: Headers) -> bool:
+    """Whether a metrics topic record is a load report (by its `relstream-kind` header)."""
+    kind = LoadReportMessage.kind.encode()
+    return any(name == KIND_HEADER and value == kind for name, value in headers or ())
+
+
+def engine_load(report: LoadReportMessage) -> EngineLoad:
+    """A report as the placer keeps it."""
+    load = Load(
+        report.outstanding_s,
+        report.per_prompt_token_s,
+        report.per_output_token_s,
+        tuple(report.size_counts),
+        tuple(report.templates),
+    )
+    return EngineLoad(report.engine, tuple(report.partitions), load, report.at)
 
 
 def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
