@@ -42,7 +42,7 @@ from relstream.placement.reports import engine_load, is_load_report, report_mac
 from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage
 from relstream.schemas.formats import Headers, decode_record
 
-log = logging.getLogger("relstream.placer")
+log = logging.getLogger("relstream.placement")
 log.addFilter(RateLimited(30.0))  # a flood of bad reports: one line per kind and period
 
 PLACEMENTS = ("load", "hash")

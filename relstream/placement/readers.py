@@ -25,7 +25,7 @@ from relstream.placement.choice import EXPIRY_S, Choice
 from relstream.placement.reports import engines_secret
 from relstream.schemas import RelQueryMessage
 
-log = logging.getLogger("relstream.placer")  # the book's, rate limited there
+log = logging.getLogger("relstream.placement")  # the book's, rate limited there
 
 LOOKBACK_RECORDS = 500  # a reader starts this far before the metrics topic's end
 CATCH_UP_S = 3.0  # a reader reads up to the end, at most this long, before placing
