@@ -195,10 +195,12 @@ class VllmRuntime:
         none written yet, or not asked for, `report_load`, or none for STALE_LOAD_S while
         rows are in flight: the placer then stops choosing it); no row in flight, no work."""
         read = read_load(self._load_file) if self._load_file is not None else None
+        if read is None:
+            return None
+        at, written = read
         busy = self._rows_in_flight > 0
-        if read is None or (busy and time.monotonic() - read[0] > STALE_LOAD_S):
+        if busy and time.monotonic() - at > STALE_LOAD_S:
             return None  # an engine core that wrote nothing for so long is not stepping
-        written = read[1]
         return Load(
             written.outstanding_s if busy else 0.0,
             written.per_prompt_token_s,

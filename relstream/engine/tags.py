@@ -4,9 +4,9 @@ The runtime (`engine/runtime.py`, in the service's process) starts vLLM with the
 (`engine/core/plugin.py`, in vLLM's engine core process) and talks to it only through
 vLLM: the plug-in's class path and its settings in the engine arguments, each request's
 tags in its sampling parameters, and back the policy's load (`placement/load.py`) in a
-small file (`engine/core/loadwriter.py` writes it). Both sides import this module and neither
-imports the other's, so the engine core never loads the service's code nor the service
-the scheduler's.
+small file (`engine/core/loadwriter.py` writes it). Both sides import this module and
+neither imports the other's, so the engine core never loads the service's code nor the
+service the scheduler's.
 """
 
 from __future__ import annotations
