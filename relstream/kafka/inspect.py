@@ -22,8 +22,7 @@ from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_admin, sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, LoadReportMessage, MessageError, MetricsMessage
-from relstream.schemas.formats import decode_record
-from relstream.schemas.messages import KIND_HEADER
+from relstream.schemas.formats import decode_record, is_load_report
 
 M = TypeVar("M", DeadLetterMessage, MetricsMessage, LoadReportMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
@@ -145,8 +144,8 @@ def pipeline_status(
         groups = [GroupLag(g.group, g.stage, g.lag, members.get(g.group)) for g in lags]
         metrics = _tail(consumer, found, topics.metrics, deadline)
         records = list(metrics)  # at most TAIL_MESSAGES: metrics and load reports
-        reports = [record for record in records if _is_report(record)]
-        answers = [record for record in records if not _is_report(record)]
+        reports = [record for record in records if is_load_report(record.headers)]
+        answers = [record for record in records if not is_load_report(record.headers)]
         engines = _engines(_decoded(MetricsMessage, answers), _decoded(LoadReportMessage, reports))
         letters = _tail(consumer, found, topics.deadletter, deadline)
         causes = DeadLetterCauses()
@@ -267,10 +266,6 @@ def _engines(
         )
         for name in sorted(set(answered) | set(loads))
     ]
-
-
-def _is_report(record) -> bool:
-    return (KIND_HEADER, LoadReportMessage.kind.encode()) in (record.headers or ())
 
 
 def _decoded(kind: type[M], records: Iterable) -> Iterator[M]:

@@ -27,7 +27,6 @@ from relstream.kafka.supervise import supervised
 from relstream.placement.choice import EngineLoad
 from relstream.placement.load import Load
 from relstream.schemas import LoadReportMessage, encode
-from relstream.schemas.formats import Headers
 from relstream.schemas.messages import KIND_HEADER
 
 LOAD_REPORT_S = 0.25  # how often an engine reports, by default (docs/benchmarks/placement)
@@ -52,12 +51,6 @@ def signed(report: LoadReportMessage, secret: bytes | None) -> LoadReportMessage
     if not secret:
         return report
     return msgspec.structs.replace(report, mac=report_mac(secret, report))
-
-
-def is_load_report(headers: Headers) -> bool:
-    """Whether a metrics topic record is a load report (by its `relstream-kind` header)."""
-    kind = LoadReportMessage.kind.encode()
-    return any(name == KIND_HEADER and value == kind for name, value in headers or ())
 
 
 def engine_load(report: LoadReportMessage) -> EngineLoad:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Literal, TypeVar
 
 from relstream.schemas.codec import MessageError, decode, decode_json, encode, encode_json
-from relstream.schemas.messages import Message
+from relstream.schemas.messages import KIND_HEADER, LoadReportMessage, Message
 
 Format = Literal["msgpack", "json"]
 FORMATS: tuple[Format, ...] = ("msgpack", "json")
@@ -41,6 +41,12 @@ def declared_type(headers: Headers) -> str | None:
             text = (value or b"").decode("latin-1")
             return text.split(";", 1)[0].strip().lower()
     return None
+
+
+def is_load_report(headers: Headers) -> bool:
+    """Whether a metrics topic record is a load report (by its `relstream-kind` header)."""
+    kind = LoadReportMessage.kind.encode()
+    return any(name == KIND_HEADER and value == kind for name, value in headers or ())
 
 
 def wire_format(kind: str, value: bytes | None, headers: Headers = None) -> Format:

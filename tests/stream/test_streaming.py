@@ -29,7 +29,6 @@ from relstream.kafka.clients import (
     read_messages,
 )
 from relstream.kafka.topics import Topics
-from relstream.placement.reports import is_load_report
 from relstream.schemas import (
     DeadLetterMessage,
     LoadReportMessage,
@@ -40,7 +39,7 @@ from relstream.schemas import (
     decode,
     encode,
 )
-from relstream.schemas.formats import decode_record
+from relstream.schemas.formats import decode_record, is_load_report
 from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.service.service import EngineService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
