@@ -140,7 +140,7 @@ class LoadBook:
 
     def engines(self) -> list[str]:
         """Engines with a fresh report that own partitions."""
-        return sorted(load.engine for load in self._placement.fresh(self.clock()))
+        return sorted(report.engine for report in self._placement.fresh(self.clock()))
 
     def partition_for(self, message: RelQueryMessage) -> int | None:
         """The partition for this relQuery, counted as sent there; None with no fresh
