@@ -101,9 +101,9 @@ def engine_options(command):
         callback=rates,
         help="Comma-separated loads as fractions of the measured capacity.",
     )(command)
-    return click.option(
-        "--model", default="smollm2", show_default=True, help="Name or HF folder."
-    )(command)
+    return click.option("--model", default="smollm2", show_default=True, help="Name or HF folder.")(
+        command
+    )
 
 
 def canonical_command(words: list[str], **options: object) -> str:
