@@ -300,7 +300,7 @@ async def _start_backend(opts: dict):
 
 async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.kafka.topics import Topics
-    from relstream.service.service import EngineService, ServiceConfig
+    from relstream.service.service import KafkaService, ServiceConfig
 
     door = _listening(http) if http is not None else None
     if opts["metrics_port"]:  # in use: one line now, not a traceback once the model loaded
@@ -348,7 +348,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             answer_secret=opts["answer_secret"],
             load_report_s=opts["load_report_s"] if opts["load_reports"] else 0.0,
         )
-        service = EngineService(config, backend)
+        service = KafkaService(config, backend)
         doors.append(service.run(stop))  # it says when it serves
     if door is not None:
         doors.append(http_door(backend, service, door, stop, opts))

@@ -66,7 +66,7 @@ def register(spec: PolicySpec) -> None:
 
 
 @functools.cache
-def load_registered() -> None:
+def import_registered() -> None:
     """Call every `relstream.policies` entry point once (the lab's, where installed)."""
     for entry in entry_points(group=ENTRY_POINTS):
         try:
@@ -77,7 +77,7 @@ def load_registered() -> None:
 
 def policy_spec(name: str) -> PolicySpec:
     if name not in POLICIES:
-        load_registered()
+        import_registered()
     try:
         return POLICIES[name]
     except KeyError:

@@ -83,7 +83,11 @@ class _Work:
     result_format: Format  # its result's and partial results' encoding
 
 
-class EngineService:
+class KafkaService:
+    """The engine process's Kafka side: reads the relqueries topic as a member of the
+    engines' group, serves each relQuery on a backend (vLLM or the simulator), and
+    publishes its result or dead letter with its offset."""
+
     def __init__(self, config: ServiceConfig, backend: RelQueryBackend) -> None:
         self.config = config
         self.backend = backend

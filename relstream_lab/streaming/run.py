@@ -73,7 +73,7 @@ class KafkaRun:
 
 async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, broker) -> KafkaRun:
     """Latency of each relQuery as a producer sees it: produce → its result consumed."""
-    from relstream.service.service import EngineService, ServiceConfig
+    from relstream.service.service import KafkaService, ServiceConfig
 
     topics = Topics(prefix=f"b{uuid.uuid4().hex[:6]}.")
     await create_topics(broker.bootstrap, topics.layout())
@@ -84,7 +84,7 @@ async def through_kafka(engine, entries: Sequence[TraceEntry], rate: float, brok
         group_id=f"bench-{uuid.uuid4().hex[:6]}",
         broker=broker.kind,
     )
-    service = asyncio.create_task(EngineService(config, engine).run(stop))
+    service = asyncio.create_task(KafkaService(config, engine).run(stop))
     producer = new_producer(broker.bootstrap)
     await producer.start()
     sent_at: dict[str, float] = {}

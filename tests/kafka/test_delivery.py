@@ -18,7 +18,7 @@ from relstream.model import Row
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 
@@ -54,7 +54,7 @@ async def serve_and_watch(
     """Serve with the simulated backend (`time_scale` of its latency in real time) until
     `expected` results are out; returns the largest `watch(service)` seen meanwhile, and
     the results."""
-    service = EngineService(config, SimRelQueryBackend(SimSettings(time_scale=time_scale)))
+    service = KafkaService(config, SimRelQueryBackend(SimSettings(time_scale=time_scale)))
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     reader = asyncio.create_task(
@@ -143,7 +143,7 @@ def test_a_relquery_that_cannot_be_served_is_retried_then_dead_lettered(broker, 
         await send(broker, topics, sent)
         config = config_for(broker, topics, group, retry_backoff_s=0.1)
         stop = asyncio.Event()
-        task = asyncio.create_task(EngineService(config, FaultyBackend()).run(stop))
+        task = asyncio.create_task(KafkaService(config, FaultyBackend()).run(stop))
         results = await read_messages(broker.bootstrap, topics.results, 2, broker.kind)
         dead = await read_messages(broker.bootstrap, topics.deadletter, 1, broker.kind)
         deadline = time.monotonic() + 20  # the commit follows the dead letter
@@ -177,12 +177,12 @@ def test_an_engine_failure_publishes_and_commits_nothing_past_its_work(broker):
         stop = asyncio.Event()
         config = config_for(broker, topics, group, max_backlog_rows=1)
         with pytest.raises(EngineFailure):
-            await EngineService(config, FaultyBackend()).run(stop)
+            await KafkaService(config, FaultyBackend()).run(stop)
         offset = await committed(broker, topics, group)
         before_restart = await read_messages(broker.bootstrap, topics.results, 1, broker.kind)
         # A restarted (healthy) engine in the same group answers what was left.
         healthy = asyncio.create_task(
-            EngineService(config_for(broker, topics, group), SimRelQueryBackend()).run(stop)
+            KafkaService(config_for(broker, topics, group), SimRelQueryBackend()).run(stop)
         )
         after = await read_messages(broker.bootstrap, topics.results, 3, broker.kind)
         stop.set()
@@ -256,7 +256,7 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
         await send(broker, topics, sent)
         config = config_for(broker, topics, group, metrics_port=port)
         stop = asyncio.Event()
-        task = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        task = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         metrics = await read_messages(broker.bootstrap, topics.metrics, len(sent), broker.kind)
         await asyncio.sleep(2.5)  # the lag is measured once a second
         page = await asyncio.to_thread(lambda: urlopen(f"http://127.0.0.1:{port}/metrics").read())
@@ -295,7 +295,7 @@ def test_a_cancel_message_stops_a_relquery_running_or_still_in_kafka(broker):
     async def scenario():
         await create_topics(broker.bootstrap, topics.layout())
         backend = SimRelQueryBackend(SimSettings(time_scale=20.0))
-        service = EngineService(config_for(broker, topics, group, max_backlog_rows=1), backend)
+        service = KafkaService(config_for(broker, topics, group, max_backlog_rows=1), backend)
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         await send(broker, topics, [running])

@@ -26,7 +26,7 @@ from relstream.kafka.transactions import Fenced, PartitionProducers, has_transac
 from relstream.schemas import ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 from relstream_lab.drills.parts import noida_kafka
 
@@ -211,7 +211,7 @@ def test_a_rebalance_mid_flight_leaves_one_committed_result_per_relquery(default
             max_backlog_rows=12,
         )  # fmt: skip
         backend = SimRelQueryBackend(SimSettings(time_scale=1.0, speed=0.2))
-        await EngineService(config, backend).run(stop)
+        await KafkaService(config, backend).run(stop)
 
     async def results(isolation: str) -> collections.Counter:
         return await results_by_id(default_broker.bootstrap, topics.results, isolation)
@@ -309,7 +309,7 @@ def test_without_transactions_the_engine_says_so_once_and_answers(caplog):
         await produce(broker.bootstrap, topics.relqueries, messages)
         config = ServiceConfig(broker.bootstrap, topics, group, broker=broker.kind)
         stop = asyncio.Event()
-        task = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        task = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         async with asyncio.timeout(60):
             while (
                 len(seen := await results_by_id(broker.bootstrap, topics.results, "read_committed"))

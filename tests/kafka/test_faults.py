@@ -20,7 +20,7 @@ from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.schemas.messages import MAX_ROW_BYTES
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 
@@ -126,7 +126,7 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
                 broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}"
             )
             service = asyncio.create_task(
-                EngineService(service_config, SimRelQueryBackend()).run(stop)
+                KafkaService(service_config, SimRelQueryBackend()).run(stop)
             )
             try:
                 producer = AIOKafkaProducer(
@@ -251,7 +251,7 @@ def test_a_sigkilled_worker_restarts_and_every_row_lands_in_exactly_one_result(t
                 broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
             )
             service = asyncio.create_task(
-                EngineService(service_config, SimRelQueryBackend()).run(stop)
+                KafkaService(service_config, SimRelQueryBackend()).run(stop)
             )
             app_id = f"worker-{uuid.uuid4().hex[:6]}"
             worker = start_worker(broker, topics, config, tmp_path / "worker.log", app_id)

@@ -18,7 +18,7 @@ from relstream.model import RelQuery, Row, Template
 from relstream.schemas import ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 from relstream_lab.drills.flood import report_table, run_flood
 
@@ -86,7 +86,7 @@ def test_the_engine_decodes_no_more_than_one_relquery_beyond_its_budget(default_
             broker.bootstrap, topics, group_id=f"engine-{uuid.uuid4().hex}",
             broker=broker.kind, max_backlog_rows=100,
         )  # fmt: skip
-        service = EngineService(config, SimRelQueryBackend(SimSettings(time_scale=0.2)))
+        service = KafkaService(config, SimRelQueryBackend(SimSettings(time_scale=0.2)))
         stop = asyncio.Event()
         serving = asyncio.create_task(service.run(stop))
         results = asyncio.create_task(

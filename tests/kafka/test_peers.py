@@ -35,7 +35,7 @@ from relstream.schemas import (
 from relstream.schemas.convert import relquery_message
 from relstream.schemas.messages import ResultRow
 from relstream.service.forward import ResultFollower
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 SECRET = b"0123456789abcdef-engines"
@@ -180,7 +180,7 @@ def test_an_engine_with_the_secret_signs_its_reports_and_only_its_peers_take_the
         config = config_for(default_broker, topics, answer_secret=SECRET, load_report_s=0.2)
         backend = SimRelQueryBackend(SimSettings(time_scale=0.0))
         stop = asyncio.Event()
-        task = asyncio.create_task(EngineService(config, backend).run(stop))
+        task = asyncio.create_task(KafkaService(config, backend).run(stop))
         await peer.start()
         await stranger.start()
         try:
@@ -205,7 +205,7 @@ def config_for(broker, topics: Topics, **options) -> ServiceConfig:
 async def serve_until(broker, topics, backend, count: int, topic: str | None = None):
     """Serve `topics` with `backend` until `count` messages are on `topic` (the results
     topic by default); returns them and the service."""
-    service = EngineService(config_for(broker, topics), backend)
+    service = KafkaService(config_for(broker, topics), backend)
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     try:
@@ -239,7 +239,7 @@ def test_a_cancel_stops_only_what_was_submitted_before_it_and_expires(default_br
         await send_at(default_broker, topics.control, [cancel(stale)], time.time() - 2 * hour)
         backend = SimRelQueryBackend(SimSettings(time_scale=20.0))
         config = config_for(default_broker, topics, max_backlog_rows=1)
-        service = EngineService(config, backend)
+        service = KafkaService(config, backend)
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         try:
@@ -287,7 +287,7 @@ def test_an_unexpected_error_dead_letters_its_relquery_and_commits_go_on(default
         await create_topics(default_broker.bootstrap, topics.layout())
         messages = [(b"k", encode(relquery_message(rq))) for rq in sent]
         await send_at(default_broker, topics.relqueries, messages)
-        service = EngineService(config_for(default_broker, topics), UnencodableBackend())
+        service = KafkaService(config_for(default_broker, topics), UnencodableBackend())
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         try:

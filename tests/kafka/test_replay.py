@@ -20,7 +20,7 @@ from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.replay import LetterFilter, parse_time, plan_replay
 from relstream.kafka.topics import Topics
 from relstream.schemas import DeadLetterMessage, RowMessage, encode, validate
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_a_fixed_template_takes_its_dead_letters_back(broker, tmp_path):
         service_config = ServiceConfig(
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
         )
-        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(service_config, SimRelQueryBackend()).run(stop))
         worker = launch.start_worker(
             worker_command, broker, config, tmp_path / "w2.log", topics, app_id
         )

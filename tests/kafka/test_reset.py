@@ -27,7 +27,7 @@ from relstream.kafka.topics import Topics
 from relstream.kafka.windowstarts import Snap, known_starts, snap
 from relstream.model import Template
 from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.recut import recut
 from relstream.stream.registrations import QueryRegistration
@@ -295,7 +295,7 @@ def test_a_reset_mid_window_answers_each_row_again_under_the_id_it_had(broker, t
         engine_config = ServiceConfig(
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
         )
-        engine = asyncio.create_task(EngineService(engine_config, SimRelQueryBackend()).run(stop))
+        engine = asyncio.create_task(KafkaService(engine_config, SimRelQueryBackend()).run(stop))
         try:
             await asyncio.to_thread(windowed, 1, 3)
             # to an offset inside window 4-5: the dry run says where it snaps and what a

@@ -27,7 +27,7 @@ from relstream.kafka.brokers import free_port
 from relstream.kafka.clients import metadata_ok, read_messages
 from relstream.kafka.topics import Topics
 from relstream.schemas import ResultMessage, RowMessage, decode, encode
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ async def serve(broker, topics: Topics, config: Path, log: Path, keys: tuple[str
     )
     stop = asyncio.Event()
     service_config = ServiceConfig(broker.bootstrap, topics, "restart-engine", broker=broker.kind)
-    service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+    service = asyncio.create_task(KafkaService(service_config, SimRelQueryBackend()).run(stop))
     try:
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
         await producer.start()

@@ -19,7 +19,7 @@ from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
 from relstream.placement.readers import AsyncLoadReader, LoadReader
 from relstream.schemas import RelQueryMessage, RelQueryRow
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 
 PARTITIONS = 6  # two for each engine
@@ -114,7 +114,7 @@ def test_an_engine_reports_its_partitions_and_an_asyncio_reader_places_by_them(b
         )  # fmt: skip
         stop = asyncio.Event()
         backend = SimRelQueryBackend(SimSettings(time_scale=0.1))
-        task = asyncio.create_task(EngineService(config, backend).run(stop))
+        task = asyncio.create_task(KafkaService(config, backend).run(stop))
         try:
             async with asyncio.timeout(60):
                 while not reader.book.engines():

@@ -96,7 +96,7 @@ def forgeries(key: bytes, genuine: bytes) -> list[bytes]:
 
 @pytest.mark.slow
 def test_an_engine_never_serves_a_forged_or_unsigned_answer_and_honours_tombstones(broker):
-    from relstream.service.service import EngineService, ServiceConfig
+    from relstream.service.service import KafkaService, ServiceConfig
 
     topics = Topics(prefix=f"f{uuid.uuid4().hex[:6]}.")
     template = Template("Is {x} a city?")
@@ -119,7 +119,7 @@ def test_an_engine_never_serves_a_forged_or_unsigned_answer_and_honours_tombston
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind,
             answer_topic=True, answer_secret=SECRET,
         )  # fmt: skip
-        service = EngineService(config, backend)
+        service = KafkaService(config, backend)
         stop = asyncio.Event()
         running = asyncio.create_task(service.run(stop))
         results: list[ResultMessage] = []
@@ -262,7 +262,7 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
     if broker.kind == "noida-db":
         pytest.skip("the engine's part is broker-blind; the topic is tested on both above")
     from relstream.engine.runtime import EngineSettings, VllmRuntime
-    from relstream.service.service import EngineService, ServiceConfig
+    from relstream.service.service import KafkaService, ServiceConfig
 
     topics = Topics(prefix=f"r{uuid.uuid4().hex[:6]}.")
     group = f"e-{uuid.uuid4().hex}"  # the restarted engine's too: it takes only new work
@@ -281,7 +281,7 @@ def test_a_restarted_engine_answers_a_repeated_row_from_the_topic_without_the_mo
             answer_secret=SECRET,
         )  # fmt: skip
         stop = asyncio.Event()
-        serving = EngineService(config, engine)
+        serving = KafkaService(config, engine)
         service = asyncio.create_task(serving.run(stop))
         producer = new_producer(broker.bootstrap)
         await start_all(producer)

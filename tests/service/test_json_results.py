@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaProducer
 from relstream.client import RelstreamClient
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.topics import Topics
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 JSON_HEADER = ("content-type", b"application/json")
@@ -48,7 +48,7 @@ def test_an_engine_set_to_json_answers_in_json_unless_asked_otherwise(broker):
             broker=broker.kind, result_format="json",
         )  # fmt: skip
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         try:
             return await read_messages(broker.bootstrap, topics.results, 3, broker.kind, 60)
         finally:

@@ -15,7 +15,7 @@ from relstream.model import RelQuery
 from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.service.offsets import OffsetBook, PublishedOffsets
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 
@@ -69,7 +69,7 @@ def test_results_map_to_rows_and_bad_messages_are_dead_lettered(broker):
             partial_results=True,
         )
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
         await producer.start()
         sent = [relquery(i) for i in range(3)]
@@ -127,7 +127,7 @@ def test_a_message_over_the_producer_limit_is_dead_lettered_and_the_engine_serve
             broker.bootstrap, topics, group_id=f"engine-{uuid.uuid4().hex}", broker=broker.kind
         )
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_request_size=4 << 20)
         await producer.start()
         await producer.send_and_wait(topics.relqueries, huge, key=b"huge")

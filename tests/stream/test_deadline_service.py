@@ -27,7 +27,7 @@ from relstream.schemas import (
 )
 from relstream.schemas.convert import relquery_message
 from relstream.service.http import build_http_app
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.registrations import RegistrationError, load_registrations
 from relstream.stream.windowing import relquery_for_window
@@ -68,7 +68,7 @@ def test_results_say_whether_the_deadline_was_met(broker):
             broker.bootstrap, topics, group_id=f"engine-{uuid.uuid4().hex}", broker=broker.kind
         )
         stop = asyncio.Event()
-        service = EngineService(config, SimRelQueryBackend())
+        service = KafkaService(config, SimRelQueryBackend())
         task = asyncio.create_task(service.run(stop))
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
         await producer.start()

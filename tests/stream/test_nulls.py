@@ -14,7 +14,7 @@ from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, RowFailure, RowRequest, RowStatus, Template, prepare_row
 from relstream.schemas import ResultMessage, RowMessage, decode, encode
 from relstream.schemas.convert import metrics_message, result_message
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import check_row, relquery_for_window
@@ -78,7 +78,7 @@ def test_null_inputs_never_reach_the_model_and_come_back_null(broker, tmp_path):
             broker.bootstrap, topics, group_id=f"engine-{uuid.uuid4().hex}", broker=broker.kind
         )
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, backend).run(stop))
+        service = asyncio.create_task(KafkaService(config, backend).run(stop))
         await produce(broker.bootstrap, topics.relqueries, [(window.id.encode(), encode(window))])
         results = await read_messages(broker.bootstrap, topics.results, 1, broker.kind)
         stop.set()

@@ -17,7 +17,7 @@ from relstream import launch
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.schemas import RowMessage, encode
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 ROWS = 6
@@ -59,7 +59,7 @@ def test_sinks_with_input_carry_the_input_columns_and_the_query(broker, tmp_path
         service_config = ServiceConfig(
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
         )
-        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(service_config, SimRelQueryBackend()).run(stop))
         worker = launch.start_worker(
             launch.relstream_command(True), broker, config, tmp_path / "w.log", topics,
             f"worker-{uuid.uuid4().hex[:8]}",

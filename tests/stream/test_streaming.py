@@ -41,7 +41,7 @@ from relstream.schemas import (
 )
 from relstream.schemas.formats import decode_record, is_load_report
 from relstream.schemas.messages import MAX_ROW_BYTES
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_rows_become_windowed_relqueries_and_results(broker, tmp_path):
         service_config = ServiceConfig(
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
         )
-        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(service_config, SimRelQueryBackend()).run(stop))
         try:
             producer = AIOKafkaProducer(
                 bootstrap_servers=broker.bootstrap, max_request_size=4 << 20
@@ -207,7 +207,7 @@ def window_rows(broker, tmp_path, rows: list[dict], relqueries_limit: int | None
         service_config = ServiceConfig(
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
         )
-        service = asyncio.create_task(EngineService(service_config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(service_config, SimRelQueryBackend()).run(stop))
         try:
             await asyncio.to_thread(launch.wait_ready, [ready], [worker], 60)
             if relqueries_limit is not None:
@@ -406,7 +406,7 @@ def test_streaming_path_with_the_real_engine(tmp_path):
                 partial_results=True,
                 load_report_s=0.25,
             )
-            service = asyncio.create_task(EngineService(service_config, engine).run(stop))
+            service = asyncio.create_task(KafkaService(service_config, engine).run(stop))
             serving_since = time.monotonic()
             try:
                 producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)

@@ -17,7 +17,7 @@ from relstream.schemas import ResultMessage, decode, encode
 from relstream.schemas.convert import relquery_message
 from relstream.schemas.messages import ResultRow
 from relstream.schemas.parts import ResultJoiner, split_result
-from relstream.service.service import EngineService, ServiceConfig
+from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 
 
@@ -77,7 +77,7 @@ def test_a_five_megabyte_result_reaches_the_client_and_the_sink_whole(broker, tm
             broker.bootstrap, topics, group_id=f"e-{uuid.uuid4().hex}", broker=broker.kind
         )
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, SimRelQueryBackend()).run(stop))
+        service = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_request_size=8 << 20)
         await producer.start()
         for relquery in (big, small):
@@ -135,7 +135,7 @@ def test_a_600_row_and_a_10000_row_relquery_run_beside_small_ones(broker):
         )  # fmt: skip
         backend = SimRelQueryBackend(SimSettings(time_scale=0.01))
         stop = asyncio.Event()
-        service = asyncio.create_task(EngineService(config, backend).run(stop))
+        service = asyncio.create_task(KafkaService(config, backend).run(stop))
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_request_size=8 << 20)
         await producer.start()
         for relquery in (long, many, *small):
