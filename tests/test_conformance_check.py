@@ -24,7 +24,7 @@ DOC = """# Doc
 S = "tests/v1/core/test_scheduler.py::"
 
 
-def write_runs(tmp_path, stock_failed, relstream_failed, tests):
+def write_runs(tmp_path, stock_failed, relstream_failed, tests, built=1):
     for policy, failed in (
         ("stock", stock_failed),
         ("v1-fcfs", stock_failed),
@@ -32,7 +32,9 @@ def write_runs(tmp_path, stock_failed, relstream_failed, tests):
         ("relstream", relstream_failed),
     ):
         outcomes = {S + t: "failed" if t in failed else "passed" for t in tests}
-        (tmp_path / f"{policy}.json").write_text(json.dumps({"outcomes": outcomes}))
+        classes = {} if policy == "stock" else dict.fromkeys(check.PLUGIN_CLASSES, built)
+        run = {"built": classes, "outcomes": outcomes}
+        (tmp_path / f"{policy}.json").write_text(json.dumps(run))
 
 
 def test_the_section_table_merges_a_tests_rows_and_stops_at_the_next_heading():
@@ -77,3 +79,11 @@ def test_the_architecture_doc_lists_relstreams_differences():
     rows = check.documented((ROOT / "docs/architecture.md").read_text())
     assert "test_scheduler.py::test_schedule_order" in rows
     assert all(cases == "all" or cases for cases in rows.values())
+
+
+def test_a_run_that_built_no_plug_in_fails(tmp_path):
+    # Were vLLM's tests to build their schedulers from a name the plug-in does not
+    # replace, every policy would run stock vLLM and match it.
+    write_runs(tmp_path, set(), set(), ["test_order[x]"], built=0)
+    problems = check.check(tmp_path, "### vLLM's scheduler tests\n", check.POLICIES)
+    assert [p.split(":")[0] for p in problems] == ["v1-fcfs", "v1-priority", "relstream"]

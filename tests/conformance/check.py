@@ -9,8 +9,9 @@ outcomes to OUT/<policy>.json. Expected:
 - `relstream` fails those and exactly the tests listed in docs/architecture.md, section
   "vLLM's scheduler tests", each with its reason.
 
-A new failure, a listed test that now passes, a listed test that no longer exists and a
-different set of tests between runs all fail the check: the list stays the truth.
+A new failure, a listed test that now passes, a listed test that no longer exists, a
+different set of tests between runs and a policy's run in which the tests built no
+plug-in scheduler of each class all fail the check: the list stays the truth.
 
     python tests/conformance/check.py OUT docs/architecture.md [stock v1-fcfs v1-priority relstream]
 """
@@ -27,6 +28,7 @@ SECTION = "vLLM's scheduler tests"
 ROW = re.compile(r"^\|\s*`(?P<test>[\w.]+::\w+)`\s*\|(?P<cases>[^|]+)\|(?P<why>[^|]+)\|\s*$")
 POLICIES = ("stock", "v1-fcfs", "v1-priority", "relstream")
 PREFIX = "tests/v1/core/"
+PLUGIN_CLASSES = ("RelstreamScheduler", "RelstreamAsyncScheduler")
 
 
 def documented(doc: str) -> dict[str, str | tuple[str, ...]]:
@@ -76,6 +78,11 @@ def check(out: Path, doc: str, policies: tuple[str, ...]) -> list[str]:
     for policy, outcomes in runs.items():
         if set(outcomes) != collected:
             problems.append(f"{policy}: ran other tests than {policies[0]}")
+        built = json.loads((out / f"{policy}.json").read_text()).get("built", {})
+        if policy != "stock" and not all(built.get(c) for c in PLUGIN_CLASSES):
+            # vLLM's tests build no plug-in (a name they build from moved): the run
+            # would test stock vLLM and pass vacuously.
+            problems.append(f"{policy}: the tests built no plug-in of each class: {built}")
     reference = failed(runs["stock"]) if "stock" in runs else set()
     rows = documented(doc)
     relstream_extra, stale = expected_relstream(rows, collected)

@@ -50,6 +50,7 @@ def conforming(cls: type, policy: str) -> type:
     def __init__(self, vllm_config, *args, **kwargs):
         settings = vllm_config.additional_config.setdefault(SETTINGS_KEY, {})
         settings.setdefault("policy", policy)
+        BUILT[cls.__name__] = BUILT.get(cls.__name__, 0) + 1
         cls.__init__(self, vllm_config, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
@@ -118,6 +119,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 
 OUTCOMES: dict[str, str] = {}
+BUILT: dict[str, int] = {}  # plug-in schedulers the tests built, by class
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -132,5 +134,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if out:
         with open(out, "w") as file:
             json.dump(
-                {"policy": POLICY, "outcomes": dict(sorted(OUTCOMES.items()))}, file, indent=0
+                {"policy": POLICY, "built": BUILT, "outcomes": dict(sorted(OUTCOMES.items()))},
+                file,
+                indent=0,
             )
