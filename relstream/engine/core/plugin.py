@@ -56,8 +56,7 @@ from relstream.scheduler import (
 from relstream.scheduler.registry import queue_conflict
 from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
 
-# Until the online fit has seen steps, priorities come from the first step costs
-# measured on the CPU build (docs/architecture.md, "Environment facts").
+# Until the online fit has seen steps: the CPU build's first step costs (docs/architecture.md)
 DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}
 MAX_PENDING_STEPS = 4
 log = logging.getLogger("relstream.plugin")
@@ -307,12 +306,15 @@ class RelstreamPlugin(EngineView):
         )
         held = [r for r in self.running if r.request_id not in planned]
         waiting, kv_holding = self.waiting, self.kv_holding_waiting
+        # One holding KV (an async load) stays in the queue vLLM drains first and promotes.
+        holds = {r for r in chosen if r in kv_holding} if kv_holding else set()
         if chosen:  # O(chosen) on the indexed queue; vLLM's rebuilds itself
-            waiting.remove_requests(chosen)
+            waiting.remove_requests([r for r in chosen if r not in holds])
+            kv_holding.remove_requests(holds)
         self.waiting = create_request_queue(self.policy)
-        for request in chosen:
-            self.waiting.add_request(request)
         self.kv_holding_waiting = create_request_queue(self.policy)
+        for request in chosen:
+            (self.kv_holding_waiting if request in holds else self.waiting).add_request(request)
         self.running = kept
         self._aside = (len(held), len(waiting) + len(kv_holding))
         try:
