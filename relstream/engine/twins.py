@@ -49,7 +49,7 @@ class SharedRequests:
     Within one relQuery a key runs once and the other rows follow it. Another relQuery
     with the key sends a request of its own, so it is ranked as itself (a small relQuery
     is not left behind a large one's waiting row); the scheduler plug-in runs one of the
-    twins and holds the rest (`scheduler.view.RequestTracker`), and whichever finishes
+    twins and holds the rest (`scheduler.tracker.RequestTracker`), and whichever finishes
     first answers every row of the key. A twin that ends without an answer (its relQuery
     cancelled) leaves the others to it: one of them runs and answers the rest."""
 

@@ -18,12 +18,12 @@ from relstream.scheduler.registry import (
     make_policy,
     policy_spec,
 )
+from relstream.scheduler.tracker import RequestTracker
 from relstream.scheduler.view import (
     EngineLimits,
     EngineView,
     PrefillChunk,
     RelQueryInfo,
-    RequestTracker,
     SeqInfo,
     StepFeedback,
     StepKind,

@@ -7,7 +7,7 @@ no policy can take fewer requests into a step than its order allows:
 
 1. `run_running`: running requests in the policy's order while the token budget lasts,
    a decode taking one token and an unfinished prompt the rest of it, cut to the budget
-   left and to vLLM's `long_prefill_token_threshold` (`view.prefill_cap`). A request
+   left and to vLLM's `long_prefill_token_threshold` (`tracker.prefill_cap`). A request
    whose next tokens find no free KV preempts others by recompute, the policy's
    `victim` first, until they fit (vLLM V1's `schedule()`, step 1).
 2. `admit`: waiting requests in the policy's order while seats (`max_num_seqs`), token
@@ -24,14 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from relstream.scheduler.view import (
-    IDLE,
-    EngineView,
-    PrefillChunk,
-    SeqInfo,
-    StepPlan,
-    prefill_cap,
-)
+from relstream.scheduler.tracker import prefill_cap
+from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, SeqInfo, StepPlan
 
 Victim = Callable[[list[SeqInfo]], SeqInfo]  # the running request to evict first
 

@@ -5,15 +5,8 @@ take. The composer never decides order; relstream hands it relQueries best first
 from __future__ import annotations
 
 from relstream.scheduler.remaining import Oracle, expected_output, row_remaining_output
-from relstream.scheduler.view import (
-    IDLE,
-    EngineView,
-    PrefillChunk,
-    RelQueryInfo,
-    SeqInfo,
-    StepPlan,
-    prefill_cap,
-)
+from relstream.scheduler.tracker import prefill_cap
+from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, RelQueryInfo, SeqInfo, StepPlan
 
 
 class StepComposer:

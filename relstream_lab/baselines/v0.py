@@ -10,14 +10,8 @@ from collections.abc import Iterator
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.ranking import RankedQueue, StaticRanking
-from relstream.scheduler.view import (
-    IDLE,
-    EngineView,
-    PrefillChunk,
-    SeqInfo,
-    StepPlan,
-    prefill_cap,
-)
+from relstream.scheduler.tracker import prefill_cap
+from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, SeqInfo, StepPlan
 from relstream_lab.baselines.aba import Arrangement, Decision, PrefillCandidate, arrange
 from relstream_lab.baselines.batching import (
     decode_candidate,

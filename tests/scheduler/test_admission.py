@@ -9,7 +9,7 @@ from relstream.scheduler import CostModel, EngineLimits, Linear, make_policy
 from relstream.scheduler.admission import Chunking, StepAdmission, Stop
 from relstream.scheduler.composer import StepComposer
 from relstream.scheduler.relstream import RelstreamConfig
-from relstream.scheduler.view import prefill_cap
+from relstream.scheduler.tracker import prefill_cap
 
 
 def engine(

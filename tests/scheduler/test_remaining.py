@@ -10,7 +10,8 @@ from relstream.scheduler.remaining import (
     remaining,
     row_remaining_output,
 )
-from relstream.scheduler.view import RequestTracker, SeqInfo
+from relstream.scheduler.tracker import RequestTracker
+from relstream.scheduler.view import SeqInfo
 
 
 def every_row(info):
