@@ -47,6 +47,9 @@ __all__ = ["BrokerUnavailable", "RelstreamClient", "ResultsUnavailable"]
 M = TypeVar("M", bound=Message)
 POLL_MS = 200
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
+# The longest a group reader's close may take (kafka-python's default is its 30 s request
+# timeout): Ctrl-C during a slow group join left `sink --follow` running past 20 s in CI.
+CLOSE_MS = 5000
 
 
 class ResultsUnavailable(RuntimeError):
@@ -289,7 +292,7 @@ class RelstreamClient:
                 elif not follow and last is not None and now - last >= idle_seconds:
                     return
         finally:
-            consumer.close()
+            consumer.close(timeout_ms=CLOSE_MS)
             slot.release()
 
     def _look(
