@@ -167,7 +167,7 @@ class Relstream(Policy):
         step = StepAdmission.for_step(view)
         step.run_running([seq for info in active for seq in info.running.values()])
         stop = step.admit(self._waiting_in_rank_order(view, ranked))
-        self.decision = StepDecision(stop=stop.value)
+        self.decision = StepDecision(stop=stop)
         return step.plan()
 
     def _gated_step(

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import msgspec
 
+from relstream.scheduler.admission import Stop
+from relstream.scheduler.data import StepFeedback, StepKind
+
 
 class StepDecision(msgspec.Struct, frozen=True, omit_defaults=True):
     """Why a step is what it is, as the policy decided it."""
@@ -25,19 +28,20 @@ class StepDecision(msgspec.Struct, frozen=True, omit_defaults=True):
     gated: bool = False  # planned through the Δ gate
     held: bool = False  # the gate held work back in it
     pressure: float = 0.0  # relQueries a lost second of capacity delays (headroom)
-    stop: str | None = None  # why V1's admission stopped (admission.Stop), where it ran
+    stop: Stop | None = None  # why V1's admission stopped, where it ran
 
 
 class StepRecord(msgspec.Struct, kw_only=True):
-    """One executed step; every field is written, so a reader of plain JSON finds each."""
+    """One executed step; every field is written, so a reader of plain JSON finds each.
+    The enums are written as their values ("decode", "budget")."""
 
-    kind: str  # view.StepKind's value
+    kind: StepKind
     uncached_tokens: int
     decode_requests: int
     prefill_requests: int = 0
     decode_context_tokens: int = 0
     prefill_context_tokens: int = 0
-    duration_s: float
+    duration_s: float = 0.0  # set once the step's output is back
     decision_s: float = 0.0  # the policy's plan
     adapter_s: float = 0.0  # vLLM's schedule() enforcing it
     admitted: list[str] = msgspec.field(default_factory=list)  # relQueries, in order
@@ -45,6 +49,16 @@ class StepRecord(msgspec.Struct, kw_only=True):
     running: int = 0
     t: float = 0.0  # monotonic clock when it was reported
     decision: StepDecision | None = None
+
+    def feedback(self, duration_s: float) -> StepFeedback:
+        """What the cost fit learns from this step, timed at `duration_s`."""
+        return StepFeedback(
+            self.kind,
+            self.uncached_tokens,
+            self.decode_requests,
+            duration_s,
+            self.decode_context_tokens,
+        )
 
 
 class StepLogStart(msgspec.Struct, kw_only=True):

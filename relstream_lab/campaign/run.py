@@ -22,6 +22,7 @@ from pathlib import Path
 
 from relstream.backend import RelQueryBackend
 from relstream.engine.runtime import EngineSettings, VllmRuntime
+from relstream.scheduler.data import StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream.sim.profiles import fit_line, profile_from_document
 from relstream_lab.campaign.checkpoint import (
@@ -122,8 +123,10 @@ def step_stats(steps: Sequence[StepRecord]) -> dict:
     overhead = sum(s.decision_s + s.adapter_s for s in steps)
     kinds: dict[str, int] = {}
     for step in steps:
-        kinds[step.kind] = kinds.get(step.kind, 0) + 1
-    decodes = [s.decode_requests for s in steps if s.kind != "prefill" and s.decode_requests]
+        kinds[step.kind.value] = kinds.get(step.kind.value, 0) + 1
+    decodes = [
+        s.decode_requests for s in steps if s.kind is not StepKind.PREFILL and s.decode_requests
+    ]
     return {
         "steps": kinds,
         "mean_decode_batch": statistics.fmean(decodes) if decodes else 0.0,
@@ -135,8 +138,8 @@ def step_stats(steps: Sequence[StepRecord]) -> dict:
 
 def fit_cost_model(steps: Sequence[StepRecord]) -> dict:
     """Least-squares lines through pure prefill and pure decode steps (paper's form)."""
-    prefill = [(s.uncached_tokens, s.duration_s) for s in steps if s.kind == "prefill"]
-    decode = [(s.decode_requests, s.duration_s) for s in steps if s.kind == "decode"]
+    prefill = [(s.uncached_tokens, s.duration_s) for s in steps if s.kind is StepKind.PREFILL]
+    decode = [(s.decode_requests, s.duration_s) for s in steps if s.kind is StepKind.DECODE]
     prefill_line, decode_line = fit_line(prefill), fit_line(decode)
     return {
         "alpha_p": prefill_line.slope,

@@ -32,8 +32,8 @@ def fit_step_costs(steps: Sequence[StepRecord]) -> dict:
     predicted = design @ coefficients
     base, per_token, per_decode, per_context = (float(c) for c in coefficients)
     by_kind: dict[str, dict[str, float]] = {}
-    for kind in sorted({s.kind for s in usable}):
-        mask = np.array([s.kind == kind for s in usable])
+    for kind in sorted({s.kind.value for s in usable}):
+        mask = np.array([s.kind.value == kind for s in usable])
         by_kind[kind] = {
             "steps": int(mask.sum()),
             "busy_ratio": float(predicted[mask].sum() / durations[mask].sum()),

@@ -5,6 +5,8 @@ import json
 import msgspec
 import pytest
 
+from relstream.scheduler.admission import Stop
+from relstream.scheduler.data import StepFeedback, StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line, read_step_log
 from relstream_lab.campaign.checkpoint import (
     Checkpoint,
@@ -31,7 +33,7 @@ def step(tokens: int, decodes: int) -> StepRecord:
     """A step of a machine whose steps cost 20 ms + 1 ms a prompt token + 2 ms a decode."""
     duration = 0.020 + 0.001 * tokens + 0.002 * decodes
     return StepRecord(
-        kind="mixed", uncached_tokens=tokens, decode_requests=decodes, duration_s=duration
+        kind=StepKind.MIXED, uncached_tokens=tokens, decode_requests=decodes, duration_s=duration
     )
 
 
@@ -139,3 +141,20 @@ def test_a_new_campaign_clears_compressed_step_logs_too(tmp_path):
     assert (tmp_path / "steps-capacity.jsonl.gz").exists()
     Checkpoint(tmp_path, resume=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_line_reads_back_typed_and_writes_the_same_json(tmp_path):
+    # A line as the plug-in wrote it before the record was typed: kind and stop as strings.
+    line = (
+        '{"kind":"decode","uncached_tokens":0,"decode_requests":3,"prefill_requests":0,'
+        '"decode_context_tokens":90,"prefill_context_tokens":0,"duration_s":0.05,'
+        '"decision_s":0.001,"adapter_s":0.0,"admitted":[],"waiting":2,"running":3,'
+        '"t":7.0,"decision":{"stop":"budget"}}'
+    )
+    log = tmp_path / "steps.jsonl"
+    log.write_text(line + "\n")
+    _, [step] = read_step_log(log)
+    assert step.kind is StepKind.DECODE and step.decision.stop is Stop.BUDGET
+    assert encode_line(step) == line + "\n"
+    # What the cost fit learns from it: 3 decodes over 90 context tokens in 0.05 s.
+    assert step.feedback(0.05) == StepFeedback(StepKind.DECODE, 0, 3, 0.05, 90)

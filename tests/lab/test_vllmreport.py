@@ -2,6 +2,7 @@
 
 import pytest
 
+from relstream.scheduler.data import StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream_lab.campaign.checkpoint import MachineSpeedError, check_speed, speed_against
 from relstream_lab.campaign.run import offline_cost_lines, run_windows
@@ -51,7 +52,7 @@ def test_relserves_offline_lines_come_from_the_capacity_runs_steps():
     # the context.
     steps = [
         StepRecord(
-            kind="mixed",
+            kind=StepKind.MIXED,
             uncached_tokens=tokens,
             decode_requests=decodes,
             decode_context_tokens=context * decodes,
@@ -84,7 +85,7 @@ def test_each_run_finds_its_steps_walking_back_from_the_engines_last_step():
         {"rate": 1.3, "makespan": 30.0},
     ]
     steps = [
-        StepRecord(kind="decode", uncached_tokens=0, decode_requests=1, duration_s=0.1, t=t)
+        StepRecord(kind=StepKind.DECODE, uncached_tokens=0, decode_requests=1, duration_s=0.1, t=t)
         for t in (12.0, 49.0, 55.0, 100.0)
     ]
     assert run_windows(records, steps) == [(10.0, 50.0), (50.0, 70.0), (70.0, 100.0)]
@@ -92,7 +93,9 @@ def test_each_run_finds_its_steps_walking_back_from_the_engines_last_step():
 
 def test_a_stored_window_is_taken_as_it_is():
     records = [{"rate": 0.4, "makespan": 40.0, "window": [3.0, 44.0]}]
-    last = StepRecord(kind="decode", uncached_tokens=0, decode_requests=1, duration_s=0.1, t=100.0)
+    last = StepRecord(
+        kind=StepKind.DECODE, uncached_tokens=0, decode_requests=1, duration_s=0.1, t=100.0
+    )
     assert run_windows(records, [last]) == [(3.0, 44.0)]
 
 
@@ -107,7 +110,7 @@ REFERENCE = {
 
 def step(tokens: int, decodes: int, seconds: float) -> StepRecord:
     return StepRecord(
-        kind="mixed", uncached_tokens=tokens, decode_requests=decodes, duration_s=seconds
+        kind=StepKind.MIXED, uncached_tokens=tokens, decode_requests=decodes, duration_s=seconds
     )
 
 

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import msgspec
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
@@ -46,7 +47,6 @@ from relstream.scheduler import (
     EngineView,
     RequestTracker,
     SeqInfo,
-    StepFeedback,
     StepKind,
     StepPlan,
     cost_model_of,
@@ -131,7 +131,7 @@ class RelstreamPlugin(EngineView):
             self._step_log.write(encode_line(header))
         # Steps scheduled and not yet reported back, by their SchedulerOutput: one at a
         # time on the plain Scheduler, two when async scheduling plans a step ahead.
-        self._pending: dict[int, dict[str, Any]] = {}
+        self._pending: dict[int, tuple[StepRecord, float]] = {}  # and when it started
         self._last_reported = 0.0  # step_clock() when the previous step's output came
         self._hits: dict[str, Any] | None = None  # prefix-cache hits, while a policy plans
 
@@ -215,37 +215,32 @@ class RelstreamPlugin(EngineView):
             decided = step_clock()
             output = self._schedule_plan(plan, throttle_prefills)
         admitted = self._sync_membership(output)
-        pending = self._composition(output)
-        pending["admitted"] = admitted
-        pending["decision"] = None if self.decided_by_vllm else self.relstream_policy.decision
-        pending["decision_s"] = decided - started
-        pending["started"] = step_clock()
-        pending["adapter_s"] = pending["started"] - decided
-        self._pending[id(output)] = pending
+        started_at = step_clock()
+        pending = msgspec.structs.replace(
+            self._composition(output),
+            admitted=admitted,
+            decision=None if self.decided_by_vllm else self.relstream_policy.decision,
+            decision_s=decided - started,
+            adapter_s=started_at - decided,
+        )
+        self._pending[id(output)] = (pending, started_at)
         while len(self._pending) > MAX_PENDING_STEPS:  # a step vLLM never reported back
             del self._pending[next(iter(self._pending))]
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        pending = self._pending.pop(id(scheduler_output), None)
+        pending, started_at = self._pending.pop(id(scheduler_output), (None, 0.0))
         reported, previous = step_clock(), self._last_reported
         self._last_reported = reported
         if pending is not None and scheduler_output.total_num_scheduled_tokens:
             # Async scheduling plans step N+1 while step N runs: N+1 runs only once N's
             # output is back, so it is timed from the later of the two (else every step
             # would be counted from its planning and span about two steps).
-            duration = reported - max(pending.pop("started"), previous)
-            feedback = StepFeedback(
-                pending["kind"],
-                pending["uncached_tokens"],
-                pending["decode_requests"],
-                duration,
-                pending["decode_context_tokens"],
-            )
-            self.relstream_policy.observe(feedback)
+            duration = reported - max(started_at, previous)
+            self.relstream_policy.observe(pending.feedback(duration))
             if self._step_log:
-                record = StepRecord(
-                    **{**pending, "kind": pending["kind"].value},
+                record = msgspec.structs.replace(
+                    pending,
                     duration_s=duration,
                     waiting=len(self.tracker.waiting),
                     running=len(self.tracker.running),
@@ -365,7 +360,7 @@ class RelstreamPlugin(EngineView):
                 admitted[seq.relquery_id] = None
         return list(admitted)
 
-    def _composition(self, output) -> dict[str, Any]:
+    def _composition(self, output) -> StepRecord:
         """What the step computes, for the cost fit and the step log: prompt tokens and
         the requests they belong to, decodes, and the KV context each side attends to."""
         uncached = decodes = prefills = decode_context = prefill_context = 0
@@ -381,15 +376,14 @@ class RelstreamPlugin(EngineView):
                 uncached += tokens
                 prefills += 1
                 prefill_context += context
-        kind = StepKind.of(bool(uncached), bool(decodes))
-        return {
-            "kind": kind,
-            "uncached_tokens": uncached,
-            "decode_requests": decodes,
-            "prefill_requests": prefills,
-            "decode_context_tokens": decode_context,
-            "prefill_context_tokens": prefill_context,
-        }
+        return StepRecord(
+            kind=StepKind.of(bool(uncached), bool(decodes)),
+            uncached_tokens=uncached,
+            decode_requests=decodes,
+            prefill_requests=prefills,
+            decode_context_tokens=decode_context,
+            prefill_context_tokens=prefill_context,
+        )
 
 
 class RelstreamScheduler(RelstreamPlugin, Scheduler):
