@@ -126,7 +126,7 @@ bench-sim: setup
 
 # Rewrite the committed JSON Schemas from the message types (a test fails on drift).
 schemas: setup
-	$(BIN)/python -m relstream.schemas
+	$(BIN)/python -m relstream.wire
 
 clean:
 	rm -rf $(VENV) $(STREAM_VENV) out .pytest_cache .ruff_cache

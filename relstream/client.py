@@ -5,7 +5,7 @@
     result = client.ask("Is this review positive? {review}", rows, timeout=60)
     for result in client.results(follow=True): ...
 
-It speaks the same wire contract as every relstream process (`relstream.schemas`). The
+It speaks the same wire contract as every relstream process (`relstream.wire`). The
 engine service itself stays on aiokafka, which Faust is built on; this is for callers
 that are not asyncio programs. `relstream produce`, `results` and `sink` use it.
 """
@@ -28,7 +28,7 @@ from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
 from relstream.placement.book import placement_of
 from relstream.placement.readers import LoadReader
-from relstream.schemas import (
+from relstream.wire import (
     ControlMessage,
     DeadLetterMessage,
     Message,
@@ -37,10 +37,10 @@ from relstream.schemas import (
     RowMessage,
     encode,
 )
-from relstream.schemas.convert import relquery_message
-from relstream.schemas.formats import Format, decode_record
-from relstream.schemas.messages import MAX_ROW_BYTES
-from relstream.schemas.parts import ResultJoiner
+from relstream.wire.convert import relquery_message
+from relstream.wire.formats import Format, decode_record
+from relstream.wire.messages import MAX_ROW_BYTES
+from relstream.wire.parts import ResultJoiner
 
 __all__ = ["BrokerUnavailable", "RelstreamClient", "ResultsUnavailable"]
 

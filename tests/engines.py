@@ -8,8 +8,8 @@ import time
 
 from relstream.kafka.clients import Subscription
 from relstream.launch import spawn_logged
-from relstream.schemas import MetricsMessage, decode
-from relstream.schemas.formats import is_load_report
+from relstream.wire import MetricsMessage, decode
+from relstream.wire.formats import is_load_report
 
 
 def engine_process(

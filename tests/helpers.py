@@ -23,8 +23,8 @@ from relstream.kafka.brokers import free_port
 from relstream.kafka.clients import read_messages
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
-from relstream.schemas import ResultMessage, RowMessage, decode, encode, validate
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import ResultMessage, RowMessage, decode, encode, validate
 
 REPO = Path(__file__).resolve().parents[1]
 

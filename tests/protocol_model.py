@@ -26,10 +26,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from relstream.model import Template
-from relstream.schemas import RowMessage, encode
 from relstream.service.offsets import OffsetBook, decode_ahead, encode_ahead
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import ENVELOPE_BYTES, PartitionWindows, RowRejection
+from relstream.wire import RowMessage, encode
 
 REGISTRATION = QueryRegistration("q", "t", Template("{x}"), window_seconds=2.0, max_rows=3)
 # Room for about 70 bytes of rows: windows are cut by bytes too, and a row of ~90 is refused.

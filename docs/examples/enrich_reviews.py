@@ -17,7 +17,7 @@ time, Faust's way, which is much slower than the window stage (docs/architecture
 acknowledgements fall short).
 """
 
-from relstream.schemas import MessageError, RowMessage, decode, encode
+from relstream.wire import MessageError, RowMessage, decode, encode
 
 
 def agents(app, topics) -> None:

@@ -34,8 +34,8 @@ from relstream.launch import (
     wait_ready,
 )
 from relstream.scheduler import DEFAULT_POLICY
-from relstream.schemas import ResultMessage, RowMessage, encode
-from relstream.schemas.formats import decode_record
+from relstream.wire import ResultMessage, RowMessage, encode
+from relstream.wire.formats import decode_record
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_reviews.csv"
 QUERIES = """\

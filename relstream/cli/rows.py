@@ -19,7 +19,7 @@ from relstream.cli.common import (
 )
 from relstream.kafka.security import KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.schemas import ResultMessage, RowMessage
+from relstream.wire import ResultMessage, RowMessage
 
 if TYPE_CHECKING:
     from relstream.stream.registrations import QueryRegistration

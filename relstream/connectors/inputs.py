@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from relstream.schemas.messages import RelQueryRow
+from relstream.wire.messages import RelQueryRow
 
 # A window's relQuery id: `<query>-<partition>-<first offset>@<ms>` (`stream.windowing`),
 # or `<query>-<partition>-<first offset>` from earlier releases.

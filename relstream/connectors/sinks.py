@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from relstream.connectors.inputs import input_values, query_of
-from relstream.schemas import ResultMessage
-from relstream.schemas.messages import RelQueryRow
+from relstream.wire import ResultMessage
+from relstream.wire.messages import RelQueryRow
 
 LATENCY_PARTS = ("queued", "waiting", "core", "tail", "total")
 CSV_COLUMNS = ("relquery_id", "query", "row_key", "status", "output", "error", *LATENCY_PARTS)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from relstream.connectors.tables import load_csv, text_encoding, undecodable
-from relstream.schemas import MessageError, RowMessage, checked, encode
-from relstream.schemas.messages import MAX_ROW_BYTES
+from relstream.wire import MessageError, RowMessage, checked, encode
+from relstream.wire.messages import MAX_ROW_BYTES
 
 FORMATS = ("csv", "jsonl", "parquet")
 

@@ -34,8 +34,8 @@ from aiokafka.errors import (
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
 from relstream.kafka.loglimit import RateLimited
-from relstream.schemas import DeadLetterMessage, encode
-from relstream.schemas.convert import dead_letter_message
+from relstream.wire import DeadLetterMessage, encode
+from relstream.wire.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka.delivery")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from relstream.kafka.bounds import Span, extents, partitions
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_consumer
-from relstream.schemas import MessageError, RelQueryMessage, decode
-from relstream.schemas.messages import RelQueryRow
+from relstream.wire import MessageError, RelQueryMessage, decode
+from relstream.wire.messages import RelQueryRow
 
 
 class RelQueryInputs:

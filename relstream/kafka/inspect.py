@@ -21,8 +21,8 @@ from relstream.kafka.bounds import Extent, Span, extents, partitions
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import sync_admin, sync_consumer
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, LoadReportMessage, MessageError, MetricsMessage
-from relstream.schemas.formats import decode_record, is_load_report
+from relstream.wire import DeadLetterMessage, LoadReportMessage, MessageError, MetricsMessage
+from relstream.wire.formats import decode_record, is_load_report
 
 M = TypeVar("M", DeadLetterMessage, MetricsMessage, LoadReportMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition

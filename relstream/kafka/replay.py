@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from relstream.schemas import DeadLetterMessage
+from relstream.wire import DeadLetterMessage
 
 
 def parse_time(text: str) -> float:

@@ -39,8 +39,8 @@ from relstream.kafka.loglimit import RateLimited
 from relstream.placement.choice import EXPIRY_S, Choice, Placement
 from relstream.placement.load import CHARS_PER_TOKEN, template_id
 from relstream.placement.reports import engine_load, report_mac
-from relstream.schemas import LoadReportMessage, MessageError, RelQueryMessage
-from relstream.schemas.formats import Headers, decode_record, is_load_report
+from relstream.wire import LoadReportMessage, MessageError, RelQueryMessage
+from relstream.wire.formats import Headers, decode_record, is_load_report
 
 log = logging.getLogger("relstream.placement")
 log.addFilter(RateLimited(30.0))  # a flood of bad reports: one line per kind and period

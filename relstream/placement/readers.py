@@ -23,7 +23,7 @@ from relstream.kafka.topics import Topics
 from relstream.placement.book import Demand, LoadBook
 from relstream.placement.choice import EXPIRY_S, Choice
 from relstream.placement.reports import engines_secret
-from relstream.schemas import RelQueryMessage
+from relstream.wire import RelQueryMessage
 
 log = logging.getLogger("relstream.placement")  # the book's, rate limited there
 

@@ -26,8 +26,8 @@ from relstream.kafka.delivery import publish_best_effort
 from relstream.kafka.supervise import supervised
 from relstream.placement.choice import EngineLoad
 from relstream.placement.load import Load
-from relstream.schemas import LoadReportMessage, encode
-from relstream.schemas.messages import KIND_HEADER
+from relstream.wire import LoadReportMessage, encode
+from relstream.wire.messages import KIND_HEADER
 
 LOAD_REPORT_S = 0.25  # how often an engine reports, by default (docs/benchmarks/placement)
 HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]

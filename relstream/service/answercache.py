@@ -33,7 +33,7 @@ import msgspec
 from relstream.kafka.clients import create_topics, new_consumer, start_all
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.supervise import supervised
-from relstream.schemas import AnswerMessage, MessageError, decode, encode
+from relstream.wire import AnswerMessage, MessageError, decode, encode
 
 log = logging.getLogger("relstream.engine")
 

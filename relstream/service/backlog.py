@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from relstream.schemas.messages import MAX_RELQUERY_ROWS
+from relstream.wire.messages import MAX_RELQUERY_ROWS
 
 Item = TypeVar("Item")
 

@@ -42,8 +42,8 @@ from relstream.kafka.delivery import (
     send_dead_letter,
 )
 from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions, rejoin
-from relstream.schemas import encode
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
+from relstream.wire import encode
 
 log = logging.getLogger("relstream.engine")
 

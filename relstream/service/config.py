@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from relstream.kafka.delivery import STALL_S
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.schemas.formats import Format
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
+from relstream.wire.formats import Format
 
 
 @dataclass

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from relstream.kafka.clients import new_consumer, start_all
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.supervise import supervised
-from relstream.schemas import ControlMessage, MessageError
-from relstream.schemas.formats import decode_record
+from relstream.wire import ControlMessage, MessageError
+from relstream.wire.formats import decode_record
 
 log = logging.getLogger("relstream.engine")
 

@@ -37,7 +37,7 @@ from relstream.kafka.supervise import supervised
 from relstream.kafka.topics import Topics
 from relstream.placement.book import Demand, demand_of, placement_of
 from relstream.placement.readers import AsyncLoadReader
-from relstream.schemas import (
+from relstream.wire import (
     ControlMessage,
     DeadLetterMessage,
     MessageError,
@@ -45,8 +45,8 @@ from relstream.schemas import (
     ResultMessage,
     encode,
 )
-from relstream.schemas.formats import decode_record
-from relstream.schemas.parts import ResultJoiner
+from relstream.wire.formats import decode_record
+from relstream.wire.parts import ResultJoiner
 
 log = logging.getLogger("relstream.forward")
 

@@ -38,12 +38,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.model import RelQuery, RelQueryResult, with_deadline
-from relstream.schemas import MessageError, RelQueryMessage, decode_json
-from relstream.schemas.codec import MAX_MESSAGE_BYTES
-from relstream.schemas.convert import partial_result_message, result_message
 from relstream.service.doorlimits import DoorAdmission, DoorLimits, HttpError, Ticket
 from relstream.service.forward import DoorPlacement, NotAnswered
 from relstream.service.offloop import relquery_of
+from relstream.wire import MessageError, RelQueryMessage, decode_json
+from relstream.wire.codec import MAX_MESSAGE_BYTES
+from relstream.wire.convert import partial_result_message, result_message
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # the same bound as a message on the relqueries topic
 BODY_SECONDS = 30.0  # the longest a client may take to send its body
@@ -300,5 +300,5 @@ def _event(name: str, data: bytes) -> bytes:
 
 def _request_body() -> dict:
     """The relquery message's published JSON Schema, so /docs shows what to send."""
-    text = resources.files("relstream.schemas").joinpath("json/relquery.schema.json").read_text()
+    text = resources.files("relstream.wire").joinpath("json/relquery.schema.json").read_text()
     return {"required": True, "content": {"application/json": {"schema": json.loads(text)}}}

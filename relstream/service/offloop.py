@@ -18,10 +18,10 @@ import time
 
 from relstream.kafka.clients import RESULT_PART_BYTES
 from relstream.model import RelQuery, RelQueryResult, cancelled_result
-from relstream.schemas import MetricsMessage, RelQueryMessage
-from relstream.schemas.convert import metrics_message, relquery_from_message, result_message
-from relstream.schemas.formats import Format, encode_as
-from relstream.schemas.parts import split_result
+from relstream.wire import MetricsMessage, RelQueryMessage
+from relstream.wire.convert import metrics_message, relquery_from_message, result_message
+from relstream.wire.formats import Format, encode_as
+from relstream.wire.parts import split_result
 
 WORKER_NICE = 10  # the worker threads' nice value: the event loop's thread runs first
 

@@ -53,9 +53,6 @@ from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.model import RelQuery, RelQueryResult, with_queued
 from relstream.placement.reports import report_load
 from relstream.ready import mark_ready_when
-from relstream.schemas import Message, MessageError, decode_relquery_stepwise
-from relstream.schemas.convert import partial_result_message
-from relstream.schemas.formats import Format, encode_as, headers_for, wire_format
 from relstream.service import backlog, offloop
 from relstream.service.answercache import start_answer_topic
 from relstream.service.backlog import LettersInFlight, RowBudget
@@ -66,6 +63,9 @@ from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook
 from relstream.service.pauses import Pauses
+from relstream.wire import Message, MessageError, decode_relquery_stepwise
+from relstream.wire.convert import partial_result_message
+from relstream.wire.formats import Format, encode_as, headers_for, wire_format
 
 log = logging.getLogger("relstream.engine")
 

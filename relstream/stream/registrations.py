@@ -38,8 +38,8 @@ from msgspec import Meta
 
 from relstream.model import Template, TemplateError
 from relstream.outputs import OutputSpec, OutputSpecError, Sampling
-from relstream.schemas.codec import MessageError, convert
-from relstream.schemas.messages import (
+from relstream.wire.codec import MessageError, convert
+from relstream.wire.messages import (
     MAX_RELQUERY_ROWS,
     Choices,
     DeadlineSeconds,
@@ -64,7 +64,7 @@ class RegistrationError(ValueError):
 
 class _Written(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One [[query]] table as written, held to the bounds of the relquery message its
-    windows become (`relstream.schemas.messages`)."""
+    windows become (`relstream.wire.messages`)."""
 
     name: TopicSafeName
     table: TopicSafeName

@@ -53,7 +53,6 @@ from relstream.kafka.topics import Topics
 from relstream.kafka.transactions import PartitionProducers, has_transactions, rejoin
 from relstream.placement.book import Demand, demand_of
 from relstream.placement.readers import AsyncLoadReader
-from relstream.schemas import RelQueryMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.transacted import (
     Part,
@@ -68,6 +67,7 @@ from relstream.stream.windowing import (
     Window,
     relquery_for_window,
 )
+from relstream.wire import RelQueryMessage, encode
 
 log = logging.getLogger("relstream.worker")
 

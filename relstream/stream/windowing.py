@@ -52,11 +52,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from relstream.schemas import MessageError, RelQueryMessage, RelQueryRow, RowMessage, encode
-from relstream.schemas.convert import output_message, sampling_fields
-from relstream.schemas.formats import Headers, decode_record
-from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.stream.registrations import QueryRegistration
+from relstream.wire import MessageError, RelQueryMessage, RelQueryRow, RowMessage, encode
+from relstream.wire.convert import output_message, sampling_fields
+from relstream.wire.formats import Headers, decode_record
+from relstream.wire.messages import MAX_ROW_BYTES
 
 # Kafka's default message limit, and relstream producers' request limit
 # (`kafka.clients.MAX_REQUEST_BYTES`): the bound where none is given.
@@ -85,7 +85,7 @@ def check_row(
     registration: QueryRegistration, raw: bytes | None, headers: Headers = None
 ) -> RowMessage | RowRejection:
     """A row message usable by this registration, or why it is not; msgpack or JSON, as
-    its headers or its first byte say (`schemas.formats`)."""
+    its headers or its first byte say (`wire.formats`)."""
     if raw is not None and len(raw) > MAX_ROW_BYTES:
         return RowRejection(f"row is {len(raw)} bytes; the limit is {MAX_ROW_BYTES}")
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.clients import assign_all, new_consumer
 from relstream.kafka.topics import Topics
-from relstream.schemas import (
+from relstream.wire import (
     DeadLetterMessage,
     MetricsMessage,
     RelQueryMessage,

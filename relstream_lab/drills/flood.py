@@ -35,7 +35,7 @@ from relstream.kafka.clients import (
 )
 from relstream.kafka.topics import Topics
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode
+from relstream.wire import DeadLetterMessage, ResultMessage, decode
 
 TABLE = "reviews"
 QUERY = '[[query]]\nname = "flood"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'

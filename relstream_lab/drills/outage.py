@@ -30,7 +30,7 @@ from relstream.kafka.clients import Subscription
 from relstream.kafka.delivery import quiet_outages
 from relstream.kafka.topics import Topics
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode
+from relstream.wire import DeadLetterMessage, ResultMessage, decode
 from relstream_lab.drills.parts import (
     TABLE,
     Rows,

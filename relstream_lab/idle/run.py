@@ -23,7 +23,7 @@ from relstream.kafka.brokers import free_port
 from relstream.kafka.clients import assign_all, new_consumer, produce, running
 from relstream.kafka.topics import Topics
 from relstream.launch import relstream_command, spawn_logged, wait_ready
-from relstream.schemas import RowMessage, encode
+from relstream.wire import RowMessage, encode
 
 # The walkthrough's registration (README, "Your own table, step by step").
 QUERIES = """\

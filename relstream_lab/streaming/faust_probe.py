@@ -42,10 +42,10 @@ def _worker(args: argparse.Namespace) -> None:
 
     from relstream.kafka.clients import portable_session
     from relstream.kafka.topics import Topics
-    from relstream.schemas import RowMessage, encode
     from relstream.stream.registrations import load_registrations
     from relstream.stream.windowing import PartitionWindows, RowRejection, check_row
     from relstream.stream.windowing import relquery_for_window as relquery
+    from relstream.wire import RowMessage, encode
 
     (registration,) = load_registrations(Path(args.config))
     bare_row = RowMessage(table=registration.table, key="k", values={"text": "item"})

@@ -28,8 +28,8 @@ from pathlib import Path
 from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER, EmbeddedBroker
 from relstream.kafka.clients import Subscription, create_topics, new_producer
 from relstream.kafka.topics import Topics
-from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
-from relstream.schemas.convert import relquery_message
+from relstream.wire import RelQueryMessage, ResultMessage, RowMessage, decode, encode
+from relstream.wire.convert import relquery_message
 from relstream_lab.campaign.run import replay
 from relstream_lab.common.workload import (
     TraceConfig,

@@ -86,8 +86,8 @@ def test_dtype_quantization_tokenizer_template_and_vllm_version_enter_the_key(tm
 
 
 def test_a_tenant_salt_enters_the_key_and_travels_on_the_wire():
-    from relstream.schemas import RelQueryMessage, decode, encode
-    from relstream.schemas.convert import relquery_from_message, relquery_message
+    from relstream.wire import RelQueryMessage, decode, encode
+    from relstream.wire.convert import relquery_from_message, relquery_message
 
     def salted(salt: str | None) -> RelQuery:
         return RelQuery("q", Template("{x}"), [Row("r", {"x": "1"})], 4, cache_salt=salt)

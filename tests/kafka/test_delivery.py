@@ -15,11 +15,11 @@ from relstream.backend import EngineFailure
 from relstream.kafka.clients import create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
 from relstream.model import Row
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
 
 
 def config_for(broker, topics: Topics, group: str, **options) -> ServiceConfig:
@@ -247,7 +247,7 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
     from prometheus_client.parser import text_string_to_metric_families
 
     from relstream.kafka.brokers import free_port
-    from relstream.schemas import MetricsMessage
+    from relstream.wire import MetricsMessage
 
     topics, group, port = fresh_topics(), f"g{uuid.uuid4().hex[:6]}", free_port()
     sent = [relquery(i) for i in range(5)]
@@ -283,7 +283,7 @@ def test_a_cancel_message_stops_a_relquery_running_or_still_in_kafka(broker):
     # One relQuery at a time, served slowly (the simulated backend in 20x real time): one
     # runs and another waits behind it in the engine's backlog when both are cancelled by
     # message. Both results come, their rows "cancelled"; a third is answered as usual.
-    from relstream.schemas import ControlMessage
+    from relstream.wire import ControlMessage
 
     topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
     running, early, normal = relquery(0), relquery(1), relquery(2)

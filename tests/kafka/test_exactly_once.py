@@ -23,11 +23,11 @@ from relstream.kafka.clients import create_topics, new_admin, produce
 from relstream.kafka.delivery import Send
 from relstream.kafka.topics import Topics
 from relstream.kafka.transactions import Fenced, PartitionProducers, has_transactions
-from relstream.schemas import ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
 from relstream_lab.drills.parts import noida_kafka
 
 # the bookkeeping

@@ -17,11 +17,11 @@ from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import EmbeddedBroker, free_port
 from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
-from relstream.schemas.messages import MAX_ROW_BYTES
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
+from relstream.wire.messages import MAX_ROW_BYTES
 
 
 async def published_ids(broker, topics) -> set[str]:

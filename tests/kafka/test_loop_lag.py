@@ -16,9 +16,9 @@ from engines import engine_process, wait_for
 from relstream.kafka.brokers import EmbeddedBroker, free_port
 from relstream.kafka.clients import Subscription, create_topics
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
-from relstream.schemas.messages import RelQueryMessage, RelQueryRow
-from relstream.schemas.parts import ResultJoiner
+from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode
+from relstream.wire.messages import RelQueryMessage, RelQueryRow
+from relstream.wire.parts import ResultJoiner
 
 LAG_BOUND_S = 0.1
 FIELDS = [f"f{j}" for j in range(512)]

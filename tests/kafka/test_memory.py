@@ -15,11 +15,11 @@ from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_producer, read_messages, running
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
-from relstream.schemas import ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
 from relstream.service.backlog import RowBudget
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
 from relstream_lab.drills.flood import report_table, run_flood
 
 # Four valid 5 MB relQueries are held together (each charged 5,000 rows of the 20,000-row

@@ -14,9 +14,9 @@ from relstream.kafka.delivery import Backoff, publish_acked
 from relstream.kafka.loglimit import RateLimited
 from relstream.kafka.topics import Topics
 from relstream.model import Template
-from relstream.schemas import RowMessage
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import PartitionWindows
+from relstream.wire import RowMessage
 from relstream_lab.drills.outage import report_text, run_outage
 
 

@@ -24,7 +24,10 @@ from relstream.kafka.topics import Topics
 from relstream.placement.book import Demand
 from relstream.placement.readers import AsyncLoadReader
 from relstream.placement.reports import HEADERS
-from relstream.schemas import (
+from relstream.service.forward import ResultFollower
+from relstream.service.service import KafkaService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import (
     ControlMessage,
     DeadLetterMessage,
     LoadReportMessage,
@@ -32,11 +35,8 @@ from relstream.schemas import (
     decode,
     encode,
 )
-from relstream.schemas.convert import relquery_message
-from relstream.schemas.messages import ResultRow
-from relstream.service.forward import ResultFollower
-from relstream.service.service import KafkaService, ServiceConfig
-from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire.convert import relquery_message
+from relstream.wire.messages import ResultRow
 
 SECRET = b"0123456789abcdef-engines"
 

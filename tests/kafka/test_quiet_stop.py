@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaProducer
 from helpers import relquery
 
 from relstream.kafka.clients import create_topics
-from relstream.schemas import encode
-from relstream.schemas.convert import relquery_message
+from relstream.wire import encode
+from relstream.wire.convert import relquery_message
 
 STOPS_S = 10  # from the signal to the process's end
 BUSY_ROWS = 4000  # rows of each relQuery: the children simulate for a while

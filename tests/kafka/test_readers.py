@@ -13,9 +13,9 @@ from helpers import stream_bin
 
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
-from relstream.schemas import ResultMessage, encode
-from relstream.schemas.convert import dead_letter_message
-from relstream.schemas.messages import ResultRow
+from relstream.wire import ResultMessage, encode
+from relstream.wire.convert import dead_letter_message
+from relstream.wire.messages import ResultRow
 
 NO_BROKER = ("--bootstrap", "127.0.0.1:1")  # a port where nothing listens
 
@@ -227,7 +227,7 @@ def test_the_dead_letter_command_shows_each_reason_and_counts_them(broker):
 
 @pytest.mark.slow
 def test_status_shows_topics_groups_engines_and_dead_letters(broker, tmp_path):
-    from relstream.schemas import MetricsMessage
+    from relstream.wire import MetricsMessage
 
     prefix = f"st{uuid.uuid4().hex[:6]}."
     topics = Topics(prefix=prefix)

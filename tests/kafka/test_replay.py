@@ -19,9 +19,9 @@ from relstream import launch
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.replay import LetterFilter, parse_time, plan_replay
 from relstream.kafka.topics import Topics
-from relstream.schemas import DeadLetterMessage, RowMessage, encode, validate
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import DeadLetterMessage, RowMessage, encode, validate
 
 REPO = Path(__file__).resolve().parents[2]
 RELSTREAM = (sys.executable, "-m", "relstream")

@@ -26,11 +26,11 @@ from relstream.kafka.sync import sync_consumer
 from relstream.kafka.topics import Topics
 from relstream.kafka.windowstarts import Snap, known_starts, snap
 from relstream.model import Template
-from relstream.schemas import RelQueryMessage, ResultMessage, RowMessage, decode, encode
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.recut import recut
 from relstream.stream.registrations import QueryRegistration
+from relstream.wire import RelQueryMessage, ResultMessage, RowMessage, decode, encode
 
 ROWS = 10
 QUERY = "sentiment"

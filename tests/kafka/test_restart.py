@@ -26,9 +26,9 @@ from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.brokers import free_port
 from relstream.kafka.clients import metadata_ok, read_messages
 from relstream.kafka.topics import Topics
-from relstream.schemas import ResultMessage, RowMessage, decode, encode
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import ResultMessage, RowMessage, decode, encode
 
 REPO = Path(__file__).resolve().parents[2]
 QUERY = (

@@ -21,8 +21,8 @@ from helpers import encode_row, relquery, start_worker
 from relstream.kafka.clients import Subscription, create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.launch import stop_all, wait_ready
-from relstream.schemas import ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
+from relstream.wire import ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
 
 SERVES_AGAIN_S = 30  # from the restart to the last relQuery produced after it answered
 STOPS_S = 10  # from SIGTERM to the process's end

@@ -21,9 +21,9 @@ from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.launch import wait_ready
-from relstream.schemas import DeadLetterMessage, RelQueryMessage, decode
 from relstream.stream.registrations import load_registrations
 from relstream.stream.stage import StageSettings, WindowStage
+from relstream.wire import DeadLetterMessage, RelQueryMessage, decode
 
 QUERY = (
     '[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "Rate: {review}"\n'

@@ -23,7 +23,11 @@ from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
 from relstream.placement.readers import LoadReader
 from relstream.placement.reports import HEADERS
-from relstream.schemas import (
+from relstream.service.doorlimits import DoorLimits
+from relstream.service.forward import DoorPlacement, ResultFollower
+from relstream.service.http import build_http_app
+from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import (
     ControlMessage,
     DeadLetterMessage,
     LoadReportMessage,
@@ -32,12 +36,8 @@ from relstream.schemas import (
     decode,
     encode,
 )
-from relstream.schemas.messages import ResultRow
-from relstream.schemas.parts import split_result
-from relstream.service.doorlimits import DoorLimits
-from relstream.service.forward import DoorPlacement, ResultFollower
-from relstream.service.http import build_http_app
-from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire.messages import ResultRow
+from relstream.wire.parts import split_result
 
 PARTITIONS = 4  # two for each engine
 COUNT = 30

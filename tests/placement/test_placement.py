@@ -4,7 +4,7 @@ report is fresh. Cases computed by hand."""
 
 from relstream.placement.choice import Choice, EngineLoad, Placement, hash_partition
 from relstream.placement.load import SIZE_CLASSES, Load, size_class, size_counts
-from relstream.schemas.messages import MAX_SIZE_CLASSES
+from relstream.wire.messages import MAX_SIZE_CLASSES
 
 PRICES = {"per_prompt_token_s": 0.001, "per_output_token_s": 0.01}
 

@@ -18,9 +18,9 @@ from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
 from relstream.placement.readers import AsyncLoadReader, LoadReader
-from relstream.schemas import RelQueryMessage, RelQueryRow
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import RelQueryMessage, RelQueryRow
 
 PARTITIONS = 6  # two for each engine
 BEFORE_KILL, AFTER_KILL = 60, 30

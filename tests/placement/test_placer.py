@@ -11,8 +11,8 @@ from relstream.model import RelQuery, Row, Template
 from relstream.placement.book import LoadBook, placement_of, prompt_tokens
 from relstream.placement.load import size_class, template_id
 from relstream.placement.reports import HEADERS
-from relstream.schemas import LoadReportMessage, RelQueryMessage, RelQueryRow, encode
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
+from relstream.wire import LoadReportMessage, RelQueryMessage, RelQueryRow, encode
 
 TOPIC = "relstream.relqueries"
 NOW = 1000.0

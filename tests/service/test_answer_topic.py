@@ -23,8 +23,6 @@ from relstream.kafka.clients import (
 )
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
-from relstream.schemas import ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
 from relstream.service.answercache import (
     TOPIC_CONFIG,
     AnswerSecretError,
@@ -33,6 +31,8 @@ from relstream.service.answercache import (
     purge_answers,
     signed_answer,
 )
+from relstream.wire import ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 IDENTITY = "ab" * 32  # the model's identity digest (engine.identity.ModelIdentity)

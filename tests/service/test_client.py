@@ -11,7 +11,7 @@ from relstream.client import RelstreamClient
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.topics import Topics
-from relstream.schemas import RowMessage, decode
+from relstream.wire import RowMessage, decode
 
 
 @pytest.mark.slow

@@ -12,11 +12,11 @@ from helpers import relquery
 from relstream.kafka.clients import MAX_REQUEST_BYTES, create_topics, read_messages
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery
-from relstream.schemas import DeadLetterMessage, ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
 from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
 
 
 def wire_form(rq: RelQuery) -> dict:

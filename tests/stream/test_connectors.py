@@ -22,8 +22,8 @@ from relstream.connectors.inputs import query_of
 from relstream.connectors.sinks import CsvSink, JsonlSink, default_group, open_sink
 from relstream.connectors.sources import read_query, read_rows
 from relstream.kafka.brokers import free_port
-from relstream.schemas import ResultMessage, encode, validate
-from relstream.schemas.messages import RelQueryRow
+from relstream.wire import ResultMessage, encode, validate
+from relstream.wire.messages import RelQueryRow
 
 RESULT_FIELDS = {
     "version": 1,

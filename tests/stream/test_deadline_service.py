@@ -16,7 +16,12 @@ from relstream.engine.requests import seconds_left
 from relstream.kafka.clients import create_topics, read_messages
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
-from relstream.schemas import (
+from relstream.service.http import build_http_app
+from relstream.service.service import KafkaService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend
+from relstream.stream.registrations import RegistrationError, load_registrations
+from relstream.stream.windowing import relquery_for_window
+from relstream.wire import (
     MessageError,
     MetricsMessage,
     RelQueryMessage,
@@ -25,12 +30,7 @@ from relstream.schemas import (
     decode,
     encode,
 )
-from relstream.schemas.convert import relquery_message
-from relstream.service.http import build_http_app
-from relstream.service.service import KafkaService, ServiceConfig
-from relstream.sim.backend import SimRelQueryBackend
-from relstream.stream.registrations import RegistrationError, load_registrations
-from relstream.stream.windowing import relquery_for_window
+from relstream.wire.convert import relquery_message
 
 
 def relquery(name: str, deadline_s: float | None) -> RelQuery:

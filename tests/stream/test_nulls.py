@@ -12,12 +12,12 @@ from relstream.connectors.sources import read_rows
 from relstream.kafka.clients import create_topics, produce, read_messages
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, RowFailure, RowRequest, RowStatus, Template, prepare_row
-from relstream.schemas import ResultMessage, RowMessage, decode, encode
-from relstream.schemas.convert import metrics_message, result_message
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import check_row, relquery_for_window
+from relstream.wire import ResultMessage, RowMessage, decode, encode
+from relstream.wire.convert import metrics_message, result_message
 
 REGISTRATION = QueryRegistration("nulls", "reviews", Template("Rate: {review}"))
 

@@ -16,9 +16,9 @@ import pytest
 from relstream import launch
 from relstream.kafka.clients import create_topics, produce
 from relstream.kafka.topics import Topics
-from relstream.schemas import RowMessage, encode
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import RowMessage, encode
 
 ROWS = 6
 VALUES = {f"k{i}": {"review": f"text {i}", "stars": i % 5} for i in range(ROWS)}

@@ -29,7 +29,9 @@ from relstream.kafka.clients import (
     read_messages,
 )
 from relstream.kafka.topics import Topics
-from relstream.schemas import (
+from relstream.service.service import KafkaService, ServiceConfig
+from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import (
     DeadLetterMessage,
     LoadReportMessage,
     PartialResultMessage,
@@ -39,10 +41,8 @@ from relstream.schemas import (
     decode,
     encode,
 )
-from relstream.schemas.formats import decode_record, is_load_report
-from relstream.schemas.messages import MAX_ROW_BYTES
-from relstream.service.service import KafkaService, ServiceConfig
-from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire.formats import decode_record, is_load_report
+from relstream.wire.messages import MAX_ROW_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,9 +4,9 @@ timestamps, so a replay cuts the same windows under the same ids."""
 import pytest
 
 from relstream.model import Template
-from relstream.schemas import RowMessage, encode
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import PartitionWindows
+from relstream.wire import RowMessage, encode
 
 # At most 3 rows, within 2 s of the window's first row.
 REGISTRATION = QueryRegistration("q", "t", Template("{x}"), window_seconds=2.0, max_rows=3)
@@ -81,8 +81,8 @@ ABC_ROW_BYTES = 1 + 4 + 2 + 7 + 1 + 2 + 4  # {"key": "a", "values": {"x": "abc"}
 
 
 def test_a_row_takes_its_key_and_values_encoded_in_a_relquery():
-    from relstream.schemas import RelQueryRow
     from relstream.stream.windowing import row_bytes
+    from relstream.wire import RelQueryRow
 
     abc = RowMessage(table="t", key="a", values={"x": "abc"}, produced_at=1.5)
     assert row_bytes(abc) == ABC_ROW_BYTES == 21  # the table and produced_at stay out

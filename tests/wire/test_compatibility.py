@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from jsonschema import Draft202012Validator
 
-from relstream.schemas import (
+from relstream.wire import (
     Latency,
     PartialResultMessage,
     RelQueryMessage,
@@ -33,7 +33,7 @@ from relstream.schemas import (
     decode,
     encode,
 )
-from relstream.schemas.messages import MESSAGE_TYPES
+from relstream.wire.messages import MESSAGE_TYPES
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "schemas"
 RELEASES = ("80b905e", "5e404c3")

@@ -6,10 +6,10 @@ import asyncio
 
 from relstream.backend import run
 from relstream.model import RelQuery, Row, Template, prepare_row, shared_first
-from relstream.schemas import decode, encode
-from relstream.schemas.convert import relquery_from_message, relquery_message
-from relstream.schemas.messages import RelQueryMessage
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import decode, encode
+from relstream.wire.convert import relquery_from_message, relquery_message
+from relstream.wire.messages import RelQueryMessage
 
 DESCRIPTION = "A waterproof hiking boot with a Vibram sole and a padded collar."
 

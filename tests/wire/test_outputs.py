@@ -6,8 +6,8 @@ import pytest
 
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputKind, OutputSpec, OutputSpecError, Sampling
-from relstream.schemas import MessageError, RelQueryMessage, decode, encode
-from relstream.schemas.convert import relquery_from_message, relquery_message
+from relstream.wire import MessageError, RelQueryMessage, decode, encode
+from relstream.wire.convert import relquery_from_message, relquery_message
 
 PERSON = {
     "type": "object",

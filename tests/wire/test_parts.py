@@ -13,12 +13,12 @@ from relstream.connectors.sinks import open_sink
 from relstream.kafka.clients import MAX_REQUEST_BYTES, create_topics, read_messages
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
-from relstream.schemas import ResultMessage, decode, encode
-from relstream.schemas.convert import relquery_message
-from relstream.schemas.messages import ResultRow
-from relstream.schemas.parts import ResultJoiner, split_result
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
+from relstream.wire import ResultMessage, decode, encode
+from relstream.wire.convert import relquery_message
+from relstream.wire.messages import ResultRow
+from relstream.wire.parts import ResultJoiner, split_result
 
 
 def result(rows: int, text: int) -> ResultMessage:

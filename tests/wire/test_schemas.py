@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from jsonschema import Draft202012Validator
 
-from relstream.schemas import (
+from relstream.wire import (
     KINDS,
     MAX_MESSAGE_BYTES,
     DeadLetterMessage,
@@ -21,8 +21,8 @@ from relstream.schemas import (
     encode,
     validate,
 )
-from relstream.schemas.codec import decode_json
-from relstream.schemas.jsonschema import committed_schema_text, json_schema, schema_text
+from relstream.wire.codec import decode_json
+from relstream.wire.jsonschema import committed_schema_text, json_schema, schema_text
 
 NOW = time.time()
 GOOD = {
@@ -120,7 +120,7 @@ def test_round_trip(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_committed_json_schemas_match_the_types(kind):
-    # `python -m relstream.schemas` rewrites them; producers in other languages read them.
+    # `python -m relstream.wire` rewrites them; producers in other languages read them.
     assert committed_schema_text(kind) == schema_text(kind)
 
 

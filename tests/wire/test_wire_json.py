@@ -1,4 +1,4 @@
-"""JSON beside msgpack on the wire (`relstream.schemas.formats`): a record is read by its
+"""JSON beside msgpack on the wire (`relstream.wire.formats`): a record is read by its
 content-type header or, without one, by its first byte; both encodings decode against the
 same types, so a message and its errors are the same in either."""
 
@@ -8,7 +8,7 @@ import json
 import msgpack
 import pytest
 
-from relstream.schemas import (
+from relstream.wire import (
     DeadLetterMessage,
     MessageError,
     RelQueryMessage,
@@ -18,9 +18,9 @@ from relstream.schemas import (
     RowMessage,
     encode,
 )
-from relstream.schemas.codec import decode_relquery_stepwise, encode_json
-from relstream.schemas.formats import decode_record, encode_as, headers_for, wire_format
-from relstream.schemas.messages import MAX_RELQUERY_ROWS
+from relstream.wire.codec import decode_relquery_stepwise, encode_json
+from relstream.wire.formats import decode_record, encode_as, headers_for, wire_format
+from relstream.wire.messages import MAX_RELQUERY_ROWS
 
 ROW = {"version": 1, "table": "reviews", "key": "r1", "values": {"review": "Dry feet.", "n": 4}}
 RELQUERY = {
@@ -143,7 +143,7 @@ def test_json_bytes_are_base64():
 
 def test_a_json_result_is_split_by_its_json_size():
     """JSON is larger than msgpack (escapes, names): its parts are sized in JSON."""
-    from relstream.schemas.parts import ResultJoiner, split_result
+    from relstream.wire.parts import ResultJoiner, split_result
 
     rows = [ResultRow(key=f"k{i}", status="ok", output="\x01" * 200) for i in range(40)]
     result = ResultMessage(id="q", rows=rows, latency=None, policy="p", model="m", completed_at=1.0)

@@ -16,8 +16,8 @@ from relstream.model import (
     TemplateError,
 )
 from relstream.outputs import OutputKind, OutputSpec, OutputSpecError, Sampling
-from relstream.schemas.codec import MessageError
-from relstream.schemas.messages import (
+from relstream.wire.codec import MessageError
+from relstream.wire.messages import (
     DeadLetterMessage,
     Latency,
     MetricsMessage,
@@ -27,7 +27,7 @@ from relstream.schemas.messages import (
     ResultMessage,
     ResultRow,
 )
-from relstream.schemas.messages import OutputSpec as OutputSpecMessage
+from relstream.wire.messages import OutputSpec as OutputSpecMessage
 
 MAX_REASON_CHARS = 4096  # a reason quoting a huge value is cut: the letter must fit
 MAX_DEAD_LETTER_KEY_BYTES = 1024

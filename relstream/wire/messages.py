@@ -2,7 +2,7 @@
 
 Each definition gives the msgpack encoding, the validation on decode (whose error names
 the field) and the JSON Schema published for producers in other languages
-(`relstream/schemas/json/`, generated from these types). The `version` field is the
+(`relstream/wire/json/`, generated from these types). The `version` field is the
 struct tag: written on every message, required and checked on every decode.
 
 Wire evolution, so a reader of the previous release survives a writer of this one and the
@@ -185,7 +185,7 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
     """A relquery message with its rows left as undecoded bytes, so their count can be
     checked first and they can be decoded a slice at a time
-    (`relstream.schemas.codec.decode_relquery_stepwise`)."""
+    (`relstream.wire.codec.decode_relquery_stepwise`)."""
 
     rows: msgspec.Raw
 
@@ -215,7 +215,7 @@ class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     """Answer to one relQuery (key: the relQuery id). Rows in the relQuery's row order.
     A result too big for one Kafka message comes in `parts` messages, `part` 0 first, each
     with the next rows and the same other fields; readers join them
-    (`relstream.schemas.parts`)."""
+    (`relstream.wire.parts`)."""
 
     kind: ClassVar[str] = "result"
     id: NonEmpty

@@ -1,7 +1,7 @@
 """The JSON Schema of every message kind, generated from the types in `messages`.
 
-The generated files are committed under `relstream/schemas/json/` for producers in other
-languages; `python -m relstream.schemas` rewrites them, and a test fails when they drift
+The generated files are committed under `relstream/wire/json/` for producers in other
+languages; `python -m relstream.wire` rewrites them, and a test fails when they drift
 from the types. msgpack's bin type (dead letters' `original`) has no JSON equivalent: its
 schema says so in the field's description.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from relstream.schemas.messages import KINDS
+from relstream.wire.messages import KINDS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_BASE_URI = "https://relstream.dev/schemas/"

@@ -2,7 +2,7 @@
 JSON Schemas (`jsonschema`), and the conversions to and from the domain model
 (`convert`)."""
 
-from relstream.schemas.codec import (
+from relstream.wire.codec import (
     MAX_MESSAGE_BYTES,
     MessageError,
     checked,
@@ -12,7 +12,7 @@ from relstream.schemas.codec import (
     encode,
     validate,
 )
-from relstream.schemas.messages import (
+from relstream.wire.messages import (
     KINDS,
     AnswerMessage,
     ControlMessage,

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from relstream.schemas.formats import Format, encode_as
-from relstream.schemas.messages import ResultMessage, ResultRow
+from relstream.wire.formats import Format, encode_as
+from relstream.wire.messages import ResultMessage, ResultRow
 
 _ROW_ENCODERS = {"msgpack": msgspec.msgpack.Encoder(), "json": msgspec.json.Encoder()}
 

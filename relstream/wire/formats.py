@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterable
 from typing import Literal, TypeVar
 
-from relstream.schemas.codec import MessageError, decode, decode_json, encode, encode_json
-from relstream.schemas.messages import KIND_HEADER, LoadReportMessage, Message
+from relstream.wire.codec import MessageError, decode, decode_json, encode, encode_json
+from relstream.wire.messages import KIND_HEADER, LoadReportMessage, Message
 
 Format = Literal["msgpack", "json"]
 FORMATS: tuple[Format, ...] = ("msgpack", "json")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from relstream.schemas.messages import (
+from relstream.wire.messages import (
     MAX_RELQUERY_ROWS,
     Message,
     RelQueryHeader,

@@ -1,8 +1,0 @@
-"""`python -m relstream.schemas`: rewrite the committed JSON Schemas from the types."""
-
-from pathlib import Path
-
-from relstream.schemas.jsonschema import write_schemas
-
-for path in write_schemas(Path(__file__).with_name("json")):
-    print(path)
