@@ -204,6 +204,7 @@ class RelstreamClient:
         idle_seconds: float = 3.0,
         on_unreadable: Callable[[int, str], None] | None = None,
         join_timeout: float = JOIN_TIMEOUT_S,
+        stop: Callable[[], bool] = lambda: False,
     ) -> Iterator[ResultMessage]:
         """Results from the group's committed offsets, committing each batch once the
         caller asked for the next, so only what it handled; with no group, every result
@@ -212,7 +213,8 @@ class RelstreamClient:
         passed after the last result (0: at those ends), the idle clock counted from when
         the group gave this reader its partitions (a join takes seconds on some brokers);
         raises ResultsUnavailable if the group gives it none within `join_timeout`. An
-        unreadable result is skipped, reported to `on_unreadable(offset, reason)`."""
+        unreadable result is skipped, reported to `on_unreadable(offset, reason)`. Ends,
+        following or not, at the first poll (every POLL_MS) after `stop()` is true."""
         joiner = ResultJoiner()  # a big result comes in parts: the user sees it whole
         messages = self._read(
             self.topics.results,
@@ -223,6 +225,7 @@ class RelstreamClient:
             on_unreadable,
             join_timeout,
             lambda: not joiner.pending,
+            stop,
         )
         for message in messages:
             whole = joiner.add(message)
@@ -230,10 +233,14 @@ class RelstreamClient:
                 yield whole
 
     def dead_letters(
-        self, follow: bool = False, idle_seconds: float = 3.0
+        self,
+        follow: bool = False,
+        idle_seconds: float = 3.0,
+        stop: Callable[[], bool] = lambda: False,
     ) -> Iterator[DeadLetterMessage]:
         """Every dead letter from the beginning (no consumer group), as `results`."""
-        yield from self._read(self.topics.deadletter, DeadLetterMessage, None, follow, idle_seconds)
+        topic = self.topics.deadletter
+        yield from self._read(topic, DeadLetterMessage, None, follow, idle_seconds, stop=stop)
 
     def _read(
         self,
@@ -245,11 +252,12 @@ class RelstreamClient:
         on_unreadable: Callable[[int, str], None] | None = None,
         join_timeout: float = JOIN_TIMEOUT_S,
         may_commit: Callable[[], bool] = lambda: True,
+        stop: Callable[[], bool] = lambda: False,
     ) -> Iterator[M]:
         """Messages of `topic` as in `results`; a batch is committed once handled, and only
         when `may_commit()` (a result's parts still missing hold the commit back)."""
         if group is None:
-            yield from self._look(topic, message_type, follow, idle_seconds, on_unreadable)
+            yield from self._look(topic, message_type, follow, idle_seconds, on_unreadable, stop)
             return
         # A static member (as engines and workers are): the same reader run again after
         # a kill takes its partitions back at once; noida-db never expires a dead member.
@@ -272,7 +280,7 @@ class RelstreamClient:
         try:
             started = time.monotonic()
             last: float | None = None  # the idle clock starts once partitions are assigned
-            while True:
+            while not stop():
                 batches = consumer.poll(timeout_ms=POLL_MS)
                 now = time.monotonic()
                 if batches or (last is None and consumer.assignment()):
@@ -302,6 +310,7 @@ class RelstreamClient:
         follow: bool,
         idle_seconds: float,
         on_unreadable: Callable[[int, str], None] | None,
+        stop: Callable[[], bool] = lambda: False,
     ) -> Iterator[M]:
         """Messages of `topic` from its log start, with no consumer group: to the ends found
         at the start (true ends, `bounds.extents`), then on while following or until
@@ -314,6 +323,8 @@ class RelstreamClient:
             to_end = Span(consumer, {p: (e.start, e.end) for p, e in found.items()})
             last = time.monotonic()
             for record in to_end:
+                if stop():
+                    return
                 last = time.monotonic()
                 yield from self._decoded({None: [record]}, message_type, on_unreadable)
             if not found or (not follow and idle_seconds <= 0):
@@ -322,7 +333,7 @@ class RelstreamClient:
             consumer.resume(*found)
             for partition, extent in found.items():
                 consumer.seek(partition, extent.end)
-            while True:
+            while not stop():
                 batches = consumer.poll(timeout_ms=POLL_MS)
                 if batches:
                     last = time.monotonic()

@@ -3,11 +3,14 @@ that many commands take (so each is spelled once)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -198,3 +201,24 @@ def unwind_on_sigterm() -> None:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, unwind)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[Callable[[], bool]]:
+    """Within: Ctrl-C and SIGTERM ask a following reader to end (the callable turns true),
+    which it does at its next poll, with its summary, instead of being interrupted inside
+    the Kafka client, where an interrupt in a group join left `sink --follow` running past
+    20 s. A second one interrupts at once (KeyboardInterrupt)."""
+    asked = threading.Event()
+
+    def ask(_signum: int, _frame) -> None:
+        if asked.is_set():
+            raise KeyboardInterrupt
+        asked.set()
+
+    previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield asked.is_set
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

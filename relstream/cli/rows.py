@@ -16,10 +16,12 @@ from relstream.cli.common import (
     prefix_option,
     progress,
     security_options,
+    stop_signals,
 )
+from relstream.cli.show import print_result, print_skipped
 from relstream.kafka.security import KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.wire import ResultMessage, RowMessage
+from relstream.wire import RowMessage
 
 if TYPE_CHECKING:
     from relstream.stream.registrations import QueryRegistration
@@ -245,11 +247,16 @@ def results(
     from relstream.client import RelstreamClient
 
     try:
-        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-            results = client.results(follow=follow, idle_seconds=0, on_unreadable=_print_skipped)
+        with (
+            stop_signals() as stop,
+            RelstreamClient(bootstrap, prefix, security, broker_kind) as client,
+        ):
+            results = client.results(
+                follow=follow, idle_seconds=0, on_unreadable=print_skipped, stop=stop
+            )
             for result in results:
                 if _chosen(result.id, queries, ids):
-                    _print_result(result, None if every_row else SHOWN_ROWS)
+                    print_result(result, None if every_row else SHOWN_ROWS)
     except KeyboardInterrupt:  # Ctrl-C is how --follow ends: no "Aborted!"
         pass
 
@@ -310,9 +317,12 @@ def sink(
 
     written = 0
     try:
-        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
+        with (
+            stop_signals() as stop,
+            RelstreamClient(bootstrap, prefix, security, broker_kind) as client,
+        ):
             # The client commits a batch only once every result in it is stored.
-            for result in client.results(group, follow, on_unreadable=_print_skipped):
+            for result in client.results(group, follow, on_unreadable=print_skipped, stop=stop):
                 try:
                     written += bool(store.write(result))
                 except OSError as exc:  # a full disk: what was not stored stays unread
@@ -348,8 +358,11 @@ def deadletters(
 
     causes = DeadLetterCauses()
     try:
-        with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
-            for letter in client.dead_letters(follow=follow, idle_seconds=0):
+        with (
+            stop_signals() as stop,
+            RelstreamClient(bootstrap, prefix, security, broker_kind) as client,
+        ):
+            for letter in client.dead_letters(follow=follow, idle_seconds=0, stop=stop):
                 causes.add(letter)
                 cut = " (cut)" if letter.truncated else ""
                 where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
@@ -361,33 +374,3 @@ def deadletters(
     console.print(f"{causes.total()} dead letters")
     for line in causes.lines():
         console.print(f"  {line}", markup=False)
-
-
-def _print_skipped(offset: int, reason: str) -> None:
-    console.print(f"[red]skipped unreadable result at offset {offset}: {reason}[/]")
-
-
-def _print_result(result: ResultMessage, shown: int | None) -> None:
-    """The relQuery, its rows by status, and `shown` rows (all when None), rows that did
-    not answer first: a 50-row result's one error is never hidden behind its answers."""
-    latency = result.latency
-    parts = ""
-    if latency is not None:
-        parts = " ".join(
-            f"{name} {getattr(latency, name):.2f}s"
-            for name in ("queued", "waiting", "core", "tail", "total")
-        )
-    statuses = Counter(row.status for row in result.rows)
-    counts = ", ".join(f"{status} {count}" for status, count in sorted(statuses.items()))
-    console.print(
-        f"[bold]{result.id}[/] {len(result.rows)} rows: {counts} ({result.policy}) {parts}",
-        markup=True,
-        highlight=False,
-    )
-    rows = sorted(result.rows, key=lambda row: row.status == "ok")  # stable: others first
-    picked = rows if shown is None else rows[:shown]
-    for row in picked:
-        text = row.output if row.status == "ok" else f"{row.status}: {row.error}"
-        console.print(f"  {row.key}: {text}", markup=False)
-    if len(rows) > len(picked):
-        console.print(f"  ... and {len(rows) - len(picked)} more rows (--all shows them)")
