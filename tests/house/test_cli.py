@@ -237,11 +237,15 @@ def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_bro
         command = [sys.executable, "-m", "relstream", *args, "--follow"]
         command += ["--bootstrap", default_broker.bootstrap]
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a hang shows where (SIGABRT)
+        )  # fmt: skip
         try:
             time.sleep(8)  # in its loop, waiting for results
             process.send_signal(signal.SIGINT)
+            said, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # every thread's stack, then the end
             said, _ = process.communicate(timeout=20)
         finally:
             process.kill()
