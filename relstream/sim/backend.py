@@ -182,6 +182,8 @@ class SimRelQueryBackend:
     def __init__(self, settings: SimSettings | None = None) -> None:
         self.settings = settings or SimSettings()
         self.profile = get_profile(self.settings.profile)
+        # its profile's prices: an output token's step shared by a full batch
+        self._prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
         # What reached the model: request ids of the latest rows it answered, so a test
         # can tell a row the backend was asked from one it never saw.
         self.recent_requests: deque[str] = deque(maxlen=RECENT_REQUESTS)
@@ -239,11 +241,10 @@ class SimRelQueryBackend:
         now, speed, scale = time.monotonic(), self.settings.speed, self.settings.time_scale
         each = [max(due - now, 0.0) / scale for due in self._ends.values()] if scale else []
         left = sum(each, 0.0)
-        prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
         return Load(
             left,
-            prices.per_token / speed,
-            prices.per_output / speed,
+            self._prices.per_token / speed,
+            self._prices.per_output / speed,
             size_counts(each),
             self._templates.ids(),
         )
@@ -252,18 +253,15 @@ class SimRelQueryBackend:
         """Engine seconds, at its speed, a relQuery not yet simulated is counted as in its
         load: its rows' templates and output budgets at the profile's prices (row values
         left out: no walk over its rows on the event loop)."""
-        prices = Coefficients.of(self.profile.prior(), self.profile.limits.max_num_seqs)
-        prompt = len(relquery.template.text) // CHARS_PER_TOKEN * prices.per_token
-        per_row = prompt + relquery.max_output_tokens * prices.per_output
+        prompt = len(relquery.template.text) // CHARS_PER_TOKEN * self._prices.per_token
+        per_row = prompt + relquery.max_output_tokens * self._prices.per_output
         return len(relquery.rows) * per_row / self.settings.speed
 
     async def _serve_in_time(self, relquery: RelQuery) -> RelQueryResult:
         try:
             result = await asyncio.get_running_loop().run_in_executor(None, self._serve, relquery)
-        except BaseException:
+        finally:  # its estimate, counted from submit (or nothing, if it failed)
             self._ends.pop(relquery.id, None)
-            raise
-        self._ends.pop(relquery.id, None)
         if self.settings.time_scale > 0 and result.latency is not None:
             wait = result.latency.total / self.settings.speed * self.settings.time_scale
             self._ends[relquery.id] = time.monotonic() + wait
