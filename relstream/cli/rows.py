@@ -257,7 +257,7 @@ def results(
             for result in results:
                 if _chosen(result.id, queries, ids):
                     print_result(result, None if every_row else SHOWN_ROWS)
-    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: no "Aborted!"
+    except KeyboardInterrupt:  # a second Ctrl-C (`stop_signals`): no "Aborted!"
         pass
 
 
@@ -333,7 +333,7 @@ def sink(
                     ) from None
     except ResultsUnavailable as exc:
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
-    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: what was stored, then quiet
+    except KeyboardInterrupt:  # a second Ctrl-C: what was stored, then quiet
         pass
     finally:
         store.close()
@@ -369,7 +369,7 @@ def deadletters(
                 console.print(
                     f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
                 )
-    except KeyboardInterrupt:  # Ctrl-C is how --follow ends: the count, then quiet
+    except KeyboardInterrupt:  # a second Ctrl-C: the count, then quiet
         pass
     console.print(f"{causes.total()} dead letters")
     for line in causes.lines():

@@ -256,6 +256,26 @@ def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_bro
         assert said.startswith(expected) and (expected or not said), said
 
 
+def test_sigterm_ends_a_following_sink_with_what_it_stored(default_broker, tmp_path):
+    # SIGTERM (what `timeout` and systemd send) ends `sink --follow` as Ctrl-C does: at
+    # its next poll, with its summary and status 0; it used to die at once, saying nothing.
+    import signal
+    import time
+
+    target = tmp_path / "results.jsonl"
+    command = [sys.executable, "-m", "relstream", "sink", str(target), "--follow"]
+    command += ["--bootstrap", default_broker.bootstrap]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(8)  # in its loop, waiting for results
+        process.send_signal(signal.SIGTERM)
+        said, _ = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 0, said
+    assert " ".join(said.split()).startswith(f"stored 0 new results in {target}"), said
+
+
 def test_a_sink_run_again_after_a_kill_takes_its_group_back_at_once(default_broker, tmp_path):
     # A `sink --follow` killed (SIGKILL): noida-db never expires it, so the same sink run
     # again waited 60 s and failed ("was given no partition"). A reader is a static member
