@@ -40,11 +40,12 @@ class StepComposer:
         self.expected = {info.relquery_id: expected_output(info) for info in active}
         decoding = []
         for seq in self.rows:
-            if seq.prefill_done:
+            generated = seq.output_tokens  # `prefill_done`, inlined as below
+            if generated >= 1 and seq.prompt_tokens + generated - seq.computed_tokens <= 1:
                 # A request whose every output token is already in flight (async
                 # scheduling) keeps its seat and runs nothing this step, as in vLLM's
                 # AsyncScheduler.
-                if seq.remaining_output:
+                if seq.max_tokens > generated:  # `remaining_output`
                     decoding.append(seq)
             else:
                 # Prompts still running keep their KV whether or not they continue this
@@ -52,19 +53,31 @@ class StepComposer:
                 self.reserving[seq.request_id] = self._later(seq, 0)
         self.budget -= len(decoding)
         self.reserved = sum(self.reserving.values())
-        # `_schedule(seq, 1)` for each, its steps inlined: this runs for every running row
+        # `_schedule(seq, 1)` for each, its steps and `_later`'s inlined: this runs for
+        # every running row, each step (a decoding row holds no share of `reserved` yet)
         growth, later_kv = self.view.growth_kv_tokens, self._later
+        block, reserve, expected, oracle = self.block, self.reserve, self.expected, self.oracle
+        exact_blocks = type(self.view).growth_kv_tokens is EngineView.growth_kv_tokens
         reserving, scheduled, preempted = self.reserving, self.scheduled, self.preempted
         for seq in decoding:
             request_id = seq.request_id
-            if request_id in preempted:
+            if preempted and request_id in preempted:
                 continue
-            need = growth(seq, 1)
+            # the view's own growth_kv_tokens(seq, 1) inlined; an engine's override called
+            exact = 0 if seq.computed_tokens % block else block
+            need = exact if exact_blocks else growth(seq, 1)
             if need > self.free and not self._make_room(seq, need):
                 break
             self.free -= need
-            later = later_kv(seq, 1)
-            self.reserved += later - reserving.pop(request_id, 0)
+            if oracle is None:
+                generated = seq.output_tokens
+                left = max(1, min(seq.max_tokens, expected[seq.relquery_id]) - generated)
+                total = seq.prompt_tokens + generated + left
+                blocks = -(-total // block) - -(-(seq.computed_tokens + 1) // block)
+                later = int(blocks * block * reserve)
+            else:
+                later = later_kv(seq, 1)
+            self.reserved += later
             reserving[request_id] = later
             scheduled[request_id] = (1, need, True)  # decoding: its prompt is done
 

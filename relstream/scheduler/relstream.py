@@ -73,6 +73,7 @@ from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeed
 
 Rank = tuple[int, float, float, str]  # (Urgency, aged W or starvation deadline, arrival, id)
 REPRICE_PER_STEP = 4  # waiting relQueries re-priced and re-ranked each step, round robin
+PROBE_PER_STEP = 1  # of those, whose prefix-cache miss ratio is sampled afresh
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
 
@@ -104,6 +105,7 @@ class Relstream(Policy):
         self._order = RankedQueue()  # relQueries with no running request, by rank
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
         self._left = RemainingBook()  # the same, prompts at the cache's miss ratio
+        self._miss: dict[str, tuple[float, int]] = {}  # (miss ratio, waiting rows) last probed
         self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
         self._cycling: set[str] = set()
         self.headroom = Headroom(stretch=self.config.stretch)
@@ -273,6 +275,7 @@ class Relstream(Policy):
             self.deadlines.forget(relquery_id)
             del self._left[relquery_id]
             del self._uncached[relquery_id]
+            self._miss.pop(relquery_id, None)
         newcomers = [tracker.relqueries[rid] for rid in sorted(changed) if rid not in self._left]
         for info in newcomers:
             self._size[info.relquery_id] = info.total_requests
@@ -285,9 +288,11 @@ class Relstream(Policy):
         changed |= self.starvation.newly_starving(now, tracker.relqueries)
         changed |= self.deadlines.due(now, tracker.relqueries)
         # The prefix cache and the coefficients move on: a few waiting relQueries are
-        # re-priced and re-ranked each step, round robin, so no step re-ranks them all.
-        for rid in self._stale(REPRICE_PER_STEP, changed):
-            self._left[rid] = self._priced(view, tracker.relqueries[rid])
+        # re-priced and re-ranked each step, round robin, so no step re-ranks them all;
+        # the stalest has its cache miss ratio sampled afresh, the others keep theirs.
+        for index, rid in enumerate(self._stale(REPRICE_PER_STEP, changed)):
+            probe = index < PROBE_PER_STEP
+            self._left[rid] = self._priced(view, tracker.relqueries[rid], probe=probe)
             changed.add(rid)
         for relquery_id in sorted(changed):
             self._unrank(relquery_id)
@@ -313,17 +318,27 @@ class Relstream(Policy):
                 picked.append(rid)
         return picked
 
-    def _priced(self, view: EngineView, info: RelQueryInfo) -> Remaining:
+    def _priced(self, view: EngineView, info: RelQueryInfo, probe: bool = False) -> Remaining:
         """R's remaining work, its prompts priced at the prefix cache's miss ratio on a
         sample of its waiting rows (the paper's utok): rows whose template or shared
-        values are cached cost less, and ranking them first keeps them cached."""
-        left = self._uncached[info.relquery_id]
-        sample = list(itertools.islice(info.waiting.values(), CACHE_SAMPLE))
-        tokens = sum(seq.uncomputed_tokens for seq in sample)
-        if not tokens:
+        values are cached cost less, and ranking them first keeps them cached. The ratio
+        is kept between samples: the cache is probed when asked (`probe`, the round
+        robin), for a newcomer, and when R's waiting rows changed (its own rows started,
+        caching their template), not each step R's running rows decode."""
+        relquery_id = info.relquery_id
+        left = self._uncached[relquery_id]
+        kept = self._miss.get(relquery_id)
+        if probe or kept is None or kept[1] != len(info.waiting):
+            sample = list(itertools.islice(info.waiting.values(), CACHE_SAMPLE))
+            tokens = sum(seq.uncomputed_tokens for seq in sample)
+            cached = sum(view.cached_prompt_tokens(seq) for seq in sample) if tokens else 0
+            kept = self._miss[relquery_id] = (
+                1 - cached / tokens if tokens else 1.0,
+                len(info.waiting),
+            )
+        if kept[0] == 1.0:
             return left
-        cached = sum(view.cached_prompt_tokens(seq) for seq in sample)
-        return replace(left, prompt_tokens=round(left.prompt_tokens * (1 - cached / tokens)))
+        return replace(left, prompt_tokens=round(left.prompt_tokens * kept[0]))
 
     def _set_deadlines(self, newcomers: list[RelQueryInfo], c: Coefficients) -> None:
         """Each newcomer's deadline: its arrival plus `fcfs_slack` times the latency FCFS
