@@ -1,18 +1,46 @@
 """Policies the simulator alone can run: the clairvoyant reference, relstream with its
-gate forced open or shut (the two policies the load-shaped gate chooses between) and
-relstream blind to deadlines, beside every policy of the registry
-(`relstream.scheduler.registry`)."""
+gate forced open or shut (the two policies the load-shaped gate chooses between), with
+another exponent of the gate's pressure, and blind to deadlines, beside every policy of
+the registry (`relstream.scheduler.registry`). Each is relstream with one hook
+overridden; the product's policy carries none of these settings."""
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from relstream.scheduler import POLICIES, CostModel, Policy, make_policy
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
-from relstream.scheduler.view import EngineView, StepPlan
+from relstream.scheduler.admission import StepAdmission
+from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.headroom import Headroom
+from relstream.scheduler.relstream import Rank, Relstream, RelstreamConfig
+from relstream.scheduler.steprecord import StepDecision
+from relstream.scheduler.view import EngineView, RelQueryInfo, StepPlan
 
 
-class Clairvoyant(Relstream):
+class RelstreamUngated(Relstream):
+    """Reference: V1's full batches in every step (one admission, `run_running` then
+    `admit` in relstream's rank order), as relstream ran at commit 5e404c3; no deadlines
+    unless a config says so."""
+
+    name = "relstream-ungated"
+
+    def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
+        super().__init__(cost, config or RelstreamConfig(deadlines=False))
+
+    def _step(
+        self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]], c: Coefficients
+    ) -> StepPlan:
+        step = StepAdmission.for_step(view)
+        step.run_running([seq for _, info in ranked for seq in info.running.values()])
+        started = (pair for pair in ranked if pair[1].waiting)
+        merged = heapq.merge(started, self.waiting_ranked(view), key=lambda pair: pair[0])
+        stop = step.admit(seq for _, info in merged for seq in info.waiting.values())
+        self.decision = StepDecision(stop=stop)
+        return step.plan()
+
+
+class Clairvoyant(RelstreamUngated):
     """The throughput-preserving reference: V1's batches (relstream's admission), relQueries
     ranked by their exact remaining work (every row's true output length), no aging and
     no starvation guard and no deadlines, so nothing but the best order for the mean. No
@@ -21,9 +49,7 @@ class Clairvoyant(Relstream):
     name = "clairvoyant"
 
     def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
-        unbounded = RelstreamConfig(
-            fcfs_slack=math.inf, size_weight=math.inf, gate="never", deadlines=False
-        )
+        unbounded = RelstreamConfig(fcfs_slack=math.inf, size_weight=math.inf, deadlines=False)
         super().__init__(cost, config or unbounded)
 
     def plan_step(self, view: EngineView) -> StepPlan:
@@ -38,19 +64,21 @@ class RelstreamGated(Relstream):
     name = "relstream-gated"
 
     def __init__(self, cost: CostModel) -> None:
-        super().__init__(
-            cost, RelstreamConfig(size_weight=math.inf, gate="always", deadlines=False)
-        )
+        super().__init__(cost, RelstreamConfig(size_weight=math.inf, deadlines=False))
+
+    def _pressure(self, view: EngineView, c: Coefficients) -> float:
+        return 0.0
 
 
-class RelstreamUngated(Relstream):
-    """Reference: V1's full batches in every step, as relstream ran at commit 5e404c3 (no
-    deadlines)."""
+class RelstreamStretch(Relstream):
+    """relstream with exponent `stretch` (k) in the gate's pressure (`headroom.py`), the
+    knob `bench frontier` sweeps."""
 
-    name = "relstream-ungated"
+    name = "relstream-stretch"
 
-    def __init__(self, cost: CostModel) -> None:
-        super().__init__(cost, RelstreamConfig(gate="never", deadlines=False))
+    def __init__(self, cost: CostModel, stretch: float) -> None:
+        super().__init__(cost)
+        self.headroom = Headroom(stretch=stretch)
 
 
 class RelstreamNoDeadlines(Relstream):

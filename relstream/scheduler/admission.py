@@ -5,15 +5,25 @@ A policy decides *order* (which running request is worth more, which waiting one
 next); `StepAdmission` alone decides *how much fits*, the same way for every policy, so
 no policy can take fewer requests into a step than its order allows:
 
-1. `run_running`: running requests in the policy's order while the token budget lasts,
-   a decode taking one token and an unfinished prompt the rest of it, cut to the budget
-   left and to vLLM's `long_prefill_token_threshold` (`tracker.prefill_cap`). A request
-   whose next tokens find no free KV preempts others by recompute, the policy's
-   `victim` first, until they fit (vLLM V1's `schedule()`, step 1).
+1. Running requests, one of two ways:
+   - `run_running` (V1's batches): in the policy's order while the token budget lasts,
+     a decode taking one token and an unfinished prompt the rest of it, cut to the
+     budget left and to vLLM's `long_prefill_token_threshold` (`tracker.prefill_cap`).
+     A request whose next tokens find no free KV preempts others by recompute, the
+     policy's `victim` first, until they fit (vLLM V1's `schedule()`, step 1).
+   - `decode` then `continue_prompts` (relstream's gated steps, `gate.gated_fill`):
+     every running request decodes first, then unfinished prompts continue in rank
+     order, each under the gate's `limit` on its prompt tokens; on a KV shortfall the
+     worst-ranked row goes.
 2. `admit`: waiting requests in the policy's order while seats (`max_num_seqs`), token
-   budget and KV last; a request is taken only if its whole current sequence fits after
-   its prefix-cache hit, and the first one that does not fit ends admission, so a later
-   request never overtakes an earlier one. V1 admits nobody in a step that preempted.
+   budget, KV and a `limit` on prompt tokens last; a request is taken only if its whole
+   current sequence fits after its prefix-cache hit, and the first one that does not
+   ends admission, so a later request never overtakes an earlier one. Nobody is
+   admitted in a step that preempted (V1).
+
+With `reserve` > 0 (relstream) KV is also kept for what running requests will still
+take: each one's prompt rest and expected output, times `reserve`, so a gated engine
+does not admit what it would soon have to preempt. With 0 (V1) nothing is kept.
 
 `Stop` says why admission ended (SGLang's `PrefillAdder` answers the same question).
 """
@@ -24,8 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from relstream.scheduler.remaining import Oracle, expected_output, row_remaining_output
 from relstream.scheduler.tracker import prefill_cap
-from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, SeqInfo, StepPlan
+from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, RelQueryInfo, SeqInfo, StepPlan
 
 Victim = Callable[[list[SeqInfo]], SeqInfo]  # the running request to evict first
 
@@ -36,8 +47,9 @@ class Stop(Enum):
     DRAINED = "drained"  # every candidate was taken
     SEATS = "seats"  # the running set is at max_num_seqs
     BUDGET = "budget"  # the step's token budget is spent
-    KV = "kv"  # the next request's sequence does not fit in the free KV
+    KV = "kv"  # the next request's sequence does not fit in the free KV (less reserved)
     PREEMPTED = "preempted"  # the step preempted: V1 admits nobody then
+    LIMIT = "limit"  # the next prompt exceeds the caller's limit (relstream's gate)
 
 
 class Chunking(Enum):
@@ -62,10 +74,17 @@ class StepAdmission:
     seats: int
     chunking: Chunking = Chunking.CUT
     cap: int | None = None  # the most tokens one request computes this step (None: any)
+    reserve: float = 0.0  # share of running requests' future KV kept back
+    oracle: Oracle | None = None  # true remaining outputs (the lab's clairvoyant)
     scheduled: dict[str, int] = field(default_factory=dict)  # running id -> tokens this step
     growth: dict[str, int] = field(default_factory=dict)  # running id -> KV its tokens take
     preempted: list[SeqInfo] = field(default_factory=list)
     admitted: list[PrefillChunk] = field(default_factory=list)
+    stop: Stop | None = None  # why the last `admit` ended
+    reserved: int = 0  # KV kept for running requests' future tokens, summed
+    reserving: dict[str, int] = field(default_factory=dict)  # request id -> its share
+    expected: dict[str, int] = field(default_factory=dict)  # relQuery id -> output a row
+    rows: list[SeqInfo] = field(default_factory=list)  # `decode`'s rows, best first
 
     @classmethod
     def for_step(
@@ -75,6 +94,8 @@ class StepAdmission:
         budget: int | None = None,
         free_kv: int | None = None,
         seats: int | None = None,
+        reserve: float = 0.0,
+        oracle: Oracle | None = None,
     ) -> StepAdmission:
         """The engine's whole budget, free KV and free seats, unless given."""
         limits = view.limits
@@ -85,8 +106,11 @@ class StepAdmission:
             limits.max_num_seqs - len(view.tracker.running) if seats is None else seats,
             chunking,
             prefill_cap(limits, view.tracker),
+            reserve,
+            oracle,
         )
 
+    # running requests, V1's way
     def run_running(
         self,
         running: list[SeqInfo],
@@ -107,9 +131,7 @@ class StepAdmission:
             if not seq.remaining_output:  # every token in flight (async scheduling)
                 index += 1
                 continue
-            tokens = min(seq.uncomputed_tokens, self.budget)
-            if self.cap is not None:
-                tokens = min(tokens, self.cap)
+            tokens = self._chunk(min(seq.uncomputed_tokens, self.budget))
             need = self.view.growth_kv_tokens(seq, tokens)
             preempted_itself = False
             while need > self.free_kv and not preempted_itself:
@@ -135,22 +157,160 @@ class StepAdmission:
         self.free_kv += self.view.releasable_kv_tokens(seq) + self.growth.pop(seq.request_id, 0)
         self.budget += self.scheduled.pop(seq.request_id, 0)
 
-    def admit(self, candidates: Iterable[SeqInfo]) -> Stop:
-        """Admit `candidates` in order while seats, budget and KV last; why it stopped."""
+    # running requests, relstream's gated way
+    def decode(self, active: list[RelQueryInfo]) -> None:
+        """Decode every running request of `active` (relQueries best first; each decode
+        takes one token of the budget first), in rank order; on a KV shortfall preempt
+        the worst-ranked relQuery's last row. Keep KV for what every running request will
+        still take (`reserve`)."""
+        self.rows = [seq for info in active for seq in info.running.values()]
+        self.expected = {info.relquery_id: expected_output(info) for info in active}
+        decoding = []
+        for seq in self.rows:
+            generated = seq.output_tokens  # `prefill_done`, inlined as below
+            if generated >= 1 and seq.prompt_tokens + generated - seq.computed_tokens <= 1:
+                # A request whose every output token is already in flight (async
+                # scheduling) keeps its seat and runs nothing this step, as in vLLM's
+                # AsyncScheduler.
+                if seq.max_tokens > generated:  # `remaining_output`
+                    decoding.append(seq)
+            else:
+                # Prompts still running keep their KV whether or not they continue this
+                # step; a decode's share is set when it is scheduled just below.
+                self.reserving[seq.request_id] = self._later(seq, 0)
+        self.budget -= len(decoding)
+        self.reserved = sum(self.reserving.values())
+        # `_schedule(seq, 1)` for each, its steps and `_later`'s inlined: this runs for
+        # every running row, each step (a decoding row holds no share of `reserved` yet)
+        growth, later_kv = self.view.growth_kv_tokens, self._later
+        block, reserve, expected, oracle = (
+            self.view.limits.block_size,
+            self.reserve,
+            self.expected,
+            self.oracle,
+        )
+        exact_blocks = type(self.view).growth_kv_tokens is EngineView.growth_kv_tokens
+        reserving, scheduled, gone = self.reserving, self.scheduled, self.preempted
+        for seq in decoding:
+            if gone and seq in gone:
+                continue
+            # the view's own growth_kv_tokens(seq, 1) inlined; an engine's override called
+            exact = 0 if seq.computed_tokens % block else block
+            need = exact if exact_blocks else growth(seq, 1)
+            if need > self.free_kv and not self._make_room(seq, need):
+                break
+            self.free_kv -= need
+            if oracle is None:
+                generated = seq.output_tokens
+                left = max(1, min(seq.max_tokens, expected[seq.relquery_id]) - generated)
+                total = seq.prompt_tokens + generated + left
+                blocks = -(-total // block) - -(-(seq.computed_tokens + 1) // block)
+                later = int(blocks * block * reserve)
+            else:
+                later = later_kv(seq, 1)
+            self.reserved += later
+            reserving[seq.request_id] = later
+            scheduled[seq.request_id] = 1
+            self.growth[seq.request_id] = need
+
+    def continue_prompts(self, info: RelQueryInfo, limit: int | None = None) -> None:
+        """Continue R's unfinished running prompts, chunked to the budget left. vLLM gives
+        a running prompt all the budget it can, so a prompt goes only where it fits whole
+        when the step must not give it that much: under a `limit` on R's prompt tokens,
+        and once this step admitted a better-ranked relQuery (vLLM computes running
+        prompts before it admits anyone). Otherwise it waits a step. "All" and "whole"
+        stop at the long-prefill cap, as vLLM's own chunk does."""
+        allowed = self.budget if limit is None else min(limit, self.budget)
+        whole_only = limit is not None or bool(self.admitted)
+        for seq in list(info.running.values()):
+            if seq.prefill_done or seq in self.preempted:
+                continue
+            chunk = self._chunk(seq.uncomputed_tokens)
+            tokens = min(chunk, allowed)
+            if whole_only and tokens < chunk:
+                continue
+            if tokens <= 0 or not self._schedule(seq, tokens):
+                return
+            self.budget -= tokens
+            allowed -= tokens
+
+    def _chunk(self, tokens: int) -> int:
+        """What vLLM computes of a request's `tokens` left, budget permitting."""
+        return tokens if self.cap is None else min(tokens, self.cap)
+
+    def _later(self, seq: SeqInfo, tokens: int) -> int:
+        """KV `seq` will still take after this step's `tokens`: its prompt's rest and its
+        expected output, scaled by the reserve share."""
+        left = row_remaining_output(seq, self.expected[seq.relquery_id], self.oracle)
+        block = self.view.limits.block_size
+        after = seq.computed_tokens + tokens
+        total = seq.prompt_tokens + seq.output_tokens + left  # computed + uncomputed + left
+        return int((-(-total // block) - -(-after // block)) * block * self.reserve)
+
+    def _schedule(self, seq: SeqInfo, tokens: int) -> bool:
+        need = self.view.growth_kv_tokens(seq, tokens)
+        if need > self.free_kv and not self._make_room(seq, need):
+            return False
+        self.free_kv -= need
+        self.reserved -= self.reserving.pop(seq.request_id, 0)
+        later = self._later(seq, tokens)
+        self.reserving[seq.request_id] = later
+        self.reserved += later
+        self.scheduled[seq.request_id] = tokens
+        self.growth[seq.request_id] = need
+        return True
+
+    def _make_room(self, seq: SeqInfo, need: int) -> bool:
+        """Preempt from the end of the ranked rows until `need` KV is free; False when
+        `seq` itself had to go. A decode's token, taken from the budget before any was
+        scheduled, comes back with it."""
+        while need > self.free_kv:
+            victim = self.rows.pop()
+            self.preempted.append(victim)
+            self.free_kv += self.view.releasable_kv_tokens(victim)
+            self.reserved -= self.reserving.pop(victim.request_id, 0)
+            tokens = self.scheduled.pop(victim.request_id, 0)
+            self.free_kv += self.growth.pop(victim.request_id, 0)
+            self.budget += 1 if victim.prefill_done else tokens
+            if victim is seq:
+                return False
+        return True
+
+    # waiting requests, every policy's way
+    def admit(self, candidates: Iterable[SeqInfo], limit: int | None = None) -> Stop:
+        """Admit `candidates` in order while seats, budget, KV (less what is reserved)
+        and a `limit` on their prompt tokens (whole prompts, or whole chunks at the
+        long-prefill cap) last; why it stopped."""
+        self.stop = self._admit(candidates, limit)
+        return self.stop
+
+    def _admit(self, candidates: Iterable[SeqInfo], limit: int | None) -> Stop:
         if self.preempted:
             return Stop.PREEMPTED
+        view, block, allowed = self.view, self.view.limits.block_size, limit
         for seq in candidates:
             if self.budget <= 0:
                 return Stop.BUDGET
             if self.seats <= 0:
                 return Stop.SEATS
-            cached = self.view.cached_prompt_tokens(seq)
-            need = self.view.admission_kv_tokens(seq, cached)
-            if need > self.free_kv:
-                return Stop.KV
+            cached = view.cached_prompt_tokens(seq)
             tokens = seq.uncomputed_tokens - cached
-            if self.chunking is Chunking.CUT and self.cap is not None:
-                tokens = min(tokens, self.cap)
+            if self.chunking is Chunking.CUT:
+                tokens = self._chunk(tokens)
+            if allowed is not None:
+                if tokens > min(allowed, self.budget):
+                    return Stop.LIMIT
+                allowed -= tokens
+            need = view.admission_kv_tokens(seq, cached)
+            later = 0
+            if self.reserve:
+                total = seq.uncomputed_tokens + row_remaining_output(
+                    seq, self._expected(seq), self.oracle
+                )
+                blocks = -(-total // block) - -(-seq.uncomputed_tokens // block)
+                later = int(blocks * block * self.reserve)
+            if need + later > self.free_kv - self.reserved:
+                return Stop.KV
             if tokens > self.budget:
                 if self.chunking is Chunking.CUT:
                     tokens = self.budget
@@ -158,9 +318,18 @@ class StepAdmission:
                     return Stop.BUDGET
             self.admitted.append(PrefillChunk(seq.request_id, tokens))
             self.free_kv -= need
+            self.reserved += later
             self.budget -= tokens
             self.seats -= 1
         return Stop.DRAINED
+
+    def _expected(self, seq: SeqInfo) -> int:
+        relquery_id = seq.relquery_id
+        expected = self.expected.get(relquery_id)
+        if expected is None:
+            info = self.view.tracker.relqueries[relquery_id]
+            expected = self.expected[relquery_id] = expected_output(info)
+        return expected
 
     def plan(self) -> StepPlan:
         """The step: running prompts' chunks and admissions, decodes, evictions."""

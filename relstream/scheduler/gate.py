@@ -11,7 +11,7 @@ over started and waiting relQueries alike (`gated_fill`):
   (shortest first: ABA's m+ > m-); any other only when Δ < 0 (`admission_pays`);
 - once a relQuery is held back, nobody ranked after it is admitted.
 
-KV is reserved for what running requests will still generate (`composer.StepComposer`),
+KV is reserved for what running requests will still generate (`StepAdmission.reserve`),
 so a gated engine does not admit what it would have to preempt.
 """
 
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from relstream.scheduler.composer import StepComposer
+from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.remaining import Remaining
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo
 
@@ -139,7 +139,7 @@ def admission_pays(
 
 def gated_fill(
     view: EngineView,
-    step: StepComposer,
+    step: StepAdmission,
     started: list[Ranked],
     waiting: Iterable[Ranked],
     queued: int,
@@ -173,13 +173,13 @@ def gated_fill(
             continue
         remaining = left(info.relquery_id)
         if info.running:
-            admitting = step.admit(info, limit)
+            admitting = step.admit(info.waiting.values(), limit) is Stop.DRAINED
             held = held or (not admitting and limit is not None)
         elif c.work(remaining) < best_running or free:
-            admitting = step.admit(info)
+            admitting = step.admit(info.waiting.values()) is Stop.DRAINED
         else:
             pays = admission_pays(running_set, remaining, behind, c)
             held = held or not pays
-            admitting = pays and step.admit(info)
+            admitting = pays and step.admit(info.waiting.values()) is Stop.DRAINED
         running_set.add(remaining)
     return held

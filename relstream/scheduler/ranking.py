@@ -1,6 +1,7 @@
 """Who goes first, apart from how much goes in (SGLang's `calc_priority` beside its
-admission): each policy names its order as an object whose `rank` gives a relQuery's
-rank (`StaticRanking`: the paper's static priority), and admission only walks it.
+admission): each policy names its order as a `Ranking`, an object whose `rank` gives a
+relQuery's rank (`StaticRanking`: the paper's static priority; `WorkRanking`: relstream's
+aged remaining work), and admission only walks it.
 
 A rank is a tuple, smaller first, that ends with the relQuery's id, so ranks are
 distinct and totally ordered. `RankedQueue` keeps relQueries in rank order and moves
@@ -9,13 +10,24 @@ only those re-ranked, so a step costs what changed, not what waits.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
+from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.deadlines import Urgency
+from relstream.scheduler.remaining import Remaining
+from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.view import RelQueryInfo
 
 Rank = tuple  # smaller first; the last item is the relQuery id
+
+
+class Ranking(Protocol):
+    def rank(self, info: RelQueryInfo, now: float) -> Rank: ...
 
 
 def static_priority(prompt_tokens: int, requests: int, max_tokens: int) -> int:
@@ -31,6 +43,37 @@ class StaticRanking:
     def rank(self, info: RelQueryInfo, now: float) -> Rank:
         priority = static_priority(info.prompt_tokens_seen, info.total_requests, info.max_tokens)
         return (priority, info.arrival_time, info.relquery_id)
+
+
+@dataclass
+class WorkRanking:
+    """relstream's order: rank(R) = arrival + γ·W(R), W its remaining work at the step's
+    `prices` (engine seconds; γ = `size_weight`, inf: W alone). Past its starvation
+    deadline R goes ahead of every relQuery that is not, earliest deadline first; once
+    it can no longer meet the deadline its user set (`lost_at`), behind those that can.
+    Ranks are (Urgency, aged W or starvation deadline, arrival, id)."""
+
+    starvation: StarvationGuard
+    left: Mapping[str, Remaining]  # each relQuery's last estimate of remaining work
+    lost_at: Callable[[RelQueryInfo, Coefficients], float]
+    size_weight: float
+    deadlines: bool  # honour the deadlines users set
+    prices: Coefficients | None = None  # this step's, set before ranking
+
+    def rank(self, info: RelQueryInfo, now: float) -> Rank:
+        relquery_id = info.relquery_id
+        if self.starvation.is_starving(relquery_id):
+            deadline = self.starvation.deadline(relquery_id)
+            return (Urgency.STARVING, deadline, info.arrival_time, relquery_id)
+        c = self.prices
+        assert c is not None, "prices are set each step before ranking"
+        urgency = Urgency.OTHER
+        if info.deadline is not None and self.deadlines and now >= self.lost_at(info, c):
+            urgency = Urgency.LOST
+        work = c.work(self.left[relquery_id])
+        if not math.isinf(self.size_weight):
+            work = info.arrival_time + self.size_weight * work
+        return (urgency, work, info.arrival_time, relquery_id)
 
 
 class RankedQueue:

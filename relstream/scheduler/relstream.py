@@ -42,13 +42,13 @@ latency that holding work back buys. Each step:
    its rank) while they fit.
 
 Which regime holds is a fact of the machine (the step-cost fit prices both sides) and of
-the moment (the load). `RelstreamConfig.gate` gives the benchmarks' references: `always`,
-the Δ gate with no pressure (commit 1f41818), and `never`, V1's batches (5e404c3).
+the moment (the load). The benchmarks' references (the gate with no pressure, V1's
+batches, a clairvoyant order, other exponents of the pressure) are the lab's subclasses
+(`relstream_lab.policies`): each overrides one hook (`_step`, `_pressure`, `oracle`).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections import deque
@@ -56,24 +56,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from relstream.placement.load import Load, size_counts
-from relstream.scheduler.admission import StepAdmission
-from relstream.scheduler.composer import StepComposer
+from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.cost import Coefficients, CostModel
-from relstream.scheduler.deadlines import DeadlineWatch, Urgency, lost_at
+from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
-from relstream.scheduler.headroom import STRETCH, Headroom, StepWork
+from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
 from relstream.scheduler.policies import Policy, load_batch
-from relstream.scheduler.ranking import RankedQueue
+from relstream.scheduler.ranking import RankedQueue, WorkRanking
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
 from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.steprecord import StepDecision
-from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo, StepFeedback, StepPlan
+from relstream.scheduler.view import EngineView, RelQueryInfo, StepFeedback, StepPlan
 
 Rank = tuple[int, float, float, str]  # (Urgency, aged W or starvation deadline, arrival, id)
 REPRICE_PER_STEP = 4  # waiting relQueries re-priced and re-ranked each step, round robin
-PROBE_PER_STEP = 1  # of those, whose prefix-cache miss ratio is sampled afresh
+PROBE_PER_STEP = 4  # of those, whose prefix-cache miss ratio is sampled afresh
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
 
@@ -84,23 +83,19 @@ class RelstreamConfig:
     # rank = arrival + size_weight × W (inf: W alone). Both chosen on the sustained
     # benchmark (docs/benchmarks/sustained/notes.md).
     size_weight: float = 64.0
-    # "load": the Δ gate weighed by the load (headroom.pressure); "always": the gate
-    # alone (commit 1f41818); "never": V1's full batches (commit 5e404c3)
-    gate: str = "load"
     deadlines: bool = True  # honour the deadlines users set (False: a reference ignoring them)
-    stretch: float = STRETCH  # k in the gate's pressure (headroom.py); swept by the lab
 
 
 class Relstream(Policy):
     name = "relstream"
+    # Rows' true remaining outputs: None here, every output estimated (`remaining`); the
+    # lab's clairvoyant reference reads the simulator's.
+    oracle: Oracle | None = None
 
-    def __init__(
-        self, cost: CostModel, config: RelstreamConfig | None = None, oracle: Oracle | None = None
-    ) -> None:
+    def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
         super().__init__(cost)
         self.config = config or RelstreamConfig()
         self.step_cost = OnlineStepCost.from_prior(cost)
-        self.oracle = oracle
         self.starvation = StarvationGuard()
         self._order = RankedQueue()  # relQueries with no running request, by rank
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
@@ -108,10 +103,14 @@ class Relstream(Policy):
         self._miss: dict[str, tuple[float, int]] = {}  # (miss ratio, waiting rows) last probed
         self._cycle: deque[str] = deque()  # ranked relQueries, the longest unpriced first
         self._cycling: set[str] = set()
-        self.headroom = Headroom(stretch=self.config.stretch)
+        self.headroom = Headroom()
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.deadlines = DeadlineWatch()
+        self.ranking = WorkRanking(
+            self.starvation, self._left, self._lost_at, self.config.size_weight,
+            self.config.deadlines,
+        )  # fmt: skip
         self._last: Coefficients | None = None  # the last step's prices
         self._lengths: OutputLengths | None = None  # the engine's finished rows' outputs
 
@@ -151,52 +150,50 @@ class Relstream(Policy):
         return Load(c.work(self._left.total()), c.per_token, c.per_output, counts)
 
     def plan_step(self, view: EngineView) -> StepPlan:
-        coefficients = self._last = self._coefficients(view)
+        coefficients = self._last = self.ranking.prices = self._coefficients(view)
         self._refresh(view, coefficients)
         now = view.now()
         # Active relQueries changed this step, so _refresh has just estimated them afresh.
         ranked = sorted(
-            ((self._ranked(info, coefficients, now), info)
+            ((self.ranking.rank(info, now), info)
              for info in view.tracker.active_relqueries.values()),
             key=_first,
         )  # fmt: skip
-        active = [info for _, info in ranked]
-        if self.config.gate != "never":
-            plan, held = self._gated_step(view, ranked, coefficients)
-            self._planned = (now, full_batch(view), held, True)
-            return plan
-        self._planned = (now, full_batch(view), False, False)
-        step = StepAdmission.for_step(view)
-        step.run_running([seq for info in active for seq in info.running.values()])
-        stop = step.admit(self._waiting_in_rank_order(view, ranked))
-        self.decision = StepDecision(stop=stop)
-        return step.plan()
+        plan = self._step(view, ranked, coefficients)
+        decision = self.decision or StepDecision()
+        self._planned = (now, full_batch(view), decision.held, decision.gated)
+        return plan
 
-    def _gated_step(
+    def _step(
         self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]], c: Coefficients
-    ) -> tuple[StepPlan, bool]:
+    ) -> StepPlan:
         """Decode every running request, then prompts and admissions through the Δ gate
         weighed by the pressure; KV is kept for what running requests will still
-        generate. Also says whether the gate held work back. `ranked`: the running
-        relQueries with their ranks, best first."""
+        generate. `ranked`: the running relQueries with their ranks, best first."""
         active = [info for _, info in ranked]
-        step = StepComposer(view, self.oracle, reserve=1.0)
+        step = StepAdmission.for_step(view, reserve=1.0, oracle=self.oracle)
         step.decode(active)
         if step.preempted:
             for info in active:
                 step.continue_prompts(info)
-            self.decision = StepDecision(gated=True)
-            return step.plan(), False
-        relqueries = view.tracker.relqueries
-        started = ranked
-        waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
+            self.decision = StepDecision(gated=True, stop=Stop.PREEMPTED)
+            return step.plan()
         queued = len(self._order) + sum(1 for info in active if info.waiting)
-        arriving = 0.0
-        if self.config.gate == "load":
-            arriving = self.headroom.pressure(view.now(), c.work(self._left.total()))
-        held = gated_fill(view, step, started, waiting, queued, self._left.__getitem__, c, arriving)
-        self.decision = StepDecision(gated=True, held=held, pressure=arriving)
-        return step.plan(), held
+        arriving = self._pressure(view, c)
+        waiting = self.waiting_ranked(view)
+        held = gated_fill(view, step, ranked, waiting, queued, self._left.__getitem__, c, arriving)
+        self.decision = StepDecision(gated=True, held=held, pressure=arriving, stop=step.stop)
+        return step.plan()
+
+    def _pressure(self, view: EngineView, c: Coefficients) -> float:
+        """Relqueries a lost second of capacity delays beyond those queued, at today's
+        load and backlog (`headroom`)."""
+        return self.headroom.pressure(view.now(), c.work(self._left.total()))
+
+    def waiting_ranked(self, view: EngineView) -> Iterator[tuple[Rank, RelQueryInfo]]:
+        """The relQueries with no running request, best rank first, with their ranks."""
+        relqueries = view.tracker.relqueries
+        return ((rank, relqueries[rank[3]]) for rank in self._order)
 
     def _coefficients(self, view: EngineView) -> Coefficients:
         """The fitted step cost, a decode priced with attention over the running
@@ -209,34 +206,7 @@ class Relstream(Policy):
         per_decode += per_context * context / max(len(rows), 1)
         return Coefficients(base, per_token, per_decode, max(len(tracker.running), 1))
 
-    def _waiting_in_rank_order(
-        self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]]
-    ) -> Iterator[SeqInfo]:
-        """Waiting rows of started (`ranked`, best first) and fully waiting relQueries
-        alike, best rank first."""
-        relqueries = view.tracker.relqueries
-        started = (pair for pair in ranked if pair[1].waiting)
-        waiting = ((rank, relqueries[rank[3]]) for rank in self._order)
-        for _, info in heapq.merge(started, waiting, key=_first):
-            yield from info.waiting.values()
-
-    # ranking
-    def _ranked(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
-        """The rank of R from its last estimate of remaining work; past its starvation
-        deadline, R goes ahead of every relQuery that is not, earliest deadline first;
-        once it can no longer meet the deadline its user set, behind those that can."""
-        relquery_id = info.relquery_id
-        if self.starvation.is_starving(relquery_id):
-            deadline = self.starvation.deadline(relquery_id)
-            return (Urgency.STARVING, deadline, info.arrival_time, relquery_id)
-        urgency = Urgency.OTHER
-        if info.deadline is not None and self.config.deadlines and now >= self._lost_at(info, c):
-            urgency = Urgency.LOST
-        work = c.work(self._left[relquery_id])
-        if not math.isinf(self.config.size_weight):
-            work = info.arrival_time + self.config.size_weight * work
-        return (urgency, work, info.arrival_time, relquery_id)
-
+    # ranking (`ranking.WorkRanking`) and the deadlines it reads
     def _needed(self, info: RelQueryInfo, c: Coefficients) -> float:
         """τ(R): its uncached prompt at the fitted price, then its decode steps left at
         a decode step's price for today's batch; until a row of R finishes, its steps are
@@ -254,11 +224,11 @@ class Relstream(Policy):
         return lost_at(info.deadline, self._needed(info, c))
 
     def _rank_waiting(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
-        """`_ranked`, and a look again when it may lose its deadline."""
+        """R's rank, and a look again when it may lose its deadline."""
         if info.deadline is not None and self.config.deadlines:
             at = self._lost_at(info, c)
             self.deadlines.watch(info.relquery_id, at if at > now else None)
-        return self._ranked(info, c, now)
+        return self.ranking.rank(info, now)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
         """Re-estimate what changed; the rest keeps its rank (a fully waiting relQuery's

@@ -17,7 +17,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.sim.profiles import profile_from_document
 from relstream.sim.simulator import Simulator
 from relstream_lab.common.runner import RunSummary, make_cost_model, summarize
@@ -27,7 +26,7 @@ from relstream_lab.common.workload import (
     load_datasets,
     tokenize_trace,
 )
-from relstream_lab.policies import make_sim_policy
+from relstream_lab.policies import RelstreamStretch, make_sim_policy
 
 STOCK = ("v1-fcfs", "v1-priority")
 REFERENCES = ("relstream-gated", "relstream-ungated")
@@ -37,7 +36,7 @@ def run(profile, relqueries, policy: str, stretch: float | None = None) -> RunSu
     cost = make_cost_model("online", profile)
     built = make_sim_policy(policy, cost)
     if stretch is not None:
-        built = Relstream(built.cost, RelstreamConfig(stretch=stretch))
+        built = RelstreamStretch(built.cost, stretch)
     return summarize(policy, 0.0, Simulator(profile, built).run(relqueries))
 
 

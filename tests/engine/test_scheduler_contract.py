@@ -22,7 +22,7 @@ from relstream.engine import tags  # noqa: E402
 from relstream.engine.core import plugin  # noqa: E402
 from relstream.engine.core.harness import BLOCK, build_scheduler, fake_output  # noqa: E402
 from relstream.engine.weights import model_dir  # noqa: E402
-from relstream.scheduler.relstream import RelstreamConfig  # noqa: E402
+from relstream_lab.policies import RelstreamUngated  # noqa: E402
 
 BUDGET = 64  # prompt tokens a step may compute: one relQuery's prompt at a time
 
@@ -157,7 +157,7 @@ def test_a_preempted_request_whose_blocks_are_cached_is_placed_again(policy):
     # its full batches (the stream's pressure high) are the path under test.
     scheduler = build(False, policy, num_blocks=9)
     if policy == "relstream":
-        scheduler.relstream_policy.config = RelstreamConfig(gate="never")
+        scheduler.relstream_policy = RelstreamUngated(scheduler.relstream_policy.cost)
     for i in range(4):
         add(scheduler, str(i), f"q{i}", 1, prompt=30, outputs=6)
     steps = drive(scheduler, 1)

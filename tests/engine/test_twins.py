@@ -12,15 +12,15 @@ from relstream.engine.twins import SharedRequests
 from relstream.model import RelQuery, RelQueryResult, Row, RowResult, RowStatus, Template
 from relstream.outputs import Sampling
 from relstream.scheduler import CostModel, EngineLimits, Linear
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.relstream import RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.view import PrefillChunk, StepPlan
 from relstream.service.metrics import EngineMetrics
 from relstream.wire.convert import metrics_message
+from relstream_lab.policies import RelstreamUngated  # V1's batches: the order alone under test
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms (as tests/scheduler/test_relstream.py).
 SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
-FULL_BATCHES = RelstreamConfig(gate="never")  # V1's batches: the order alone is under test
 
 
 def engine(seats: int = 2) -> ScriptedView:
@@ -44,7 +44,7 @@ def test_a_relquery_repeating_a_waiting_row_is_ranked_as_itself_and_runs_it_firs
     # 0.1 + 64 × 0.6 = 38.5; W(big) = 1 ms × 1,000 + 27.5 ms × 400 = 12 s, rank 768.
     # SMALL's row goes first although BIG asked for the same request before it.
     view = big_and_small()
-    plan = Relstream(SMALL_COST, FULL_BATCHES).plan(view)
+    plan = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(view)
     assert [chunk.request_id for chunk in plan.prefill] == ["small#0", "big#0"]
     # It starts: BIG's copy waits on it, out of the queue, and is no work of BIG's:
     # 19 rows × 50 prompt tokens and 19 × 20 output tokens are left, of 20 rows.
@@ -68,7 +68,7 @@ def test_a_relquery_whose_rows_all_wait_on_twins_has_no_work_left():
     small = view.tracker.relqueries["small"]
     assert not small.waiting and not small.running and "small#0" in small.held
     assert remaining(small) == Remaining(1, 0, 0, 0)
-    plan = Relstream(SMALL_COST, FULL_BATCHES).plan(view)
+    plan = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(view)
     assert "small#0" not in {chunk.request_id for chunk in plan.prefill}
 
 

@@ -7,9 +7,9 @@ from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear, make_policy
 from relstream.scheduler.admission import Chunking, StepAdmission, Stop
-from relstream.scheduler.composer import StepComposer
-from relstream.scheduler.relstream import RelstreamConfig
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.tracker import prefill_cap
+from relstream_lab.policies import RelstreamUngated
 
 
 def engine(
@@ -99,25 +99,23 @@ def test_the_adaptive_threshold_is_never_below_a_fair_share_of_the_budget():
     assert prefill_cap(long_prompts(3, threshold=0).limits, view.tracker) is None
 
 
-@pytest.mark.parametrize("gate", ["load", "never"])
-def test_relstream_cuts_prompts_at_the_threshold_and_fills_the_budget(gate):
+@pytest.mark.parametrize("policy", [Relstream, RelstreamUngated])
+def test_relstream_cuts_prompts_at_the_threshold_and_fills_the_budget(policy):
     # Before it read the threshold, relstream planned 800 + 224 and vLLM ran 400 + 400
     # of them, leaving the third request waiting with budget and seats to spare.
-    policy = make_policy("relstream", COST)
-    policy.config = RelstreamConfig(gate=gate)
-    plan = policy.plan(long_prompts(3))
+    plan = policy(COST, RelstreamConfig()).plan(long_prompts(3))
     assert sorted(size for _, size in chunks(plan)) == [224, 400, 400]
 
 
-def test_the_composer_counts_a_chunk_at_the_threshold_as_whole():
+def test_a_gated_step_counts_a_chunk_at_the_threshold_as_whole():
     # Under a limit of 450 prompt tokens a prompt goes only whole, and vLLM runs 400 of
     # an 800-token prompt: that chunk is whole. q1 then finds 50 of the limit left.
     view = long_prompts(2)
     view.tracker.start("q0#0")
-    step = StepComposer(view, None, reserve=1.0)
+    step = StepAdmission.for_step(view, reserve=1.0)
     step.decode(list(view.tracker.active_relqueries.values()))
     step.continue_prompts(view.tracker.relqueries["q0"], limit=450)
-    assert not step.admit(view.tracker.relqueries["q1"], limit=50)
+    assert step.admit(view.tracker.relqueries["q1"].waiting.values(), limit=50) is Stop.LIMIT
     assert chunks(step.plan()) == [("q0#0", 400)]
 
 

@@ -8,16 +8,18 @@ from helpers import ScriptedView
 from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.lengths import WINDOW, OutputLengths
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.relstream import RelstreamConfig
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator
 from relstream_lab.common.runner import make_cost_model
-from relstream_lab.policies import make_sim_policy
+from relstream_lab.policies import (
+    RelstreamUngated,  # V1's batches: the order alone under test
+    make_sim_policy,
+)
 
 # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms; 64 seats, a budget of 512 tokens.
 SMALL_COST = CostModel(prefill=Linear(0.001, 0.025), decode=Linear(0.0025, 0.025))
-FULL_BATCHES = RelstreamConfig(gate="never")  # V1's batches: the order alone is under test
 
 
 def two_relqueries(small_deadline: float | None, big_deadline: float | None = None) -> ScriptedView:
@@ -50,7 +52,7 @@ def test_a_deadline_overtakes_size_order_once_the_smaller_relquery_cannot_meet_i
     # deadline (τ = 1 s + 0.55 s, 10 s away) is within reach, goes first and takes the
     # whole budget: 10 prompts of 50 and 12 tokens of the eleventh.
     for deadline, first in ((None, SIZE_ORDER), (0.7, SIZE_ORDER), (0.6, BIG_FIRST)):
-        plan = Relstream(SMALL_COST, FULL_BATCHES).plan(two_relqueries(deadline, 10.0))
+        plan = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(two_relqueries(deadline, 10.0))
         assert first_rows(plan) == first
     assert [chunk.num_tokens for chunk in plan.prefill][-1] == 12
 
@@ -63,7 +65,7 @@ def test_finished_rows_of_the_same_budget_say_how_long_a_relquery_still_needs():
     view = two_relqueries(0.4, 10.0)
     for _ in range(8):
         view.tracker.outputs.add(20, 2)
-    assert first_rows(Relstream(SMALL_COST, FULL_BATCHES).plan(view)) == SIZE_ORDER
+    assert first_rows(RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(view)) == SIZE_ORDER
 
 
 def test_the_longest_of_m_rows_is_read_at_the_m_over_m_plus_1_quantile():
@@ -84,7 +86,7 @@ def test_the_longest_of_m_rows_is_read_at_the_m_over_m_plus_1_quantile():
 def test_the_clock_alone_moves_a_waiting_relquery_behind_once_it_is_lost():
     # small due at 1 s: lost from 1 − 0.65 = 0.35 s. Nothing changes in the engine
     # between the plans; a watch set when small was ranked re-ranks it.
-    policy = Relstream(SMALL_COST, FULL_BATCHES)
+    policy = RelstreamUngated(SMALL_COST, RelstreamConfig())
     view = two_relqueries(1.0)
     for clock, first in ((0.0, SIZE_ORDER), (0.3, SIZE_ORDER), (0.4, BIG_FIRST)):
         view.clock = clock
@@ -92,8 +94,8 @@ def test_the_clock_alone_moves_a_waiting_relquery_behind_once_it_is_lost():
 
 
 def test_the_reference_without_deadlines_ignores_them():
-    config = RelstreamConfig(gate="never", deadlines=False)
-    assert first_rows(Relstream(SMALL_COST, config).plan(two_relqueries(0.4))) == SIZE_ORDER
+    config = RelstreamConfig(deadlines=False)
+    assert first_rows(RelstreamUngated(SMALL_COST, config).plan(two_relqueries(0.4))) == SIZE_ORDER
 
 
 def test_the_watch_keeps_the_earliest_look_and_skips_finished_relqueries():

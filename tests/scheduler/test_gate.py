@@ -11,6 +11,7 @@ from relstream.scheduler.gate import RunningSet, admission_pays
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining
+from relstream_lab.policies import RelstreamUngated
 
 # b = 20 ms per step, 1 ms per prompt token, 2 ms per decode.
 C = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=10)
@@ -137,7 +138,7 @@ def test_at_light_load_the_gate_holds_the_big_relquery_back():
     # Δ = 1.4 s ≥ 0, big waits. V1's batches would take 9 of big's rows too.
     gated = Relstream(SMALL_COST).plan(two_relqueries())
     assert [c.request_id for c in gated.prefill] == ["small#0", "small#1"]
-    full = Relstream(SMALL_COST, RelstreamConfig(gate="never")).plan(two_relqueries())
+    full = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(two_relqueries())
     assert len(full.prefill) == 11
 
 

@@ -6,15 +6,15 @@ from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear, StepFeedback, StepKind
 from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.relstream import RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.view import SeqInfo
+from relstream_lab.policies import RelstreamUngated  # V1's batches: the order alone under test
 
 # b = 20 ms per step, 1 ms per prompt token, 2 ms per decode; 10 requests running.
 C = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=10)
 CANDIDATE = Remaining(rows=5, prompt_tokens=500, output_tokens=50, steps=10)
-FULL_BATCHES = RelstreamConfig(gate="never")  # V1's batches: the order alone is under test
 
 
 def test_work_shares_the_step_base_with_the_batch():
@@ -93,7 +93,7 @@ def test_the_smaller_relquery_is_admitted_first_and_the_budget_still_filled():
     view = small_engine()
     view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
     view.add_relquery("small", [50] * 2, max_tokens=20, arrival=0.1)
-    plan = Relstream(SMALL_COST, FULL_BATCHES).plan(view)
+    plan = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(view)
     ids = [chunk.request_id for chunk in plan.prefill]
     assert ids == ["small#0", "small#1", *(f"big#{row}" for row in range(9))]
     assert [chunk.num_tokens for chunk in plan.prefill][-1] == 12
@@ -104,13 +104,13 @@ def test_a_later_smaller_relquery_goes_first_only_while_its_rank_has_not_aged_pa
     # Nothing running (n = 1): W(big) = 1 ms × 1,000 + 27.5 ms × 400 = 12 s and
     # W(small) = 0.1 + 27.5 ms × 40 = 1.2 s. With γ = 1 big's rank is 0 + 12 = 12; small
     # arriving at 10 s ranks 10 + 1.2 = 11.2 (first), at 11 s 11 + 1.2 = 12.2 (second).
-    config = RelstreamConfig(fcfs_slack=float("inf"), size_weight=1.0, gate="never")
+    config = RelstreamConfig(fcfs_slack=float("inf"), size_weight=1.0)
     for arrival, first in ((10.0, "small#0"), (11.0, "big#0")):
         view = small_engine(seats=20)
         view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
         view.add_relquery("small", [50] * 2, max_tokens=20, arrival=arrival)
         view.clock = arrival
-        plan = Relstream(SMALL_COST, config).plan(view)
+        plan = RelstreamUngated(SMALL_COST, config).plan(view)
         assert plan.prefill[0].request_id == first
 
 
@@ -118,7 +118,7 @@ def test_a_relquery_past_its_fcfs_deadline_goes_ahead_of_smaller_ones():
     # b = 25 ms, a_p = 1 ms, a_d = 2.5 ms, nothing running (n = 1): W(big) = 1 ms × 1,000
     # + 27.5 ms × 400 = 12 s. FCFS would answer it in its own 12 s (nothing came before
     # it), so with a slack of 1 its deadline is 12 s. At 0 s no KV is free: it waits.
-    policy = Relstream(SMALL_COST, RelstreamConfig(fcfs_slack=1.0, gate="never"))
+    policy = RelstreamUngated(SMALL_COST, RelstreamConfig(fcfs_slack=1.0))
     view = small_engine(seats=20)
     view.add_relquery("big", [50] * 20, max_tokens=20, arrival=0.0)
     view.free_tokens = 0
@@ -147,7 +147,7 @@ def test_a_full_cache_evicts_the_worst_ranked_relquerys_last_row():
     for request_id in ("big#0", "big#1", "small#0"):
         view.start(request_id)
     view.free_tokens = 32
-    plan = Relstream(SMALL_COST, FULL_BATCHES).plan(view)
+    plan = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(view)
     assert plan.decode == ("small#0", "big#0") and plan.preempt == ("big#1",)
     assert plan.prefill == ()
 
@@ -161,5 +161,5 @@ def test_a_relquery_whose_prompts_are_cached_ranks_first():
     view.add_relquery("early", [100] * 4, max_tokens=5, arrival=0.0)
     view.add_relquery("late", [100] * 4, max_tokens=5, arrival=1.0)
     view.cached.update({f"late#{row}": 96 for row in range(4)})
-    plan = Relstream(SMALL_COST, FULL_BATCHES).plan(view)
+    plan = RelstreamUngated(SMALL_COST, RelstreamConfig()).plan(view)
     assert [c.request_id for c in plan.prefill] == [*(f"late#{r}" for r in range(4)), "early#0"]
