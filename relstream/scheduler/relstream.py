@@ -72,7 +72,6 @@ from relstream.scheduler.view import EngineView, RelQueryInfo, StepFeedback, Ste
 
 Rank = tuple[int, float, float, str]  # (Urgency, aged W or starvation deadline, arrival, id)
 REPRICE_PER_STEP = 4  # waiting relQueries re-priced and re-ranked each step, round robin
-PROBE_PER_STEP = 4  # of those, whose prefix-cache miss ratio is sampled afresh
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
 
@@ -258,11 +257,10 @@ class Relstream(Policy):
         changed |= self.starvation.newly_starving(now, tracker.relqueries)
         changed |= self.deadlines.due(now, tracker.relqueries)
         # The prefix cache and the coefficients move on: a few waiting relQueries are
-        # re-priced and re-ranked each step, round robin, so no step re-ranks them all;
-        # the stalest has its cache miss ratio sampled afresh, the others keep theirs.
-        for index, rid in enumerate(self._stale(REPRICE_PER_STEP, changed)):
-            probe = index < PROBE_PER_STEP
-            self._left[rid] = self._priced(view, tracker.relqueries[rid], probe=probe)
+        # re-priced (their cache probed afresh) and re-ranked each step, round robin, so
+        # no step re-ranks them all.
+        for rid in self._stale(REPRICE_PER_STEP, changed):
+            self._left[rid] = self._priced(view, tracker.relqueries[rid], probe=True)
             changed.add(rid)
         for relquery_id in sorted(changed):
             self._unrank(relquery_id)
