@@ -39,10 +39,11 @@ def apply_cpu_defaults(kv_cache_gib: int) -> bool:
 
 
 def reexec_with_tcmalloc() -> None:
-    """Restart this `relstream` command once with tcmalloc preloaded (a no-op when it is
-    missing or already loaded). Library users set LD_PRELOAD themselves."""
+    """Restart this command (`relstream`, `relstream-lab`, whatever ran it) once with
+    tcmalloc preloaded (a no-op when it is missing or already loaded). Library users set
+    LD_PRELOAD themselves."""
     preload = os.environ.get("LD_PRELOAD", "")
     if not TCMALLOC.exists() or "tcmalloc" in preload:
         return
     env = {**os.environ, "LD_PRELOAD": f"{TCMALLOC} {preload}".strip()}
-    os.execve(sys.executable, [sys.executable, "-m", "relstream", *sys.argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
