@@ -5,8 +5,8 @@ import pytest
 from relstream.scheduler.data import StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream_lab.campaign.checkpoint import MachineSpeedError, check_speed, speed_against
-from relstream_lab.campaign.run import offline_cost_lines, run_windows
-from relstream_lab.campaign.targets import judge_targets
+from relstream_lab.campaign.run import alternated, offline_cost_lines, run_windows
+from relstream_lab.campaign.targets import fidelity, judge_targets, ratios
 
 
 def test_each_target_is_judged_on_its_worst_trace():
@@ -40,11 +40,60 @@ def test_each_target_is_judged_on_its_worst_trace():
     )
     assert judged["v1-priority / relstream @top"]["holds"]  # worst 1.7 ≥ 1.6
     moderate = judged["v1-fcfs / relstream @mod"]
-    assert (moderate["traces"], moderate["holds"]) == (1, True)  # 1.8 ≥ 1.4
+    assert (moderate["traces"], moderate["holds"]) == (1, True)  # 1.8 ≥ 1.5
     assert judged["relserve / relstream @eve"]["worst"] == 0.9  # < 0.95: misses
     assert not judged["relserve / relstream @eve"]["holds"]
     assert judged["relstream max / v1-fcfs max @eve"]["worst"] == 1.6  # over 1.5: misses
     assert not judged["relstream max / v1-fcfs max @eve"]["holds"]
+
+
+def _run(policy, load, mean, makespan, **predicted):
+    return {"arrival": "poisson", "seed": 1, "rate": load, "policy": policy, "mean": mean,
+            "max": 2 * mean, "makespan": makespan, **predicted}  # fmt: skip
+
+
+def test_the_makespan_lines_take_the_better_stock_v1():
+    runs = [
+        _run("relstream", 0.75, 30.0, 600.0),
+        _run("v1-fcfs", 0.75, 45.0, 564.0),
+        _run("v1-priority", 0.75, 46.0, 580.0),
+        _run("relstream", 1, 35.0, 500.0),
+        _run("v1-fcfs", 1, 87.0, 510.0),
+        _run("v1-priority", 1, 70.0, 490.0),
+    ]
+    rows = {row["rate"]: row for row in ratios(runs)}
+    assert rows[0.75]["makespan_vs_best_v1"] == 600.0 / 564.0  # +6.4 %: over 5 %
+    assert rows[0.75]["best_v1_mean"] == 1.5
+    assert rows[1]["makespan_vs_best_v1"] == 500.0 / 490.0  # +2.0 %: within 3 %
+    assert rows[1]["best_v1_mean"] == 2.0
+    judged = {t["target"]: t for t in judge_targets(list(rows.values()))}
+    assert not judged["moderate load (0.6-0.9): relstream makespan / better stock V1's"]["holds"]
+    assert judged["full load (0.95-1.1): relstream makespan / better stock V1's"]["holds"]
+    assert judged["full load (0.95-1.1): better stock V1 / relstream"]["holds"]
+
+
+def test_fidelity_needs_mean_and_makespan_within_the_target_and_counts_the_sides():
+    def replayed(policy, mean, makespan, predicted_mean, predicted_makespan):
+        return _run(
+            policy, 1, mean, makespan,
+            predicted_mean=predicted_mean, predicted_makespan=predicted_makespan,
+            prediction_error=predicted_mean / mean - 1,
+            makespan_prediction_error=predicted_makespan / makespan - 1,
+        )  # fmt: skip
+
+    runs = [
+        replayed("relstream", 40.0, 500.0, 44.0, 510.0),  # +10 %, +2 %: within
+        replayed("v1-fcfs", 80.0, 510.0, 84.0, 600.0),  # +5 %, +17.6 %: not within
+        replayed("v1-priority", 70.0, 490.0, 50.0, 520.0),  # -28.6 %: not within
+    ]
+    fid = fidelity(runs)
+    assert (fid["runs"], fid["within_target"]) == (3, 1)
+    assert fid["max_abs_error"] == pytest.approx(20.0 / 70.0)
+    assert fid["max_abs_makespan_error"] == pytest.approx(90.0 / 510.0)
+    # Means: relstream below both, really and replayed (2 right). Makespans: below
+    # v1-fcfs in both (right); above v1-priority really (500 > 490), below it replayed
+    # (510 < 520: wrong).
+    assert (fid["comparisons"], fid["right_sign"]) == (4, 3)
 
 
 def test_relserves_offline_lines_come_from_the_capacity_runs_steps():
@@ -123,3 +172,11 @@ def test_a_resumed_campaign_stops_on_a_machine_of_another_speed():
     check_speed(REFERENCE, [step(100, 0, 0.13)])  # 1.08x: the same kind of machine
     with pytest.raises(MachineSpeedError, match=r"2\.50x"):
         check_speed(REFERENCE, [step(100, 0, 0.30)])
+
+
+def test_each_cell_runs_the_policies_one_place_rotated():
+    policies = ("relstream", "v1-fcfs", "v1-priority")
+    assert [alternated(policies, cell)[0] for cell in range(4)] == [
+        "relstream", "v1-fcfs", "v1-priority", "relstream",
+    ]  # fmt: skip
+    assert alternated(policies, 1) == ["v1-fcfs", "v1-priority", "relstream"]
