@@ -7,7 +7,7 @@ import click
 
 from relstream.cli import Commands
 from relstream.extras import require
-from relstream_lab.campaign.cli import campaign, ceiling, frontier
+from relstream_lab.campaign.cli import campaign, ceiling, frontier, repeats
 from relstream_lab.drills.cli import drill
 from relstream_lab.idle.cli import idle
 from relstream_lab.paper.cli import paper, scheduler_cost
@@ -36,6 +36,7 @@ for command in (
     campaign,
     ceiling,
     frontier,
+    repeats,
     streaming,
     faust_agent,
     sustained,

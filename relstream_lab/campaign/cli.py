@@ -186,3 +186,31 @@ def frontier(
 
     for line in frontier_lines(out, seeds, loads, stretch, datasets):
         click.echo(line)
+
+
+@click.command()
+@click.argument(
+    "campaigns",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    metavar="CAMPAIGN...",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for README.md (its notes.md, if any, kept and appended).",
+)
+def repeats(campaigns: tuple[Path, ...], out: Path) -> None:
+    """Campaigns run more than once, side by side: each cell's spread over its runs and
+    the scheduler issue's lines on every run and on their mean (from each CAMPAIGN's
+    results.json; rebuild those with `campaign --report-only` first)."""
+    from relstream_lab.campaign.repeats import repeats_lines
+    from relstream_lab.common.report import write_readme
+
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["relstream-lab bench repeats", *map(str, campaigns), "--out", str(out)])
+    lines = ["# Real-engine campaigns, repeated", "", "Reproduce with:", "", "```", command]
+    write_readme(out, [*lines, "```", "", *repeats_lines(list(campaigns))])
+    console.print(f"wrote {out}/README.md")

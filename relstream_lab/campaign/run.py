@@ -221,6 +221,13 @@ def runs_to_do(options: VllmBenchOptions) -> int:
     )
 
 
+def alternated(policies: Sequence[str], cell: int) -> list[str]:
+    """The order the policies run in a campaign's `cell`-th cell: rotated one place each
+    cell, so that no policy always runs first after a cell's change of trace or load."""
+    shift = cell % len(policies)
+    return [*policies[shift:], *policies[:shift]]
+
+
 def run_vllm_benchmark(
     options: VllmBenchOptions, on_run: Callable[[str], None] | None = None
 ) -> None:
@@ -242,32 +249,31 @@ def run_vllm_benchmark(
     capacity_log = read_step_log(epoch.capacity_log)
     offline_fit = offline_cost_lines(*capacity_log)
     reference = fit_step_costs(capacity_log[1])
-    for trace in traces:
+    cells = [(trace, load) for trace in traces for load in options.loads_for(trace)]
+    for number, (trace, load) in enumerate(cells):
+        if checkpoint.cell_done(trace, load, options.policies):
+            continue
         entries = generate_relqueries(trace, datasets)
-        for load in options.loads_for(trace):
-            if checkpoint.cell_done(trace, load, options.policies):
+        for policy in alternated(options.policies, number):
+            if checkpoint.has_run(policy, trace, load, epoch.number):
                 continue
-            for policy in options.policies:
-                if checkpoint.has_run(policy, trace, load, epoch.number):
-                    continue
-                name = f"steps-{policy}-{trace_name(trace)}-{load:g}-e{epoch.number}.jsonl"
-                log = options.out_dir / name
-                discard_step_log(log)
-                prior = offline_fit if policy in FIXED_COST_POLICIES else None
-                run = asyncio.run(
-                    _serve_policy(
-                        options, policy, entries, load * epoch.capacity, log, prior, reference
-                    )
+            name = f"steps-{policy}-{trace_name(trace)}-{load:g}-e{epoch.number}.jsonl"
+            log = options.out_dir / name
+            discard_step_log(log)
+            prior = offline_fit if policy in FIXED_COST_POLICIES else None
+            run = asyncio.run(
+                _serve_policy(
+                    options, policy, entries, load * epoch.capacity, log, prior, reference
                 )
-                checkpoint.save_outputs(trace, run.output_tokens)
-                record = _record(policy, trace, load, run, read_step_log(log)[1], prior, reference)
-                record.update(epoch=epoch.number, capacity=epoch.capacity, step_log=name)
-                checkpoint.add_runs([record])
-                compress_step_log(log)
-                say(
-                    f"{policy} {trace_name(trace)} at {load:g} of capacity: "
-                    f"mean {record['mean']:.2f} s"
-                )
+            )
+            checkpoint.save_outputs(trace, run.output_tokens)
+            record = _record(policy, trace, load, run, read_step_log(log)[1], prior, reference)
+            record.update(epoch=epoch.number, capacity=epoch.capacity, step_log=name)
+            checkpoint.add_runs([record])
+            compress_step_log(log)
+            say(
+                f"{policy} {trace_name(trace)} at {load:g} of capacity: mean {record['mean']:.2f} s"
+            )
 
 
 def _record(
