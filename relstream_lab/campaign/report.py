@@ -28,7 +28,13 @@ from relstream_lab.campaign.run import (
     run_windows,
 )
 from relstream_lab.campaign.stepfit import fit_step_costs, profile_document
-from relstream_lab.campaign.targets import BASELINES, fidelity, judge_targets, ratios
+from relstream_lab.campaign.targets import (
+    BASELINES,
+    fidelity,
+    judge_targets,
+    ratios,
+    target_table,
+)
 from relstream_lab.common.report import machine_description, write_report
 from relstream_lab.common.runner import RunSummary, run_grid
 from relstream_lab.common.workload import (
@@ -256,14 +262,7 @@ def _body(document: dict) -> list[str]:
         "",
         "## Targets, each on its worst trace so far",
         "",
-        "| target | bound | traces | worst | where | holds |",
-        "|---|---|---|---|---|---|",
-        *[
-            f"| {t['target']} | {t['bound']:g}x | {t['traces']} | {t['worst']:.2f}x | "
-            f"{t['worst_trace']} | {'yes' if t['holds'] else '**no**'} |"
-            for t in document["targets"]
-            if t["traces"]
-        ],
+        *target_table(document["targets"]),
         "",
         "## Every run: p50, p99, max, and the simulator's replay",
         "",

@@ -250,10 +250,11 @@ def run_vllm_benchmark(
     offline_fit = offline_cost_lines(*capacity_log)
     reference = fit_step_costs(capacity_log[1])
     cells = [(trace, load) for trace in traces for load in options.loads_for(trace)]
+    entries_of = {trace_name(trace): generate_relqueries(trace, datasets) for trace in traces}
     for number, (trace, load) in enumerate(cells):
         if checkpoint.cell_done(trace, load, options.policies):
             continue
-        entries = generate_relqueries(trace, datasets)
+        entries = entries_of[trace_name(trace)]
         for policy in alternated(options.policies, number):
             if checkpoint.has_run(policy, trace, load, epoch.number):
                 continue

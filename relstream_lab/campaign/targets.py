@@ -103,6 +103,21 @@ def judge_targets(ratio_rows: list[dict]) -> list[dict]:
     return judged
 
 
+def target_table(judged: list[dict], counted: str = "traces", digits: int = 2) -> list[str]:
+    """`judge_targets`' verdicts as a markdown table, the targets no trace covers left out;
+    `counted` names what the third column counts."""
+    return [
+        f"| target | bound | {counted} | worst | where | holds |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {t['target']} | {t['bound']:g}x | {t['traces']} | {t['worst']:.{digits}f}x | "
+            f"{t['worst_trace']} | {'yes' if t['holds'] else '**no**'} |"
+            for t in judged
+            if t["traces"]
+        ),
+    ]
+
+
 def fidelity(runs: list[dict], suffix: str = "") -> dict:
     """How many replays land within the target on the mean and on the makespan (both,
     for `within_target`), and in how many (trace, load, stock V1 policy) comparisons the
@@ -113,16 +128,19 @@ def fidelity(runs: list[dict], suffix: str = "") -> dict:
     means = [abs(r[f"prediction_error{suffix}"]) for r in replayed]
     makespans = [abs(r[f"makespan_prediction_error{suffix}"]) for r in replayed]
     keyed = {(r["arrival"], r["seed"], r["rate"], r["policy"]): r for r in replayed}
-    signs = []
-    for (arrival, seed, load, policy), ours in keyed.items():
-        for stock in STOCK_V1 if policy == OURS else ():
-            other = keyed.get((arrival, seed, load, stock))
-            for real, predicted in (("mean", "predicted_mean"), ("makespan", "predicted_makespan")):
-                if other and f"{predicted}{suffix}" in ours and f"{predicted}{suffix}" in other:
-                    signs.append(
-                        (ours[real] < other[real])
-                        == (ours[f"{predicted}{suffix}"] < other[f"{predicted}{suffix}"])
-                    )
+    pairs = [
+        (ours, other)
+        for (arrival, seed, load, policy), ours in keyed.items()
+        if policy == OURS
+        for stock in STOCK_V1
+        if (other := keyed.get((arrival, seed, load, stock)))
+    ]
+    signs = [
+        (ours[real] < other[real])
+        == (ours[f"predicted_{real}{suffix}"] < other[f"predicted_{real}{suffix}"])
+        for ours, other in pairs
+        for real in ("mean", "makespan")
+    ]
     return {
         "target": FIDELITY_TARGET,
         "runs": len(means),

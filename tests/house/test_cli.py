@@ -56,8 +56,7 @@ def test_the_product_lists_only_product_commands_and_the_lab_its_own():
     assert not product & {"bench", "drill"} and not any(n.startswith("bench") for n in product)
     assert set(lab.commands) == {"bench", "drill"}
     benches = {"paper", "scheduler-cost", "campaign", "ceiling", "frontier", "repeats"}
-    benches |= {"streaming"}
-    benches |= {"faust-agent", "sustained", "zipf", "prefix", "placement", "idle"}
+    benches |= {"streaming", "faust-agent", "sustained", "zipf", "prefix", "placement", "idle"}
     assert benches == set(lab.commands["bench"].commands)
 
 

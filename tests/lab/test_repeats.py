@@ -10,7 +10,8 @@ def _campaign(folder, runs):
     folder.mkdir()
     rows = [
         {"arrival": "poisson", "seed": 1, "rate": 0.75, "policy": policy, "mean": mean,
-         "max": maximum, "makespan": makespan, "prediction_error": 0.1,
+         "max": maximum, "makespan": makespan, "predicted_mean": mean * 1.1,
+         "predicted_makespan": makespan * 0.8, "prediction_error": 0.1,
          "makespan_prediction_error": -0.2, "prediction_error_one_profile": 0.0,
          "makespan_prediction_error_one_profile": 0.0}
         for policy, mean, maximum, makespan in runs
