@@ -12,6 +12,7 @@ from pathlib import Path
 from relstream.scheduler import CostModel
 from relstream.scheduler.steprecord import StepRecord
 from relstream.sim.profiles import profile_from_document
+from relstream.sim.sharing import Sharing
 from relstream_lab.campaign.checkpoint import (
     Checkpoint,
     Epoch,
@@ -44,6 +45,13 @@ from relstream_lab.common.workload import (
     tokenize_trace,
 )
 
+# What the campaign's engine shares, as campaign.json's "engine_shares" names it:
+# `VllmRuntime` runs identical requests in flight once under every policy
+# (`engine/twins.py`) and keeps no answer cache; engines before 92a4eff (2026-11-25)
+# shared nothing, and campaigns of theirs carry no such field.
+ENGINE_SHARES = "in-flight"
+SHARING = {"none": Sharing(), "in-flight": Sharing(dedup=True)}
+
 
 def save_campaign(options: VllmBenchOptions) -> None:
     """What the campaign runs, for the report and for a resumed run."""
@@ -57,6 +65,7 @@ def save_campaign(options: VllmBenchOptions) -> None:
         "arrivals": options.arrivals,
         "burstiness": options.burstiness,
         "trace": asdict(options.trace),
+        "engine_shares": ENGINE_SHARES,
     }
     (options.out_dir / "campaign.json").write_text(json.dumps(document, indent=2) + "\n")
 
@@ -144,7 +153,8 @@ def _predict(
     datasets_dir: Path | None,
 ) -> None:
     """The simulator replays every run: same relQueries and arrival rate, each row ending
-    where it ended on the real engine, the policy's cost lines fitted online or fixed as
+    where it ended on the real engine, identical requests shared as the campaign's engine
+    shared them (`SHARING`), the policy's cost lines fitted online or fixed as
     they were in the run, steps timed by a line fitted to that run's own steps
     (`predicted_mean`). The machine's speed drifts between runs by more than the target
     (the same step shapes ran up to 8 % slower in one engine than in another), so a
@@ -155,6 +165,7 @@ def _predict(
         for e in epochs
     }
     datasets = load_datasets(datasets_dir)
+    sharing = SHARING[campaign.get("engine_shares", "none")]
     traces: dict[str, object] = {}
     engines = _by_engine(every_run)
     for log, records in _by_engine(runs).items():
@@ -183,7 +194,7 @@ def _predict(
             profile = _run_profile(own, header.limits) or epoch_profile
             capacity = epochs[run_epoch(run)].capacity
             for suffix, used in (("", profile), ("_one_profile", epoch_profile)):
-                predicted = _replay(traces[name], used, run, capacity)
+                predicted = _replay(traces[name], used, run, capacity, sharing)
                 run[f"predicted_mean{suffix}"] = predicted.mean
                 run[f"predicted_makespan{suffix}"] = predicted.makespan
                 run[f"prediction_error{suffix}"] = predicted.mean / run["mean"] - 1.0
@@ -209,12 +220,12 @@ def _run_profile(steps: list[StepRecord], limits: dict):
     return profile_from_document(profile_document(fit, limits, "run", "one run's steps"))
 
 
-def _replay(trace, profile, run: dict, capacity: float) -> RunSummary:
+def _replay(trace, profile, run: dict, capacity: float, sharing: Sharing) -> RunSummary:
     kind, prior = "online", None
     if run.get("cost_model") == "fixed":  # the run's own coefficients, kept
         kind, prior = "fixed", CostModel.from_coefficients(run["cost_coefficients"])
     rate = run["rate"] * capacity
-    (predicted,) = run_grid(trace, profile, [run["policy"]], [rate], kind, None, prior)
+    (predicted,) = run_grid(trace, profile, [run["policy"]], [rate], kind, None, prior, sharing)
     return predicted
 
 
@@ -267,8 +278,9 @@ def _body(document: dict) -> list[str]:
         "## Every run: p50, p99, max, and the simulator's replay",
         "",
         "Simulated: the run replayed with its own steps' cost line; one profile: with the "
-        "line fitted over every run's steps in its epoch. Each simulated value with its "
-        "error against the real run.",
+        "line fitted over every run's steps in its epoch. Identical requests are shared as "
+        f"the engine shared them ({campaign.get('engine_shares', 'none')}). Each simulated "
+        "value with its error against the real run.",
         "",
         "| policy | arrival | seed | load | epoch | mean | p50 | p99 | max | makespan "
         "| simulated mean | makespan | one profile: mean | makespan |",

@@ -13,6 +13,7 @@ import numpy as np
 from relstream.model import LatencyBreakdown
 from relstream.scheduler import CostModel, cost_model_of
 from relstream.sim.profiles import CostProfile
+from relstream.sim.sharing import Sharing
 from relstream.sim.simulator import SimRun, Simulator
 from relstream_lab.common.workload import TokenizedTrace
 from relstream_lab.policies import make_sim_policy
@@ -118,13 +119,16 @@ def run_grid(
     cost_model: str = "online",
     on_done: Callable[[RunSummary], None] | None = None,
     prior: CostModel | None = None,
+    sharing: Sharing | None = None,
 ) -> list[RunSummary]:
+    """Each policy at each rate; `sharing`: the work the simulated engine shares (none
+    unless given, as stock vLLM)."""
     summaries = []
     for rate in rates:
         relqueries = trace.at_rate(rate, profile.limits.block_size)
         for name in policies:
             policy = make_sim_policy(name, make_cost_model(cost_model, profile, prior))
-            run = Simulator(profile, policy).run(relqueries)
+            run = Simulator(profile, policy, sharing).run(relqueries)
             summary = summarize(name, rate, run)
             summaries.append(summary)
             if on_done:

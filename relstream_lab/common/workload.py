@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relstream.connectors.tables import Table, load_csv
+from relstream.engine.answers import request_key
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import RelQuery, Template
 from relstream.sim.kvcache import block_hashes
@@ -116,6 +117,9 @@ class TokenizedTrace:
     output_lengths: dict[str, list[int]]
 
     def at_rate(self, rate: float, block_size: int) -> list[SimRelQuery]:
+        """The trace as the simulator serves it, arrivals scaled to `rate` relQueries a
+        second. Each request carries the engine's answer key (`answer_key`), which only a
+        simulator told to share work reads."""
         out = []
         for entry in self.entries:
             relquery = entry.relquery
@@ -125,6 +129,7 @@ class TokenizedTrace:
                     len(ids),
                     block_hashes(ids, block_size),
                     self.output_lengths[relquery.id][row],
+                    answer_key(relquery, ids),
                 )
                 for row, ids in enumerate(self.token_ids[relquery.id])
             ]
@@ -138,6 +143,14 @@ class TokenizedTrace:
                 )
             )
         return out
+
+
+def answer_key(relquery: RelQuery, token_ids: Sequence[int]) -> int | None:
+    """The engine's key of a row's request (`engine.answers.request_key`: prompt tokens,
+    sampling, output constraint, token limit) as the simulator's integer: rows the engine
+    answers once get one key."""
+    key = request_key(relquery, list(token_ids), model="")
+    return None if key is None else int.from_bytes(key.digest[:8], "big")
 
 
 def tokenize_trace(

@@ -1,13 +1,17 @@
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from relstream.connectors.tables import load_csv
+from relstream.model import RelQuery, Row, Sampling, Template
 from relstream_lab.common.templates import MAX_TOKENS, PAPER_DATASETS
 from relstream_lab.common.workload import (
     DEFAULT_DATASETS_DIR,
     TraceConfig,
+    TraceEntry,
+    answer_key,
     generate_relqueries,
     load_datasets,
     tokenize_trace,
@@ -89,3 +93,22 @@ def test_paper_templates_match_the_paper_tables():
     datasets = load_datasets(DEFAULT_DATASETS_DIR)
     assert [d.spec.name for d in datasets] == [spec.name for spec in PAPER_DATASETS]
     assert len(datasets[0].table.rows) == 10_000
+
+
+def _relquery(name: str, rows: list[Row], max_tokens: int = 8, arrival: float = 0.0) -> RelQuery:
+    return RelQuery(name, Template("Rate {title}."), rows, max_tokens, arrival_time=arrival)
+
+
+def test_rows_the_engine_answers_once_share_one_answer_key():
+    a, b = Row("1", {"title": "Dune"}), Row("2", {"title": "Emma"})
+    first, second = _relquery("q1", [a, b]), _relquery("q2", [b])
+    other_limit = _relquery("q3", [b], max_tokens=9)
+    config = TraceConfig()
+    entries = [TraceEntry(rq, "t", "rating") for rq in (first, second, other_limit)]
+    trace = tokenize_trace(entries, config, {"q1": [3, 4], "q2": [4], "q3": [4]})
+    keys = {rq.relquery_id: [r.answer_key for r in rq.requests] for rq in trace.at_rate(1.0, 16)}
+    assert keys["q1"][1] == keys["q2"][0]  # Emma, the same prompt, limit and sampling
+    assert keys["q1"][0] != keys["q1"][1]
+    assert keys["q3"][0] not in keys["q1"]  # another token limit: another answer
+    seeded_free = replace(second, sampling=Sampling(temperature=0.7))
+    assert answer_key(seeded_free, [1, 2, 3]) is None  # unseeded sampling is never shared
