@@ -53,6 +53,11 @@ ENGINE_SHARES = "in-flight"
 SHARING = {"none": Sharing(), "in-flight": Sharing(dedup=True)}
 
 
+def engine_sharing(campaign: dict) -> Sharing:
+    """What the engine of the campaign described by `campaign` (campaign.json) shared."""
+    return SHARING[campaign.get("engine_shares", "none")]
+
+
 def save_campaign(options: VllmBenchOptions) -> None:
     """What the campaign runs, for the report and for a resumed run."""
     document = {
@@ -165,7 +170,7 @@ def _predict(
         for e in epochs
     }
     datasets = load_datasets(datasets_dir)
-    sharing = SHARING[campaign.get("engine_shares", "none")]
+    sharing = engine_sharing(campaign)
     traces: dict[str, object] = {}
     engines = _by_engine(every_run)
     for log, records in _by_engine(runs).items():

@@ -7,7 +7,7 @@ from relstream.scheduler import EngineLimits
 from relstream.scheduler.data import StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream.sim.profiles import LinearProfile
-from relstream_lab.campaign import report
+from relstream_lab.campaign import frontier, report
 from relstream_lab.campaign.checkpoint import MachineSpeedError, check_speed, speed_against
 from relstream_lab.campaign.run import alternated, offline_cost_lines, run_windows
 from relstream_lab.campaign.targets import fidelity, judge_targets, ratios
@@ -187,23 +187,45 @@ def test_each_cell_runs_the_policies_one_place_rotated():
     assert alternated(policies, 1) == ["v1-fcfs", "v1-priority", "relstream"]
 
 
-def test_the_replay_shares_identical_requests_as_the_campaigns_engine_did():
-    limits = EngineLimits(
-        max_num_seqs=8, max_num_batched_tokens=512, kv_capacity_tokens=4096, block_size=16
-    )
-    profile = LinearProfile("tiny", limits, 0.001, 0.01, 0.001, 0.01)
+def _rating_trace(ids: tuple[str, ...]):
+    """q1 rates Dune and Emma; q2 rates Emma alone: one request the engine shares."""
     dune, emma = Row("1", {"title": "Dune"}), Row("2", {"title": "Emma"})
-    relqueries = [RelQuery("q1", Template("Rate {title}."), [dune, emma], 8)]
-    relqueries.append(RelQuery("q2", Template("Rate {title}."), [emma], 8))
-    lengths = {"q1": [3, 6], "q2": [6]}
+    relqueries = [
+        RelQuery("q1", Template("Rate {title}."), [dune, emma], 8),
+        RelQuery("q2", Template("Rate {title}."), [emma], 8),
+    ]
+    entries = [TraceEntry(rq, "t", "rating") for rq in relqueries if rq.id in ids]
+    return tokenize_trace(entries, TraceConfig(), {"q1": [3, 6], "q2": [6]})
 
+
+TINY = LinearProfile(
+    "tiny",
+    EngineLimits(
+        max_num_seqs=8, max_num_batched_tokens=512, kv_capacity_tokens=4096, block_size=16
+    ),
+    0.001,
+    0.01,
+    0.001,
+    0.01,
+)
+
+
+def test_the_replay_shares_identical_requests_as_the_campaigns_engine_did():
     def replay(shares: str, ids: tuple[str, ...]):
-        entries = [TraceEntry(rq, "t", "rating") for rq in relqueries if rq.id in ids]
-        trace = tokenize_trace(entries, TraceConfig(), lengths)
         run = {"policy": "v1-fcfs", "rate": 1.0}
-        return report._replay(trace, profile, run, 1.0, report.SHARING[shares])
+        sharing = report.engine_sharing({"engine_shares": shares})
+        return report._replay(_rating_trace(ids), TINY, run, 1.0, sharing)
 
     alone = replay("none", ("q1",))
     shared, unshared = replay("in-flight", ("q1", "q2")), replay("none", ("q1", "q2"))
     assert shared.makespan == pytest.approx(alone.makespan)  # q2's Emma follows q1's
     assert unshared.makespan > shared.makespan  # a third request decodes in every step
+    assert report.engine_sharing({}) == report.SHARING["none"]  # campaigns before 92a4eff
+
+
+def test_the_frontier_shares_work_as_the_campaigns_engine_did():
+    both = _rating_trace(("q1", "q2")).at_rate(1.0, 16)
+    alone = _rating_trace(("q1",)).at_rate(1.0, 16)
+    shared = frontier.run(TINY, both, "v1-fcfs", sharing=report.SHARING["in-flight"])
+    assert shared.makespan == pytest.approx(frontier.run(TINY, alone, "v1-fcfs").makespan)
+    assert frontier.run(TINY, both, "v1-fcfs").makespan > shared.makespan
