@@ -53,9 +53,15 @@ ENGINE_SHARES = "in-flight"
 SHARING = {"none": Sharing(), "in-flight": Sharing(dedup=True)}
 
 
+def engine_shares(campaign: dict) -> str:
+    """What the engine of the campaign described by `campaign` (campaign.json) shared,
+    by its name in `SHARING`."""
+    return campaign.get("engine_shares", "none")
+
+
 def engine_sharing(campaign: dict) -> Sharing:
-    """What the engine of the campaign described by `campaign` (campaign.json) shared."""
-    return SHARING[campaign.get("engine_shares", "none")]
+    """The same as the simulator's `Sharing`."""
+    return SHARING[engine_shares(campaign)]
 
 
 def save_campaign(options: VllmBenchOptions) -> None:
@@ -284,7 +290,7 @@ def _body(document: dict) -> list[str]:
         "",
         "Simulated: the run replayed with its own steps' cost line; one profile: with the "
         "line fitted over every run's steps in its epoch. Identical requests are shared as "
-        f"the engine shared them ({campaign.get('engine_shares', 'none')}). Each simulated "
+        f"the engine shared them ({engine_shares(campaign)}). Each simulated "
         "value with its error against the real run.",
         "",
         "| policy | arrival | seed | load | epoch | mean | p50 | p99 | max | makespan "

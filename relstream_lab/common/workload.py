@@ -115,11 +115,12 @@ class TokenizedTrace:
     entries: list[TraceEntry]
     token_ids: dict[str, list[list[int]]]
     output_lengths: dict[str, list[int]]
+    answer_keys: dict[str, list[int | None]]  # each row's `answer_key`
 
     def at_rate(self, rate: float, block_size: int) -> list[SimRelQuery]:
         """The trace as the simulator serves it, arrivals scaled to `rate` relQueries a
-        second. Each request carries the engine's answer key (`answer_key`), which only a
-        simulator told to share work reads."""
+        second. Each request carries the engine's answer key, which only a simulator told
+        to share work reads."""
         out = []
         for entry in self.entries:
             relquery = entry.relquery
@@ -129,7 +130,7 @@ class TokenizedTrace:
                     len(ids),
                     block_hashes(ids, block_size),
                     self.output_lengths[relquery.id][row],
-                    answer_key(relquery, ids),
+                    self.answer_keys[relquery.id][row],
                 )
                 for row, ids in enumerate(self.token_ids[relquery.id])
             ]
@@ -165,6 +166,7 @@ def tokenize_trace(
     rng = random.Random(config.seed + 104729)
     token_ids: dict[str, list[list[int]]] = {}
     lengths: dict[str, list[int]] = {}
+    keys: dict[str, list[int | None]] = {}
     for entry in entries:
         relquery = entry.relquery
         requests, failures = relquery.instantiate()
@@ -172,6 +174,7 @@ def tokenize_trace(
             raise ValueError(f"{relquery.id}: {failures[0].reason}")
         prompts = [chatml_prompt(r.prompt, relquery.system_prompt) for r in requests]
         token_ids[relquery.id] = encode_batch(prompts)
+        keys[relquery.id] = [answer_key(relquery, ids) for ids in token_ids[relquery.id]]
         sampled = [
             _sample_output_length(rng, relquery.max_output_tokens, config.eos_per_token)
             for _ in requests
@@ -180,7 +183,7 @@ def tokenize_trace(
             real = output_tokens[relquery.id]
             sampled = [min(max(real[r.row_index], 1), relquery.max_output_tokens) for r in requests]
         lengths[relquery.id] = sampled
-    return TokenizedTrace(entries, token_ids, lengths)
+    return TokenizedTrace(entries, token_ids, lengths, keys)
 
 
 def _sample_output_length(rng: random.Random, max_tokens: int, eos_per_token: float) -> int:
