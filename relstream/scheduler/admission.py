@@ -165,53 +165,73 @@ class StepAdmission:
         still take (`reserve`)."""
         self.rows = [seq for info in active for seq in info.running.values()]
         self.expected = {info.relquery_id: expected_output(info) for info in active}
-        decoding = []
-        for seq in self.rows:
-            generated = seq.output_tokens  # `prefill_done`, inlined as below
-            if generated >= 1 and seq.prompt_tokens + generated - seq.computed_tokens <= 1:
-                # A request whose every output token is already in flight (async
-                # scheduling) keeps its seat and runs nothing this step, as in vLLM's
-                # AsyncScheduler.
-                if seq.max_tokens > generated:  # `remaining_output`
-                    decoding.append(seq)
-            else:
-                # Prompts still running keep their KV whether or not they continue this
-                # step; a decode's share is set when it is scheduled just below.
+        decoding: list[SeqInfo] = []
+        for info in active:
+            # Prompts still running keep their KV whether or not they continue this
+            # step; a decode's share is set when it is scheduled just below. A request
+            # whose every output token is already in flight (async scheduling) keeps its
+            # seat and runs nothing this step, as in vLLM's AsyncScheduler.
+            prompting = info.prompting
+            for seq in prompting.values():
                 self.reserving[seq.request_id] = self._later(seq, 0)
+            decoding.extend(
+                seq
+                for request_id, seq in info.running.items()
+                if seq.max_tokens > seq.output_tokens and request_id not in prompting
+            )
         self.budget -= len(decoding)
         self.reserved = sum(self.reserving.values())
-        # `_schedule(seq, 1)` for each, its steps and `_later`'s inlined: this runs for
-        # every running row, each step (a decoding row holds no share of `reserved` yet)
-        growth, later_kv = self.view.growth_kv_tokens, self._later
-        block, reserve, expected, oracle = (
-            self.view.limits.block_size,
-            self.reserve,
-            self.expected,
-            self.oracle,
-        )
-        exact_blocks = type(self.view).growth_kv_tokens is EngineView.growth_kv_tokens
-        reserving, scheduled, gone = self.reserving, self.scheduled, self.preempted
+        if self.oracle is None and type(self.view).growth_kv_tokens is EngineView.growth_kv_tokens:
+            done = self._decode_unpreempted(decoding)
+            if done == len(decoding):
+                return
+            decoding = decoding[done:]
         for seq in decoding:
-            if gone and seq in gone:
+            if self.preempted and seq in self.preempted:
                 continue
-            # the view's own growth_kv_tokens(seq, 1) inlined; an engine's override called
-            exact = 0 if seq.computed_tokens % block else block
-            need = exact if exact_blocks else growth(seq, 1)
+            need = self.view.growth_kv_tokens(seq, 1)
             if need > self.free_kv and not self._make_room(seq, need):
                 break
-            self.free_kv -= need
-            if oracle is None:
-                generated = seq.output_tokens
-                left = max(1, min(seq.max_tokens, expected[seq.relquery_id]) - generated)
-                total = seq.prompt_tokens + generated + left
-                blocks = -(-total // block) - -(-(seq.computed_tokens + 1) // block)
-                later = int(blocks * block * reserve)
-            else:
-                later = later_kv(seq, 1)
-            self.reserved += later
-            reserving[seq.request_id] = later
-            scheduled[seq.request_id] = 1
-            self.growth[seq.request_id] = need
+            self._decode_one(seq, need, self._later(seq, 1))
+
+    def _decode_one(self, seq: SeqInfo, need: int, later: int) -> None:
+        """`_schedule(seq, 1)` of a decode, which holds no share of `reserved` yet."""
+        self.free_kv -= need
+        self.reserved += later
+        self.reserving[seq.request_id] = later
+        self.scheduled[seq.request_id] = 1
+        self.growth[seq.request_id] = need
+
+    def _decode_unpreempted(self, decoding: list[SeqInfo]) -> int:
+        """`decode`'s loop while every row fits the free KV, with `_later` and the view's
+        own `growth_kv_tokens(seq, 1)` inlined and the step's books written once at the
+        end (this runs for every running row, each step); the rows scheduled, the first
+        that needs room being where `decode` goes on one by one."""
+        block, reserve, expected = self.view.limits.block_size, self.reserve, self.expected
+        free, reserved, scheduled, laters = self.free_kv, 0, [], []
+        for seq in decoding:
+            computed = seq.computed_tokens
+            need = 0 if computed % block else block
+            if need > free:
+                break
+            free -= need
+            if need:
+                self.growth[seq.request_id] = need
+            generated, cap = seq.output_tokens, expected[seq.relquery_id]
+            if seq.max_tokens < cap:
+                cap = seq.max_tokens
+            left = cap - generated if cap - generated > 1 else 1
+            total = seq.prompt_tokens + generated + left
+            blocks = -(-total // block) - -(-(computed + 1) // block)
+            later = blocks * block if reserve == 1.0 else int(blocks * block * reserve)
+            reserved += later
+            scheduled.append(seq.request_id)
+            laters.append(later)
+        self.free_kv = free
+        self.reserved += reserved
+        self.scheduled.update(dict.fromkeys(scheduled, 1))
+        self.reserving.update(zip(scheduled, laters, strict=True))
+        return len(scheduled)
 
     def continue_prompts(self, info: RelQueryInfo, limit: int | None = None) -> None:
         """Continue R's unfinished running prompts, chunked to the budget left. vLLM gives
@@ -222,8 +242,8 @@ class StepAdmission:
         stop at the long-prefill cap, as vLLM's own chunk does."""
         allowed = self.budget if limit is None else min(limit, self.budget)
         whole_only = limit is not None or bool(self.admitted)
-        for seq in list(info.running.values()):
-            if seq.prefill_done or seq in self.preempted:
+        for seq in list(info.prompting.values()):
+            if self.preempted and seq in self.preempted:
                 continue
             chunk = self._chunk(seq.uncomputed_tokens)
             tokens = min(chunk, allowed)
@@ -333,13 +353,13 @@ class StepAdmission:
 
     def plan(self) -> StepPlan:
         """The step: running prompts' chunks and admissions, decodes, evictions."""
-        running = self.view.tracker.running
+        prompting = self.view.tracker.prompting
         chunks = [
             PrefillChunk(request_id, tokens)
             for request_id, tokens in self.scheduled.items()
-            if not running[request_id].prefill_done
+            if request_id in prompting
         ]
-        decode = tuple(rid for rid in self.scheduled if running[rid].prefill_done)
+        decode = tuple(rid for rid in self.scheduled if rid not in prompting)
         plan = StepPlan(
             prefill=(*chunks, *self.admitted),
             decode=decode,

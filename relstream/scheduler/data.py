@@ -66,6 +66,9 @@ class RelQueryInfo:
     # work of R's own; and the rows its twins answered, which generated nothing here.
     held: dict[str, SeqInfo] = field(default_factory=dict)
     twin_answered: int = 0
+    # Running rows whose prompt is not all computed (not `prefill_done`), in running
+    # order: a step finds R's prompt chunks without visiting its decoding rows.
+    prompting: dict[str, SeqInfo] = field(default_factory=dict)
 
     def wait(self, seq: SeqInfo) -> None:
         """`seq` joins R's waiting rows (counted in the sums when it never ran)."""

@@ -164,7 +164,7 @@ def gated_fill(
         if info.running:
             started_left -= 1
             step.continue_prompts(info, limit)
-            decoding_ahead += any(seq.prefill_done for seq in info.running.values())
+            decoding_ahead += len(info.running) > len(info.prompting)
         if not admitting or step.preempted:  # nobody else is admitted
             if started_left == 0:
                 return held

@@ -17,8 +17,7 @@ def unfinished_prefills(view: EngineView) -> list[PrefillChunk]:
     prefill); they finish before anything new starts, as in vLLM."""
     return [
         PrefillChunk(seq.request_id, seq.uncomputed_tokens)
-        for seq in view.tracker.running.values()
-        if not seq.prefill_done
+        for seq in view.tracker.prompting.values()
     ]
 
 

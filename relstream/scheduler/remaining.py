@@ -52,29 +52,23 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
     (`RelQueryInfo.fresh_*`), so the cost is the rows running or resumed, at most the
     engine's seats, however many wait; with an oracle every row is visited."""
     expected = expected_output(info)
-    prompt = outputs = steps = 0
     if oracle is None:
-        prompt = info.fresh_prompt_tokens
-        for budget, count in info.fresh_rows.items():
-            left = max(1, min(budget, expected))
-            outputs += count * left
-            steps = max(steps, left)
-        visited = (info.running.values(), info.resumed.values())
+        prompt, outputs, steps = _fresh(info, expected)
+        prompting = (info.prompting.values(), info.resumed.values())
+        outputs, steps = _running_outputs(info, expected, outputs, steps)
     else:
-        visited = (info.running.values(), info.waiting.values())
-    for rows in visited:
-        for seq in rows:  # every running row, each step: row_remaining_output inlined
-            generated = seq.output_tokens
-            if oracle is None:
-                left = max(1, min(seq.max_tokens, expected) - generated)
-            else:
+        prompt = outputs = steps = 0
+        prompting = (
+            (seq for seq in info.running.values() if not seq.prefill_done),
+            info.waiting.values(),
+        )
+        for rows in (info.running.values(), info.waiting.values()):
+            for seq in rows:
                 left = oracle(seq)
-            uncomputed = seq.prompt_tokens + generated - seq.computed_tokens
-            if generated == 0 or uncomputed > 1:  # not decoding yet (prefill_done)
-                prompt += uncomputed
-            outputs += left
-            if left > steps:
-                steps = left
+                outputs += left
+                steps = max(steps, left)
+    for rows in prompting:  # rows not decoding yet (not `prefill_done`): their prompt
+        prompt += sum(seq.prompt_tokens + seq.output_tokens - seq.computed_tokens for seq in rows)
     present = len(info.running) + len(info.waiting) + len(info.held)  # held: no work of R's
     arriving = max(info.total_requests - info.finished - present, 0)
     if arriving:
@@ -82,6 +76,33 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
         outputs += arriving * expected
         steps = max(steps, expected)
     return Remaining(present + arriving, prompt, outputs, steps)
+
+
+def _fresh(info: RelQueryInfo, expected: int) -> tuple[int, int, int]:
+    """Prompt tokens, output tokens and decode steps of R's rows that never ran."""
+    outputs = steps = 0
+    for budget, count in info.fresh_rows.items():
+        left = max(1, min(budget, expected))
+        outputs += count * left
+        steps = max(steps, left)
+    return info.fresh_prompt_tokens, outputs, steps
+
+
+def _running_outputs(
+    info: RelQueryInfo, expected: int, outputs: int, steps: int
+) -> tuple[int, int]:
+    """`outputs` and `steps` with R's running and resumed rows added, each row's
+    `row_remaining_output` inlined: this runs for every running row, each step."""
+    for rows in (info.running.values(), info.resumed.values()):
+        for seq in rows:
+            cap = seq.max_tokens if seq.max_tokens < expected else expected
+            left = cap - seq.output_tokens
+            if left < 1:
+                left = 1
+            outputs += left
+            if left > steps:
+                steps = left
+    return outputs, steps
 
 
 class RemainingBook(dict[str, Remaining]):

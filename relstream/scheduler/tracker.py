@@ -39,6 +39,7 @@ class RequestTracker:
         self.held: dict[str, SeqInfo] = {}  # waiting on a running twin
         self.relqueries: dict[str, RelQueryInfo] = {}
         self.active_relqueries: dict[str, RelQueryInfo] = {}  # those with running requests
+        self.prompting: dict[str, SeqInfo] = {}  # running, prompt not all computed
         self._changed: set[str] = set()
         self.outputs = OutputLengths()  # how long finished rows' outputs were
         self._twins: dict[str, dict[str, SeqInfo]] = {}  # share -> its unanswered requests
@@ -77,6 +78,8 @@ class RequestTracker:
         info.unwait(seq)
         info.running[request_id] = seq
         self.running[request_id] = seq
+        if not seq.prefill_done:  # it computes its prompt first (its output too, if resumed)
+            info.prompting[request_id] = self.prompting[request_id] = seq
         self.active_relqueries[seq.relquery_id] = info
         self._changed.add(seq.relquery_id)
         if seq.share is not None:  # it runs for its twins: they wait on it
@@ -94,6 +97,7 @@ class RequestTracker:
         seq.computed_tokens = 0
         info = self.relqueries[seq.relquery_id]
         del info.running[request_id]
+        self._unprompt(info, request_id)
         info.waiting[request_id] = seq
         info.wait(seq)
         info.waiting.move_to_end(request_id, last=False)
@@ -109,6 +113,9 @@ class RequestTracker:
         seq.computed_tokens += computed
         seq.output_tokens += generated
         self._changed.add(seq.relquery_id)
+        # A decode (one token computed, one generated) leaves `prefill_done` as it was.
+        if computed != generated or seq.request_id in self.prompting:
+            self._track_prompt(seq)
 
     def finish(self, request_id: str, answered: bool = True) -> RelQueryInfo | None:
         """Drop a finished request; returns its relQuery when that was its last one.
@@ -121,6 +128,7 @@ class RequestTracker:
         )
         info = self.relqueries[seq.relquery_id]
         info.running.pop(request_id, None)
+        self._unprompt(info, request_id)
         if info.waiting.pop(request_id, None) is not None:
             info.unwait(seq)
         info.finished += 1
@@ -164,6 +172,24 @@ class RequestTracker:
         changed, self._changed = self._changed, set()
         live = {rq for rq in changed if rq in self.relqueries}
         return live, changed - live
+
+    def _track_prompt(self, seq: SeqInfo) -> None:
+        """Keep `prompting` true of a running row whose progress changed."""
+        request_id = seq.request_id
+        if request_id not in self.running:
+            return
+        info = self.relqueries[seq.relquery_id]
+        if seq.prefill_done:
+            self._unprompt(info, request_id)
+        elif request_id not in self.prompting:  # back to prompting: kept in running order
+            self.prompting[request_id] = seq
+            prompting = self.prompting
+            self.prompting = {rid: row for rid, row in self.running.items() if rid in prompting}
+            info.prompting = {rid: row for rid, row in info.running.items() if rid in prompting}
+
+    def _unprompt(self, info: RelQueryInfo, request_id: str) -> None:
+        if self.prompting.pop(request_id, None) is not None:
+            del info.prompting[request_id]
 
     def _deactivate_if_idle(self, info: RelQueryInfo) -> None:
         if not info.running:
