@@ -173,18 +173,25 @@ def ceiling(out: Path, load: float, seeds: tuple[int, ...], datasets: Path) -> N
     show_default=True,
     help="the tables the campaign ran on (its command's --datasets)",
 )
+@click.option(
+    "--busy",
+    is_flag=True,
+    help="Instead: where each setting's busy time goes against the better stock V1's "
+    "(step bases, prompt tokens, decodes, decode context), with steps and decodes.",
+)
 def frontier(
     out: Path,
     seeds: tuple[int, ...],
     loads: tuple[float, ...],
     stretch: tuple[float, ...],
     datasets: Path,
+    busy: bool,
 ) -> None:
     """What the Δ gate can buy on a campaign's trace (simulator): relstream's mean and
     makespan against stock V1's for each k, as a markdown table on stdout."""
     from relstream_lab.campaign.frontier import frontier_lines
 
-    for line in frontier_lines(out, seeds, loads, stretch, datasets):
+    for line in frontier_lines(out, seeds, loads, stretch, datasets, busy):
         click.echo(line)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from relstream.sim.profiles import profile_from_document
 from relstream.sim.sharing import Sharing
 from relstream.sim.simulator import Simulator
+from relstream_lab.campaign.busy import GAP_HEADER, BusyTime, book_busy_time, gap_line
 from relstream_lab.campaign.report import engine_sharing
 from relstream_lab.common.runner import RunSummary, make_cost_model, summarize
 from relstream_lab.common.workload import (
@@ -37,12 +38,20 @@ REFERENCES = ("relstream-gated", "relstream-ungated")
 
 
 def run(
-    profile, relqueries, policy: str, stretch: float | None = None, sharing: Sharing | None = None
+    profile,
+    relqueries,
+    policy: str,
+    stretch: float | None = None,
+    sharing: Sharing | None = None,
+    busy: list[BusyTime] | None = None,
 ) -> RunSummary:
+    """One simulated run; its busy time by term appended to `busy` when given."""
     cost = make_cost_model("online", profile)
     built = make_sim_policy(policy, cost)
     if stretch is not None:
         built = RelstreamStretch(built.cost, stretch)
+    if busy is not None:
+        busy.append(book_busy_time(built, profile))
     return summarize(policy, 0.0, Simulator(profile, built, sharing).run(relqueries))
 
 
@@ -67,23 +76,47 @@ def cell(
     ]
 
 
+def busy_gaps(
+    profile, relqueries, stretches: list[float], sharing: Sharing | None = None
+) -> Iterator[str]:
+    """`busy.gap_line` for each setting, against the stock V1 policy with the shorter
+    makespan."""
+    stock: dict[str, tuple[RunSummary, BusyTime]] = {}
+    for name in STOCK:
+        books: list[BusyTime] = []
+        stock[name] = (run(profile, relqueries, name, None, sharing, books), books[0])
+    better = min(STOCK, key=lambda name: stock[name][0].makespan)
+    settings = [(f"k = {k:g}", "relstream", k) for k in stretches]
+    settings += [(name, name, None) for name in REFERENCES]
+    for label, policy, stretch in settings:
+        books = []
+        run(profile, relqueries, policy, stretch, sharing, books)
+        yield gap_line(label, books[0], better, stock[better][1])
+
+
 def frontier_lines(
     out: Path,
     seeds: tuple[int, ...],
     loads: tuple[float, ...],
     stretches: tuple[float, ...],
     datasets_dir: Path,
+    busy: bool = False,
 ) -> Iterator[str]:
     """The markdown table for the campaign in `out`, a line at a time as each is computed:
-    one row per (seed, load, setting)."""
+    one row per (seed, load, setting); with `busy`, where each setting's busy time goes
+    against the better stock V1's instead (`busy.py`)."""
     campaign = json.loads((out / "campaign.json").read_text())
     capacity = json.loads((out / "capacity.json").read_text())["relqueries_per_s"]
     profile = profile_from_document(json.loads((out / "fitted_profile.json").read_text()))
     sharing = engine_sharing(campaign)
     datasets = load_datasets(datasets_dir)
-    yield ("| seed | load | setting | better stock mean / its mean | makespan vs better stock "
-           "| max / v1-fcfs max |")  # fmt: skip
-    yield "|---|---|---|---|---|---|"
+    if busy:
+        yield "| seed | load " + GAP_HEADER[0]
+        yield "|---|---" + GAP_HEADER[1]
+    else:
+        yield ("| seed | load | setting | better stock mean / its mean "
+               "| makespan vs better stock | max / v1-fcfs max |")  # fmt: skip
+        yield "|---|---|---|---|---|---|"
     for seed in seeds:
         config = TraceConfig(**{**campaign["trace"], "seed": seed})
         outputs = out / f"outputs-{config.arrival}-s{seed}.json"
@@ -91,6 +124,10 @@ def frontier_lines(
         trace = tokenize_trace(generate_relqueries(config, datasets), config, real)
         for load in loads:
             relqueries = trace.at_rate(load * capacity, profile.limits.block_size)
+            if busy:
+                for line in busy_gaps(profile, relqueries, list(stretches), sharing):
+                    yield f"| {seed} | {load:g} {line}"
+                continue
             rows = cell(profile, relqueries, list(stretches), sharing)
             for name, speedup, makespan, peak in rows:
                 yield (f"| {seed} | {load:g} | {name} | {speedup:.2f}x | {makespan:+.1%} "

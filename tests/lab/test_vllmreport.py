@@ -4,10 +4,11 @@ import pytest
 
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits
-from relstream.scheduler.data import StepKind
+from relstream.scheduler.data import StepFeedback, StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream.sim.profiles import LinearProfile
 from relstream_lab.campaign import frontier, report
+from relstream_lab.campaign.busy import BusyTime, gap_line
 from relstream_lab.campaign.checkpoint import MachineSpeedError, check_speed, speed_against
 from relstream_lab.campaign.run import alternated, offline_cost_lines, run_windows
 from relstream_lab.campaign.targets import fidelity, judge_targets, ratios
@@ -229,3 +230,31 @@ def test_the_frontier_shares_work_as_the_campaigns_engine_did():
     shared = frontier.run(TINY, both, "v1-fcfs", sharing=report.SHARING["in-flight"])
     assert shared.makespan == pytest.approx(frontier.run(TINY, alone, "v1-fcfs").makespan)
     assert frontier.run(TINY, both, "v1-fcfs").makespan > shared.makespan
+
+
+def test_busy_time_splits_into_the_step_costs_terms():
+    profile = LinearProfile("split", TINY.limits, 0.001, 0.02, 0.003, 0.01, 0.0001)
+    busy = BusyTime()
+    for tokens, decodes, context in ((100, 4, 400), (0, 4, 404)):
+        seconds = profile.step_time(tokens, decodes, context)
+        busy.add(profile, StepFeedback(StepKind.MIXED, tokens, decodes, seconds, context))
+    # bases: max(0.02, 0.01) then 0.01; prompt 100 × 0.001; decodes 8 × 0.003; context 804 × 0.0001
+    assert busy.terms == pytest.approx(
+        {"base": 0.03, "prompt": 0.1, "decode": 0.024, "context": 0.0804}
+    )
+    assert (busy.steps, busy.decodes, busy.seconds) == (2, 8, pytest.approx(0.2344))
+
+
+def test_the_frontiers_busy_time_is_the_runs_and_shows_the_shared_decodes():
+    both = _rating_trace(("q1", "q2")).at_rate(1.0, 16)
+    shared, unshared = [], []
+    frontier.run(TINY, both, "v1-fcfs", sharing=report.SHARING["in-flight"], busy=shared)
+    frontier.run(TINY, both, "v1-fcfs", busy=unshared)
+    for (book,) in (shared, unshared):
+        assert sum(book.terms.values()) == pytest.approx(book.seconds)
+    # q1's rows decode 2 + 5 times (the first token comes with the prompt); unshared, q2's
+    # Emma decodes her 5 again and computes her prompt again
+    assert (shared[0].decodes, unshared[0].decodes) == (7, 12)
+    assert unshared[0].terms["prompt"] > shared[0].terms["prompt"]
+    line = gap_line("unshared", unshared[0], "shared", shared[0])
+    assert line.startswith("| unshared | shared | +") and line.endswith("| 12 / 7 |")

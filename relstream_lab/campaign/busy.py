@@ -1,0 +1,67 @@
+"""Where a policy's busy time goes, by the terms of the engine's step cost: step bases,
+prompt tokens, decodes and decode context (a `LinearProfile`'s straight lines), so a
+makespan lost against stock V1 can be put down to more steps (smaller batches), more
+decodes (identical requests no longer in flight together, so not shared) or more
+prompt tokens (a colder prefix cache)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relstream.scheduler.policies import Policy
+from relstream.scheduler.view import StepFeedback
+from relstream.sim.profiles import LinearProfile
+
+TERMS = ("base", "prompt", "decode", "context")
+
+
+@dataclass
+class BusyTime:
+    """A run's steps, decodes and busy seconds, the seconds split by term."""
+
+    steps: int = 0
+    decodes: int = 0
+    seconds: float = 0.0  # the steps' durations, summed
+    terms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))
+
+    def add(self, profile: LinearProfile, step: StepFeedback) -> None:
+        tokens, decodes = step.uncached_tokens, step.decode_requests
+        self.steps += 1
+        self.decodes += decodes
+        self.seconds += step.duration
+        self.terms["base"] += max(
+            profile.prefill_base if tokens else 0.0, profile.decode_base if decodes else 0.0
+        )
+        self.terms["prompt"] += profile.prefill_per_token * tokens
+        self.terms["decode"] += profile.decode_per_request * decodes
+        self.terms["context"] += profile.decode_per_context_token * step.context_tokens
+
+
+def book_busy_time(policy: Policy, profile: LinearProfile) -> BusyTime:
+    """A `BusyTime` that every step `policy` is told of (its `observe`) adds to."""
+    busy = BusyTime()
+    observe = policy.observe
+
+    def observed(step: StepFeedback) -> None:
+        busy.add(profile, step)
+        observe(step)
+
+    policy.observe = observed  # type: ignore[method-assign]
+    return busy
+
+
+def gap_line(name: str, own: BusyTime, stock_name: str, stock: BusyTime) -> str:
+    """A markdown row: busy seconds more than `stock`'s, in all and by term, and steps and
+    decodes side by side."""
+    terms = " | ".join(f"{own.terms[t] - stock.terms[t]:+.1f}" for t in TERMS)
+    return (
+        f"| {name} | {stock_name} | {own.seconds - stock.seconds:+.1f} | {terms} "
+        f"| {own.steps} / {stock.steps} | {own.decodes} / {stock.decodes} |"
+    )
+
+
+GAP_HEADER = (
+    "| setting | against | busy s more | step bases | prompt tokens | decodes | decode context "
+    "| steps (its / stock) | decodes (its / stock) |",
+    "|---|---|---|---|---|---|---|---|---|",
+)
