@@ -54,13 +54,16 @@ def remaining(info: RelQueryInfo, oracle: Oracle | None = None) -> Remaining:
     expected = expected_output(info)
     if oracle is None:
         prompt, outputs, steps = _fresh(info, expected)
-        prompting = (info.prompting.values(), info.resumed.values())
+        prompting = (
+            info.prompting.values(),
+            (seq for seq in info.resumed.values() if not seq.prefill_done),
+        )
         outputs, steps = _running_outputs(info, expected, outputs, steps)
     else:
         prompt = outputs = steps = 0
         prompting = (
             (seq for seq in info.running.values() if not seq.prefill_done),
-            info.waiting.values(),
+            (seq for seq in info.waiting.values() if not seq.prefill_done),
         )
         for rows in (info.running.values(), info.waiting.values()):
             for seq in rows:

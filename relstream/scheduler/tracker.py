@@ -113,8 +113,9 @@ class RequestTracker:
         seq.computed_tokens += computed
         seq.output_tokens += generated
         self._changed.add(seq.relquery_id)
-        # A decode (one token computed, one generated) leaves `prefill_done` as it was.
-        if computed != generated or seq.request_id in self.prompting:
+        # A decode (one token computed, one generated) leaves `prefill_done` as it was;
+        # equal steps back (rejected speculative tokens) are looked at.
+        if computed != generated or generated < 0 or seq.request_id in self.prompting:
             self._track_prompt(seq)
 
     def finish(self, request_id: str, answered: bool = True) -> RelQueryInfo | None:
