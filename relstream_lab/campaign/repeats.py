@@ -104,12 +104,12 @@ def repeats_lines(folders: list[Path]) -> list[str]:
     for name in names:
         for row in ratios([run for run in runs if run["campaign"] == name]):
             every_row.append(row)
+            makespan = row.get("makespan_vs_best_v1")
             lines.append(
                 f"| {name} | {row['arrival']} | {row['seed']} | {row['rate']:g} | "
-                f"{row.get('v1-fcfs', float('nan')):.2f}x | "
-                f"{row.get('v1-priority', float('nan')):.2f}x | "
-                f"{row.get('makespan_vs_best_v1', float('nan')) - 1:+.1%} | "
-                f"{row.get('max_vs_v1_fcfs', float('nan')):.2f}x |"
+                f"{_times(row.get('v1-fcfs'))} | {_times(row.get('v1-priority'))} | "
+                f"{'–' if makespan is None else f'{makespan - 1:+.1%}'} | "
+                f"{_times(row.get('max_vs_v1_fcfs'))} |"
             )
     lines += [
         "",
@@ -155,3 +155,8 @@ def repeats_lines(folders: list[Path]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _times(ratio: float | None) -> str:
+    """A ratio as "1.23x"; "–" where the policies to compare did not both run (a pair)."""
+    return "–" if ratio is None else f"{ratio:.2f}x"
