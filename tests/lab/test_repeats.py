@@ -54,3 +54,11 @@ def test_each_cell_is_judged_per_run_and_on_the_mean_of_its_runs(tmp_path):
         "| 250 (240–260, 8%) |" in lines
     )
     assert "Within 15% on both mean and makespan (own line): 0 of 6 runs." in lines
+
+
+def test_a_pair_without_v1_priority_shows_what_it_cannot_compare(tmp_path):
+    pair = _campaign(
+        tmp_path / "p", [("relstream", 30.0, 300.0, 600.0), ("v1-fcfs", 45.0, 200.0, 590.0)]
+    )
+    # 45/30 = 1.5x; no v1-priority, so no better-of-both makespan; max 300/200 = 1.5x
+    assert "| p | poisson | 1 | 0.75 | 1.50x | – | – | 1.50x |" in repeats_lines([pair])
