@@ -79,16 +79,26 @@ class LinearProfile(CostProfile):
     decode_per_context_token: float = 0.0
 
     def step_time(self, uncached_tokens: int, decode_requests: int, context_tokens: int) -> float:
-        prefill = self.prefill_per_token * uncached_tokens
-        decode = (
-            self.decode_per_request * decode_requests
-            + self.decode_per_context_token * context_tokens
+        base, prefill, decode, context = self.terms(
+            uncached_tokens, decode_requests, context_tokens
         )
+        return base + prefill + (decode + context)
+
+    def terms(
+        self, uncached_tokens: int, decode_requests: int, context_tokens: int
+    ) -> tuple[float, float, float, float]:
+        """A step's seconds by term: its base (the larger of the two kinds it runs), its
+        prompt tokens, its decodes and their context."""
         base = max(
             self.prefill_base if uncached_tokens else 0.0,
             self.decode_base if decode_requests else 0.0,
         )
-        return base + prefill + decode
+        return (
+            base,
+            self.prefill_per_token * uncached_tokens,
+            self.decode_per_request * decode_requests,
+            self.decode_per_context_token * context_tokens,
+        )
 
 
 def roofline_from_document(document: dict[str, Any]) -> RooflineProfile:

@@ -25,21 +25,16 @@ class BusyTime:
     terms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))
 
     def add(self, profile: LinearProfile, step: StepFeedback) -> None:
-        tokens, decodes = step.uncached_tokens, step.decode_requests
         self.steps += 1
-        self.decodes += decodes
+        self.decodes += step.decode_requests
         self.seconds += step.duration
-        self.terms["base"] += max(
-            profile.prefill_base if tokens else 0.0, profile.decode_base if decodes else 0.0
-        )
-        self.terms["prompt"] += profile.prefill_per_token * tokens
-        self.terms["decode"] += profile.decode_per_request * decodes
-        self.terms["context"] += profile.decode_per_context_token * step.context_tokens
+        split = profile.terms(step.uncached_tokens, step.decode_requests, step.context_tokens)
+        for term, seconds in zip(TERMS, split, strict=True):
+            self.terms[term] += seconds
 
 
-def book_busy_time(policy: Policy, profile: LinearProfile) -> BusyTime:
-    """A `BusyTime` that every step `policy` is told of (its `observe`) adds to."""
-    busy = BusyTime()
+def book_busy_time(policy: Policy, profile: LinearProfile, busy: BusyTime) -> None:
+    """Add every step `policy` is told of (its `observe`) to `busy`."""
     observe = policy.observe
 
     def observed(step: StepFeedback) -> None:
@@ -47,7 +42,6 @@ def book_busy_time(policy: Policy, profile: LinearProfile) -> BusyTime:
         observe(step)
 
     policy.observe = observed  # type: ignore[method-assign]
-    return busy
 
 
 def gap_line(name: str, own: BusyTime, stock_name: str, stock: BusyTime) -> str:

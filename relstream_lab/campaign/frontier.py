@@ -43,15 +43,15 @@ def run(
     policy: str,
     stretch: float | None = None,
     sharing: Sharing | None = None,
-    busy: list[BusyTime] | None = None,
+    busy: BusyTime | None = None,
 ) -> RunSummary:
-    """One simulated run; its busy time by term appended to `busy` when given."""
+    """One simulated run; its busy time by term added to `busy` when given."""
     cost = make_cost_model("online", profile)
     built = make_sim_policy(policy, cost)
     if stretch is not None:
         built = RelstreamStretch(built.cost, stretch)
     if busy is not None:
-        busy.append(book_busy_time(built, profile))
+        book_busy_time(built, profile, busy)
     return summarize(policy, 0.0, Simulator(profile, built, sharing).run(relqueries))
 
 
@@ -83,15 +83,15 @@ def busy_gaps(
     makespan."""
     stock: dict[str, tuple[RunSummary, BusyTime]] = {}
     for name in STOCK:
-        books: list[BusyTime] = []
-        stock[name] = (run(profile, relqueries, name, None, sharing, books), books[0])
+        busy = BusyTime()
+        stock[name] = (run(profile, relqueries, name, None, sharing, busy), busy)
     better = min(STOCK, key=lambda name: stock[name][0].makespan)
     settings = [(f"k = {k:g}", "relstream", k) for k in stretches]
     settings += [(name, name, None) for name in REFERENCES]
     for label, policy, stretch in settings:
-        books = []
-        run(profile, relqueries, policy, stretch, sharing, books)
-        yield gap_line(label, books[0], better, stock[better][1])
+        busy = BusyTime()
+        run(profile, relqueries, policy, stretch, sharing, busy)
+        yield gap_line(label, busy, better, stock[better][1])
 
 
 def frontier_lines(

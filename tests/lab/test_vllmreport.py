@@ -247,14 +247,14 @@ def test_busy_time_splits_into_the_step_costs_terms():
 
 def test_the_frontiers_busy_time_is_the_runs_and_shows_the_shared_decodes():
     both = _rating_trace(("q1", "q2")).at_rate(1.0, 16)
-    shared, unshared = [], []
+    shared, unshared = BusyTime(), BusyTime()
     frontier.run(TINY, both, "v1-fcfs", sharing=report.SHARING["in-flight"], busy=shared)
     frontier.run(TINY, both, "v1-fcfs", busy=unshared)
-    for (book,) in (shared, unshared):
+    for book in (shared, unshared):
         assert sum(book.terms.values()) == pytest.approx(book.seconds)
     # q1's rows decode 2 + 5 times (the first token comes with the prompt); unshared, q2's
     # Emma decodes her 5 again and computes her prompt again
-    assert (shared[0].decodes, unshared[0].decodes) == (7, 12)
-    assert unshared[0].terms["prompt"] > shared[0].terms["prompt"]
-    line = gap_line("unshared", unshared[0], "shared", shared[0])
+    assert (shared.decodes, unshared.decodes) == (7, 12)
+    assert unshared.terms["prompt"] > shared.terms["prompt"]
+    line = gap_line("unshared", unshared, "shared", shared)
     assert line.startswith("| unshared | shared | +") and line.endswith("| 12 / 7 |")
