@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -98,18 +99,92 @@ async def http_server(app):
         await task
 
 
-async def post_and_leave(port: int, body: dict, after_s: float, stream: bool = False) -> None:
-    """POST `body` to the door's /v1/relqueries, then close the connection `after_s`
-    later, unanswered: a client that goes away."""
+async def post_and_leave(port: int, body: dict, leave_when, stream: bool = False) -> None:
+    """POST `body` to the door's /v1/relqueries, then close the connection unanswered
+    once the awaitable `leave_when` is done (the door holds it: `door_serving`, or it is
+    on a topic): a client that goes away while it is served, however fast the door."""
     _reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
     path = "/v1/relqueries?stream=true" if stream else "/v1/relqueries"
     head = f"POST {path} HTTP/1.1\r\nhost: door\r\ncontent-type: application/json\r\n"
     writer.write(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data)
     await writer.drain()
-    await asyncio.sleep(after_s)
-    writer.close()
-    await writer.wait_closed()
+    try:
+        await leave_when
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def door_serving(door, count: int = 1, within_s: float = 30.0) -> None:
+    """Until the door's /health counts at least `count` relQueries handed to its engine
+    and not yet answered. `door`: an httpx.AsyncClient on the door, or its port on
+    127.0.0.1."""
+    import httpx
+
+    if isinstance(door, int):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{door}") as client:
+            return await door_serving(client, count, within_s)
+    await until(lambda: _serving(door, count), within_s, f"{count} relQueries served at the door")
+
+
+async def _serving(client, count: int) -> bool:
+    return (await client.get("/health")).json().get("serving", 0) >= count
+
+
+def wait_until(condition, within_s: float, what: str, every_s: float = 0.2):
+    """Poll `condition()` until it returns something true, which is returned; an
+    AssertionError naming `what` once `within_s` passed. A test waits so on what a
+    broker, a worker or an engine does, never on the clock: the deadline is generous,
+    as it costs nothing where the thing happens sooner."""
+    deadline = time.monotonic() + within_s
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {within_s:g} s")
+        time.sleep(every_s)
+    return found
+
+
+async def until(condition, within_s: float, what: str, every_s: float = 0.05):
+    """`wait_until` on an event loop; `condition()` may return an awaitable."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = condition()
+        if inspect.isawaitable(found):
+            found = await found
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {within_s:g} s")
+        await asyncio.sleep(every_s)
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset on each partition of `topic` it has one on."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+        return {p.partition: o.offset for p, o in offsets.items() if p.topic == topic}
+    finally:
+        admin.close()
+
+
+def assigned_members(bootstrap: str, group: str) -> int:
+    """Members of `group` the broker describes with partitions assigned (0 where it
+    describes none, or cannot be asked yet)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        members = admin.describe_groups([group]).get(group, {}).get("members", [])
+    except Exception:  # not yet known to the broker, or a broker that does not describe
+        return 0
+    finally:
+        admin.close()
+    assigned = [(m.get("member_assignment") or {}).get("assigned_partitions", []) for m in members]
+    return sum(any(topic["partitions"] for topic in held) for held in assigned)
 
 
 class FaultyBackend(SimRelQueryBackend):

@@ -13,8 +13,8 @@ import httpx
 import msgspec
 import pytest
 from aiokafka.structs import ConsumerRecord
-from engines import answers_by, engine_process, keys_written, wait_for
-from helpers import http_server, post_and_leave
+from engines import answers_by, engine_process, keys_written, scrape, wait_for
+from helpers import door_serving, http_server, post_and_leave
 
 from relstream.kafka.brokers import EmbeddedBroker, free_port
 from relstream.kafka.clients import create_topics, new_producer, read_messages, start_all
@@ -22,7 +22,7 @@ from relstream.kafka.delivery import publish_acked
 from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
 from relstream.placement.readers import LoadReader
-from relstream.placement.reports import HEADERS
+from relstream.placement.reports import HEADERS, LOAD_REPORT_S
 from relstream.service.doorlimits import DoorLimits
 from relstream.service.forward import DoorPlacement, ResultFollower
 from relstream.service.http import build_http_app
@@ -42,6 +42,10 @@ from relstream.wire.parts import split_result
 PARTITIONS = 4  # two for each engine
 COUNT = 30
 EVERY_S = 0.2  # between two POSTs
+# Idle reports this many report periods after the last answer, before relying on the
+# door having read one: its reader follows the same topic as the test's, a poll behind.
+LAG_REPORTS = 4
+IN_FLIGHT = "relstream_rows_in_flight"
 
 
 def payload(index: int | str, outputs: int = 16) -> dict:
@@ -62,6 +66,16 @@ def listening(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def reporting_idle(reader: LoadReader, since: float) -> bool:
+    """Whether both engines' latest reports that `reader` read say they have nothing to
+    do, measured at `since` or later."""
+    with reader._lock:  # the book is its reading thread's
+        reports = list(reader.book._placement._reports.values())
+    return len(reports) == 2 and all(
+        report.load.outstanding_s <= 0 and report.at >= since for report in reports
+    )
 
 
 @pytest.mark.slow
@@ -91,14 +105,17 @@ def test_a_slow_engines_door_sends_most_relqueries_to_the_other_engine(tmp_path)
                     posts.append(pool.submit(httpx.post, door, json=payload(index), timeout=120))
                     time.sleep(EVERY_S)
                 responses = [post.result() for post in posts]
-                # Once both report being idle (a report a second), the slow door keeps a
-                # relQuery (no needless hop), so the next goes to the other engine, where
-                # a DELETE to the door stops it.
-                time.sleep(3.0)
+                # Once both report being idle, the slow door keeps a relQuery (no needless
+                # hop), so the next goes to the other engine, where a DELETE to the door
+                # stops it.
+                since = time.time() + LAG_REPORTS * LOAD_REPORT_S
+                idle = wait_for(lambda: reporting_idle(reader, since), 60)
+                assert idle, f"the engines never reported being idle\n{log.read_text()[-3000:]}"
                 kept = pool.submit(httpx.post, door, json=payload("kept", 256), timeout=120)
-                time.sleep(0.5)
+                asyncio.run(door_serving(ports[1]))  # kept: counted there before the next
                 sent = pool.submit(httpx.post, door, json=payload("sent", 256), timeout=120)
-                time.sleep(2.0)
+                running = wait_for(lambda: scrape(ports[0]).get(IN_FLIGHT, 0) > 0, 60)
+                assert running, "door-sent never ran on the other engine"
                 deletes = [httpx.delete(f"{door}/door-{i}", timeout=30) for i in ("sent", "kept")]
                 cancelled = [sent.result().json(), kept.result().json()]
             written = asyncio.run(keys_written(broker, topics.relqueries))
@@ -276,7 +293,10 @@ def test_a_forwarded_relquerys_client_that_goes_away_cancels_it_on_the_control_t
             app = build_http_app(SimRelQueryBackend(SimSettings()), placement=placement)
             async with http_server(app) as port:
                 gone = payload("gone") | {"deadline_s": 60.0}  # a 504 only a minute later
-                await post_and_leave(port, gone, after_s=1.0)
+                on_the_topic = read_messages(
+                    default_broker.bootstrap, topics.relqueries, 1, default_broker.kind, 30.0
+                )
+                await post_and_leave(port, gone, on_the_topic)  # once it is forwarded
                 left = time.monotonic()
                 cancels = await read_messages(
                     default_broker.bootstrap, topics.control, 1, default_broker.kind, 10.0

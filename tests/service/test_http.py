@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from helpers import http_server, post_and_leave
+from helpers import door_serving, http_server, post_and_leave
 
 from relstream.service.doorlimits import DoorLimits
 from relstream.service.http import MAX_BODY_BYTES, build_http_app
@@ -94,7 +94,7 @@ def test_metrics_count_streamed_relqueries_with_the_others():
 def test_delete_cancels_a_running_relquery_and_its_result_says_so():
     async def scenario(client):
         answer = asyncio.create_task(client.post("/v1/relqueries", json=body("slow")))
-        await asyncio.sleep(0.5)  # the simulated answer takes seconds at 50x real time
+        await door_serving(client)  # being answered: that takes seconds at 50x real time
         cancel = await client.delete("/v1/relqueries/slow")
         missing = await client.delete("/v1/relqueries/nobody")
         return (await answer).json(), cancel.status_code, missing.status_code
@@ -147,7 +147,7 @@ def test_past_its_bound_of_relqueries_a_request_is_a_429_with_retry_after():
         held = [
             asyncio.create_task(client.post("/v1/relqueries", json=body(f"h{i}"))) for i in (0, 1)
         ]
-        await asyncio.sleep(0.5)  # both held, being answered
+        await door_serving(client, 2)  # both held, being answered
         refused = await client.post("/v1/relqueries", json=body("third"))
         for relquery_id in ("h0", "h1"):
             await client.delete(f"/v1/relqueries/{relquery_id}")
@@ -169,7 +169,7 @@ def test_past_its_bound_of_rows_or_bytes_a_request_is_a_429_and_one_over_it_alon
 
     async def scenario(client):
         held = asyncio.create_task(client.post("/v1/relqueries", json=body("a")))
-        await asyncio.sleep(0.5)
+        await door_serving(client)
         rows = await client.post("/v1/relqueries", json=body("b"))  # 2 + 2 rows
         await client.delete("/v1/relqueries/a")
         await held
@@ -183,7 +183,7 @@ def test_past_its_bound_of_rows_or_bytes_a_request_is_a_429_and_one_over_it_alon
 
     async def by_bytes(client):
         held = asyncio.create_task(client.post("/v1/relqueries", json=body("a")))
-        await asyncio.sleep(0.5)
+        await door_serving(client)
         busy = await client.post("/v1/relqueries", json=body("b"))
         await client.delete("/v1/relqueries/a")
         await held
@@ -233,7 +233,7 @@ def test_a_client_that_goes_away_cancels_its_relquery(stream):
 
     async def scenario():
         async with http_server(app) as port:
-            await post_and_leave(port, body("gone"), after_s=0.5, stream=stream)
+            await post_and_leave(port, body("gone"), door_serving(port), stream=stream)
             left = time.monotonic()
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 async with asyncio.timeout(30):
@@ -258,7 +258,7 @@ def test_a_client_that_goes_away_gives_back_its_place():
 
     async def scenario():
         async with http_server(app) as port:
-            await post_and_leave(port, body("gone"), after_s=0.5)
+            await post_and_leave(port, body("gone"), door_serving(port))
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 async with asyncio.timeout(3):  # its answer would take about 12 s
                     while True:  # an empty relQuery: a 400 once it is read, until then a 429
