@@ -354,3 +354,18 @@ async def read_all(bootstrap: str, topic: str, isolation: str, idle_s: float = 3
     finally:
         await consumer.stop()
     return seen
+
+
+async def step_logged(step_log: Path, logged, timeout_s: float = 120.0) -> dict:
+    """The first step in the plug-in's step log (written a line per step as it runs) for
+    which `logged(step)` holds: the test then acts on what the engine has done, not on a
+    clock, so it means the same on a faster or a slower machine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = step_log.read_text() if step_log.exists() else ""
+        for line in text[: text.rfind("\n") + 1].splitlines():  # whole lines only
+            step = json.loads(line)
+            if "kind" in step and logged(step):
+                return step
+        assert time.monotonic() < deadline, f"no such step in {timeout_s} s: {text[-2000:]}"
+        await asyncio.sleep(0.02)

@@ -47,6 +47,7 @@ class StepRecord(msgspec.Struct, kw_only=True):
     admitted: list[str] = msgspec.field(default_factory=list)  # relQueries, in order
     waiting: int = 0  # requests waiting and running after it
     running: int = 0
+    held: int = 0  # twins held behind a running one, after it
     t: float = 0.0  # monotonic clock when it was reported
     decision: StepDecision | None = None
 

@@ -9,8 +9,10 @@ to one of the twins it held, which runs and answers the rest: one request, not o
 
 import asyncio
 import json
+import time
 
 import pytest
+from helpers import step_logged
 
 from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
@@ -36,16 +38,10 @@ def counting(name: str) -> RelQuery:
     return RelQuery(name, COUNT, [Row(f"{name}0", {"n": 400})], max_output_tokens=200)
 
 
-async def order_in_rows(handles) -> list[str]:
-    """Row keys of every handle, in the order they finish."""
-    finished: list[str] = []
-
-    async def drain(handle):
-        async for row in handle.rows():
-            finished.append(row.row_key)
-
-    await asyncio.gather(*(drain(handle) for handle in handles))
-    return finished
+async def drain(handle, finished: list[str]) -> None:
+    """Append the handle's row keys to `finished` as its rows finish."""
+    async for row in handle.rows():
+        finished.append(row.row_key)
 
 
 async def serve(step_log) -> dict:
@@ -54,18 +50,27 @@ async def serve(step_log) -> dict:
     results: dict = {}
     try:
         # 1. BIG holds every seat with 20 more rows waiting; SMALL repeats BIG's last row.
+        # SMALL arrives once the step log shows BIG's first rows admitted, and its place
+        # is counted from the rows of BIG finished by then: the same on any machine.
+        finished: list[str] = []
         big = await engine.submit(items("B", ITEMS))
-        await asyncio.sleep(1.0)
+        draining = [asyncio.ensure_future(drain(big, finished))]
+        await step_logged(step_log, lambda step: "B" in step["admitted"])
+        results["finished_before_small"] = len(finished)
         small = await engine.submit(items("S", [ITEMS[-1]]))
-        results["order"] = await order_in_rows([big, small])
+        draining.append(asyncio.ensure_future(drain(small, finished)))
+        await asyncio.gather(*draining)
+        results["order"] = finished
         results["big"], results["small"] = await big.result(), await small.result()
         results["shared_after_priority"] = engine.rows_shared
         # 2. L runs a long count; A and C send the same request and are held behind it.
-        # L's relQuery is cancelled: one of A and C runs and answers the other.
+        # L's relQuery is cancelled once the step log shows both held: one of A and C
+        # runs and answers the other.
         lead = await engine.submit(counting("L"))
-        await asyncio.sleep(2.0)  # L is admitted at once on the idle engine
+        await step_logged(step_log, lambda step: "L" in step["admitted"])
+        twins_sent = time.monotonic()
         twins = [await engine.submit(counting(name)) for name in ("A", "C")]
-        await asyncio.sleep(0.5)
+        await step_logged(step_log, lambda step: step["t"] > twins_sent and step["held"] == 2)
         await lead.cancel()
         results["lead"] = await lead.result()
         results["twins"] = [await handle.result() for handle in twins]
@@ -88,9 +93,11 @@ def test_a_small_relquery_repeating_a_waiting_row_is_answered_as_itself(served):
     order, big, small = served["order"], served["big"], served["small"]
     repeated = f"B{ITEMS[-1]}"
     # Before the change SMALL's row followed BIG's last row and finished with it, after
-    # the 23 others. Ranked as itself it takes the first free seat: at most two rounds of
-    # SEATS rows of BIG finish before it.
-    assert order.index("S" + str(ITEMS[-1])) < 2 * SEATS + 1, order
+    # the 23 others. Ranked as itself it takes the first free seat: beyond the rows of BIG
+    # finished when it arrived, at most two rounds of SEATS rows finish before it (those
+    # running when it arrived, those admitted beside it).
+    before = served["finished_before_small"]
+    assert order.index("S" + str(ITEMS[-1])) < before + 2 * SEATS + 1, (before, order)
     assert small.latency.total < big.latency.total / 2
     # One request answered both rows: SMALL's ran, BIG's copy was held and got its answer.
     assert served["shared_after_priority"] == 1

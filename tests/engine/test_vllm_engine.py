@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import step_logged
 
 from relstream.backend import run
 from relstream.engine.runtime import EngineSettings, VllmRuntime
@@ -301,10 +302,10 @@ def test_answers_are_remembered_across_windows_but_never_sampled_ones(served):
     assert hits == len(REPEATS) and 0 < held <= 1 << 20
 
 
-def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():
-    # SIGKILL vLLM's engine core a second into a relQuery of long answers: the handle
-    # raises EngineFailure (the service then publishes nothing and exits); no row is
-    # reported as an error.
+def test_a_dead_engine_core_is_an_engine_failure_not_row_errors(tmp_path):
+    # SIGKILL vLLM's engine core once its step log shows a relQuery of long answers
+    # admitted: the handle raises EngineFailure (the service then publishes nothing and
+    # exits); no row is reported as an error.
     import os
     import signal
 
@@ -316,10 +317,11 @@ def test_a_dead_engine_core_is_an_engine_failure_not_row_errors():
     counting = RelQuery("K", Template("Count from 1 to {n}, separated by commas."), rows, 300)
 
     async def scenario():
-        engine = await VllmRuntime.start(EngineSettings(policy="relstream"))
+        step_log = tmp_path / "steps.jsonl"
+        engine = await VllmRuntime.start(EngineSettings(policy="relstream", step_log=step_log))
         try:
             handle = await engine.submit(counting)
-            await asyncio.sleep(1.0)
+            await step_logged(step_log, lambda step: "K" in step["admitted"])
             (core,) = [
                 p for p in psutil.Process().children(recursive=True) if "EngineCor" in p.name()
             ]

@@ -2,9 +2,10 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 from click.testing import CliRunner
-from helpers import entry_point_folder
+from helpers import assigned_members, entry_point_folder, wait_until
 
 from relstream.cli import main
 from relstream_lab.cli import main as lab
@@ -226,14 +227,30 @@ def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_br
         assert lines[0].startswith("Error: ") and said in lines[0], lines
 
 
+def following(process: subprocess.Popen, broker, group: str | None = None) -> bool:
+    """Whether a reader command is in its follow loop: with `group`, a member of it holds
+    partitions; without (results, deadletters join none), it is connected to the broker,
+    which it is only from within the block where a signal asks it to end
+    (`cli.common.stop_signals`)."""
+    import psutil
+
+    assert process.poll() is None, f"it ended ({process.returncode}) before following"
+    if group is not None:
+        return assigned_members(broker.bootstrap, group) > 0
+    connections = psutil.Process(process.pid).net_connections("tcp")
+    return any(c.raddr and c.raddr.port == broker.port for c in connections)
+
+
 def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_broker, tmp_path):
     # Ctrl-C is how `--follow` ends: it printed "Aborted!" with status 1, and the sink
     # never said what it had stored.
     import signal
-    import time
+
+    from relstream.connectors.sinks import default_group
 
     target = tmp_path / "results.jsonl"
     for args in (["sink", str(target)], ["results"], ["deadletters"]):
+        group = default_group(str(target)) if args[0] == "sink" else None
         command = [sys.executable, "-m", "relstream", *args, "--follow"]
         command += ["--bootstrap", default_broker.bootstrap]
         process = subprocess.Popen(
@@ -241,8 +258,8 @@ def test_ctrl_c_ends_a_following_sink_results_or_deadletters_quietly(default_bro
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a hang shows where (SIGABRT)
         )  # fmt: skip
         try:
-            time.sleep(8)  # in its loop, waiting for results
-            process.send_signal(signal.SIGINT)
+            wait_until(partial(following, process, default_broker, group), 60, "following")
+            process.send_signal(signal.SIGINT)  # in its loop, waiting for results
             said, _ = process.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGABRT)  # every thread's stack, then the end
@@ -260,15 +277,17 @@ def test_sigterm_ends_a_following_sink_with_what_it_stored(default_broker, tmp_p
     # SIGTERM (what `timeout` and systemd send) ends `sink --follow` as Ctrl-C does: at
     # its next poll, with its summary and status 0; it used to die at once, saying nothing.
     import signal
-    import time
+
+    from relstream.connectors.sinks import default_group
 
     target = tmp_path / "results.jsonl"
     command = [sys.executable, "-m", "relstream", "sink", str(target), "--follow"]
     command += ["--bootstrap", default_broker.bootstrap]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        time.sleep(8)  # in its loop, waiting for results
-        process.send_signal(signal.SIGTERM)
+        group = default_group(str(target))
+        wait_until(lambda: following(process, default_broker, group), 60, "following")
+        process.send_signal(signal.SIGTERM)  # in its loop, waiting for results
         said, _ = process.communicate(timeout=20)
     finally:
         process.kill()
@@ -289,8 +308,9 @@ def test_a_sink_run_again_after_a_kill_takes_its_group_back_at_once(default_brok
     target = tmp_path / "results.jsonl"
     command = [sys.executable, "-m", "relstream", "sink", str(target), "--follow"]
     killed = subprocess.Popen([*command, "--bootstrap", default_broker.bootstrap])
-    try:
-        time.sleep(8)  # joined, holding every partition
+    group = default_group(str(target))
+    try:  # joined, holding every partition
+        wait_until(lambda: following(killed, default_broker, group), 60, "joined")
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait()

@@ -244,6 +244,7 @@ class RelstreamPlugin(EngineView):
                     duration_s=duration,
                     waiting=len(self.tracker.waiting),
                     running=len(self.tracker.running),
+                    held=len(self.tracker.held),
                     t=time.monotonic(),
                 )
                 self._step_log.write(encode_line(record))
