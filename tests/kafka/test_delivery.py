@@ -251,6 +251,20 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
 
     topics, group, port = fresh_topics(), f"g{uuid.uuid4().hex[:6]}", free_port()
     sent = [relquery(i) for i in range(5)]
+    rows_ok = ("relstream_rows_total", (("status", "ok"),))
+    lag_0 = ("relstream_consumer_lag", (("partition", "0"),))
+
+    def samples_of(page: str) -> dict:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(page)
+            for sample in family.samples
+        }
+
+    def settled(samples: dict) -> bool:
+        """Every row counted, none in flight, and a lag of 0 measured (once a second)."""
+        in_flight = samples.get(("relstream_rows_in_flight", ()))
+        return samples.get(rows_ok) == 15 and samples.get(lag_0) == 0 and in_flight == 0
 
     async def scenario():
         await send(broker, topics, sent)
@@ -258,23 +272,25 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
         stop = asyncio.Event()
         task = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
         metrics = await read_messages(broker.bootstrap, topics.metrics, len(sent), broker.kind)
-        await asyncio.sleep(2.5)  # the lag is measured once a second
-        page = await asyncio.to_thread(lambda: urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        deadline = time.monotonic() + 30  # else the last page read, for the asserts below
+        while True:
+            page = await asyncio.to_thread(
+                lambda: urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+            )
+            if settled(samples_of(page)) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
         stop.set()
         await task
-        return metrics, page.decode()
+        return metrics, page
 
     metrics, page = asyncio.run(scenario())
     published = {m.relquery_id: m for m in (decode(MetricsMessage, x.value) for x in metrics)}
     assert set(published) == {rq.id for rq in sent}
     assert all(m.rows == {"ok": 3} and m.latency.total > 0 for m in published.values())
-    samples = {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(page)
-        for sample in family.samples
-    }
-    assert samples[("relstream_rows_total", (("status", "ok"),))] == 15
-    assert samples[("relstream_consumer_lag", (("partition", "0"),))] == 0
+    samples = samples_of(page)
+    assert samples[rows_ok] == 15
+    assert samples[lag_0] == 0
     assert samples[("relstream_rows_in_flight", ())] == 0
 
 
