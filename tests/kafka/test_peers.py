@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import ConsumerRecord
-from helpers import UnencodableBackend, relquery
+from helpers import UnencodableBackend, committed_offsets, relquery, until
 
 from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_producer, read_messages
@@ -283,6 +283,12 @@ def test_an_unexpected_error_dead_letters_its_relquery_and_commits_go_on(default
     topics = fresh_topics()
     sent = [replace(relquery(0), id="unencodable-0"), relquery(1), relquery(2)]
 
+    async def committed_past(group: str, offset: int) -> bool:
+        committed = await asyncio.to_thread(
+            committed_offsets, default_broker.bootstrap, group, topics.relqueries
+        )
+        return committed.get(0, -1) >= offset
+
     async def scenario():
         await create_topics(default_broker.bootstrap, topics.layout())
         messages = [(b"k", encode(relquery_message(rq))) for rq in sent]
@@ -297,7 +303,7 @@ def test_an_unexpected_error_dead_letters_its_relquery_and_commits_go_on(default
             results = await read_messages(
                 default_broker.bootstrap, topics.results, 2, default_broker.kind
             )
-            await asyncio.sleep(1.0)  # a poll and its commit
+            await until(lambda: committed_past(service.config.group_id, len(sent)), 30, "committed")
         finally:
             stop.set()
             await task
