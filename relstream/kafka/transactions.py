@@ -14,12 +14,14 @@ under the lock (`Transact.offsets`), so each commit's offset and metadata extend
 previous one's. A transaction the broker does not take (an outage) is retried with the
 same messages, by a new producer under the same id (starting it aborts the open one),
 for as long as the partition stays assigned; a message the broker refuses for good
-aborts it as `Refused`. A transaction during which the producer lost its connection is
-redone too, even where the broker took it (`BrokerLost`): noida-db, the default broker,
-forgets at a restart which partitions an open transaction wrote, and then commits its
-offsets while its messages stay invisible for good. Brokers without transactions (Tansu
-refuses `InitProducerId`) are found at start by `has_transactions`, and the caller runs
-at least once instead.
+aborts it as `Refused`. A transaction during which the producer lost its connection
+before the commit is redone (`BrokerLost`): noida-db, the default broker, forgets at a
+restart which partitions an open transaction wrote. A commit whose answer was lost (it
+raised, or a connection broke while it ran) has an unknown outcome: it is found out from
+the broker's own record (`kafka.outcome`) and only what did not land is done again, so a
+commit the broker acknowledged is never redone. Brokers without transactions (Tansu
+refuses `InitProducerId`) are found at start by `txprobe.has_transactions`, and the
+caller runs at least once instead.
 """
 
 from __future__ import annotations
@@ -31,21 +33,41 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.conn import CloseReason
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import (
+    ConcurrentTransactions,
+    DuplicateSequenceNumber,
+    IllegalStateError,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    InvalidTxnState,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    UnknownProducerId,
+)
 
 from relstream.kafka.clients import new_admin, new_producer
 from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send, unavailable
+from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.txprobe import STOP_S, stop_producer
 
 log = logging.getLogger("relstream.kafka.transactions")
 
-PROBE_S = 30.0  # how long the start-up probe waits for the broker's answer
-STOP_S = 5.0  # how long a producer given up on may take to close
-
 
 class BrokerLost(Exception):
-    """The producer's connection broke during a transaction: the broker may have
-    restarted and forgotten the transaction's partitions, so it is redone."""
+    """The producer's connection broke during a transaction, before its commit: the
+    broker may have restarted and forgotten the transaction's partitions, so it is
+    redone."""
+
+
+class Unanswered(Exception):
+    """The commit was sent and its answer lost: its outcome is to be found out."""
+
+    def __init__(self, why: str, mark: tuple[int, str], written: list[Written]) -> None:
+        super().__init__(why)
+        self.mark = mark
+        self.written = written
 
 
 def _count_breaks(producer: AIOKafkaProducer) -> Callable[[], int]:
@@ -71,55 +93,29 @@ class Fenced(Exception):
     it was revoked while its transaction waited. Its work is the new owner's."""
 
 
+# The producer's own state gone wrong, not the message: a new producer under the id
+# (`_renew`) starts its sequences and epoch anew, and the transaction is tried again.
+PRODUCER_STATE = (
+    OutOfOrderSequenceNumber, UnknownProducerId, InvalidTxnState, InvalidProducerEpoch,
+    InvalidProducerIdMapping, ConcurrentTransactions, DuplicateSequenceNumber,
+    IllegalStateError,
+)  # fmt: skip
+
+
 @contextlib.contextmanager
 def _refusal(send: Send):
-    """A Kafka error for `send` that is neither fencing nor an outage, as `Refused`."""
+    """A Kafka error for `send` that is neither fencing, nor an outage, nor the producer's
+    own state, as `Refused`: only then is the message at fault."""
     try:
         yield
     except KafkaError as exc:
-        if isinstance(exc, ProducerFenced) or unavailable(exc):
+        if isinstance(exc, (ProducerFenced, *PRODUCER_STATE)) or unavailable(exc):
             raise
         raise Refused(f"the broker refused {send.what}: {exc!r}", send.what) from exc
 
 
 def transactional_id(group: str, partition: TopicPartition) -> str:
     return f"{group}.{partition.topic}.{partition.partition}"
-
-
-async def _stop(producer: AIOKafkaProducer) -> None:
-    """Close a producer, whatever state its transaction is in (a fenced one re-raises its
-    fencing on stop; one cut off by an outage would flush for its whole timeout). An open
-    transaction (its task cancelled at shutdown) is aborted first: left open, it would
-    hold back `read_committed` readers of its partitions until it timed out."""
-    with contextlib.suppress(Exception):  # not in a transaction: nothing to abort
-        async with asyncio.timeout(STOP_S):
-            await producer.abort_transaction()
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(STOP_S):
-            await producer.stop()
-
-
-async def has_transactions(
-    bootstrap: str, group: str, security: KafkaSecurity = PLAINTEXT, timeout_s: float = PROBE_S
-) -> tuple[bool, str]:
-    """Whether the broker gives producers transactional ids, and if not why: a producer
-    with the id `{group}.probe` is started and stopped. A broker that cannot be reached
-    is asked again, for `timeout_s` in all: only a refusal says it has none."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        producer = new_producer(bootstrap, security, transactional_id=f"{group}.probe")
-        try:
-            async with asyncio.timeout(max(deadline - asyncio.get_running_loop().time(), 0.1)):
-                await producer.start()
-            return True, ""
-        except TimeoutError:
-            return False, f"no answer to InitProducerId within {timeout_s:g} s"
-        except KafkaError as exc:
-            if not unavailable(exc) or asyncio.get_running_loop().time() > deadline:
-                return False, f"InitProducerId refused: {exc!r}"
-        finally:
-            await _stop(producer)
-        await asyncio.sleep(1.0)
 
 
 class PartitionProducers:
@@ -210,13 +206,13 @@ class PartitionProducers:
             try:
                 await producer.start()
             except Exception as exc:
-                await _stop(producer)
+                await stop_producer(producer)
                 tries += 1
                 log.warning("transactional producer for %s not started (%r)", partition, exc)
                 await asyncio.sleep(self._backoff.after(tries))
                 continue
             if partition not in self._locks:  # revoked meanwhile: fence nobody
-                await _stop(producer)
+                await stop_producer(producer)
                 return
             self._producers[partition] = producer
             self._breaks[producer] = breaks
@@ -236,7 +232,7 @@ class PartitionProducers:
                         async with lock:
                             pass
             self._breaks.pop(producer, None)
-            await _stop(producer)
+            await stop_producer(producer)
 
     async def close_all(self) -> None:
         await self.close(list(self._producers))
@@ -286,6 +282,12 @@ class PartitionProducers:
                         raise
                     except Fenced:  # `offsets` found the partition forgotten
                         raise
+                    except Unanswered as cut:
+                        outcome = await self._settle(partition, producer, cut)
+                        if outcome.landed and not outcome.missing:
+                            return
+                        if outcome.landed:  # only what it lost, under the same mark
+                            sends, offsets = list(outcome.missing), lambda m=cut.mark: m
                     except Exception as exc:  # an outage, or a producer in a bad state
                         stalled()
                         wait = self._backoff.after(tries)
@@ -300,15 +302,13 @@ class PartitionProducers:
 
     async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
         """One try. A connection that broke before the commit: aborted and redone (the
-        caller renews the producer). One that broke during the commit: the commit may
-        have been the restarted broker's, with the messages lost, so it is redone too (a
-        reader may then see one of them twice, under the same key)."""
+        caller renews the producer). A commit whose answer was lost: `Unanswered`."""
         breaks = self._breaks[producer]
         before = breaks()
         # Asked first: `Fenced` from it (the work is no longer this owner's) must not
         # leave a transaction open on a producer that stays, holding back every
         # `read_committed` reader of the partitions it wrote until the next try renews it.
-        commit = {partition: offsets()}
+        mark = offsets()
         await producer.begin_transaction()
         sent = []
         for send in sends:  # a message over the producer's own limit is refused here
@@ -316,15 +316,38 @@ class PartitionProducers:
                 sent.append((send, await producer.send(
                     send.topic, send.value, send.key, send.partition, headers=send.headers
                 )))  # fmt: skip
+        written = []
         for send, future in sent:
             with _refusal(send):
-                await future
-        await producer.send_offsets_to_transaction(commit, self._group)
+                at = await future
+            written.append(Written(send, TopicPartition(at.topic, at.partition), at.offset))
+        await producer.send_offsets_to_transaction({partition: mark}, self._group)
         if breaks() != before:
             raise BrokerLost("its connection broke before the commit")
-        await producer.commit_transaction()
+        try:
+            await producer.commit_transaction()
+        except ProducerFenced:
+            raise
+        except Exception as exc:  # sent, no answer: outcome unknown
+            raise Unanswered(f"the commit raised {exc!r}", mark, written) from exc
         if breaks() != before:
-            raise BrokerLost("its connection broke during the commit")
+            raise Unanswered("its connection broke during the commit", mark, written)
+
+    async def _settle(self, partition, producer, cut: Unanswered) -> Outcome:
+        """After `Unanswered`: what became of the transaction, from the broker's record
+        (`find_outcome`). The producer is renewed either way: a new one under the id
+        aborts whatever the cut one left open."""
+        log.warning("transaction for %s: %s; finding out whether it landed", partition, cut)
+        try:
+            outcome = await find_outcome(
+                self._bootstrap, self._group, partition, cut.mark, cut.written,
+                lambda: partition in self._locks, self._security, self._backoff,
+            )  # fmt: skip
+        except Gone as exc:
+            await self._drop(partition, producer)
+            raise Fenced(str(exc)) from exc
+        await self._renew(partition, producer)
+        return outcome
 
     async def _renew(self, partition, producer) -> None:
         """Replace a producer whose transaction failed: the new one, same id, aborts it.
@@ -333,7 +356,7 @@ class PartitionProducers:
             return
         del self._producers[partition]
         self._breaks.pop(producer, None)
-        await _stop(producer)
+        await stop_producer(producer)
         if partition in self._locks:  # still assigned
             await self._open(partition)
 
@@ -341,7 +364,7 @@ class PartitionProducers:
         if self._producers.get(partition) is producer:
             del self._producers[partition]
         self._breaks.pop(producer, None)
-        await _stop(producer)
+        await stop_producer(producer)
 
 
 def rejoin(consumer, partition: TopicPartition) -> None:

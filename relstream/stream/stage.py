@@ -50,7 +50,8 @@ from relstream.kafka.limits import message_limit
 from relstream.kafka.membership import start_waiting, stop_leaving
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import PartitionProducers, has_transactions, rejoin
+from relstream.kafka.transactions import PartitionProducers, rejoin
+from relstream.kafka.txprobe import has_transactions
 from relstream.placement.book import Demand, demand_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.stream.registrations import QueryRegistration

@@ -1,0 +1,70 @@
+"""Whether the broker has transactions, asked once at start; and how a transactional
+producer is closed whatever its transaction's state.
+
+Only the broker's refusal of `InitProducerId` (Tansu answers `UnknownError`) says it has
+none, and the caller then runs at least once. A broker that cannot be reached, or does
+not answer, says nothing: the caller waits, and says so every `PROBE_S`, rather than
+run at least once inside a group whose other members commit exactly once (issue 48,
+item 7: a slow broker at start-up made a process at least once for life, silently).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from relstream.kafka.clients import new_producer
+from relstream.kafka.delivery import unavailable
+from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+
+log = logging.getLogger("relstream.kafka.transactions")
+
+PROBE_S = 30.0  # how long one probe waits for the broker's answer, and between log lines
+STOP_S = 5.0  # how long a producer given up on may take to close
+RETRY_S = 1.0  # between probes the broker did not answer
+
+
+async def stop_producer(producer: AIOKafkaProducer) -> None:
+    """Close a producer, whatever state its transaction is in (a fenced one re-raises its
+    fencing on stop; one cut off by an outage would flush for its whole timeout). An open
+    transaction (its task cancelled at shutdown) is aborted first: left open, it would
+    hold back `read_committed` readers of its partitions until it timed out."""
+    with contextlib.suppress(Exception):  # not in a transaction: nothing to abort
+        async with asyncio.timeout(STOP_S):
+            await producer.abort_transaction()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(STOP_S):
+            await producer.stop()
+
+
+async def has_transactions(
+    bootstrap: str, group: str, security: KafkaSecurity = PLAINTEXT, probe_s: float = PROBE_S
+) -> tuple[bool, str]:
+    """Whether the broker gives producers transactional ids, and if not why: a producer
+    with the id `{group}.probe` is started and stopped. Asked until the broker answers
+    (each try waits `probe_s`; a line is logged after each unanswered one): only a
+    refusal says it has none."""
+    while True:
+        producer = new_producer(bootstrap, security, transactional_id=f"{group}.probe")
+        try:
+            async with asyncio.timeout(probe_s):
+                await producer.start()
+            return True, ""
+        except TimeoutError:
+            why = f"no answer to InitProducerId within {probe_s:g} s"
+        except KafkaError as exc:
+            if not unavailable(exc):
+                return False, f"InitProducerId refused: {exc!r}"
+            why = repr(exc)
+        finally:
+            await stop_producer(producer)
+        log.warning(
+            "cannot tell yet whether the broker at %s has transactions (%s): waiting for "
+            "its answer before serving, rather than run at least once in a group that may "
+            "commit exactly once", bootstrap, why,
+        )  # fmt: skip
+        await asyncio.sleep(RETRY_S)
