@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from helpers import relquery
+from helpers import relquery, wait_until
 
 from relstream.kafka.clients import create_topics
 from relstream.wire import encode
@@ -23,6 +23,7 @@ from relstream.wire.convert import relquery_message
 
 STOPS_S = 10  # from the signal to the process's end
 BUSY_ROWS = 4000  # rows of each relQuery: the children simulate for a while
+ANSWERED = "answered rq-"  # the engine's log line for each relQuery answered
 
 
 async def send(bootstrap: str, topic: str, count: int) -> None:
@@ -55,12 +56,14 @@ def test_a_busy_sim_engine_stopped_by_its_process_group_says_no_error(
     with log.open("w") as out:  # its own process group, as a shell gives a pipeline
         engine = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)  # fmt: skip
+
+    def serving() -> bool:
+        """One relQuery answered: its children simulate the others (4000 rows each)."""
+        assert engine.poll() is None, log.read_text()[-3000:]
+        return ANSWERED in log.read_text()
+
     try:
-        deadline = time.monotonic() + 90
-        while not ready.exists():
-            assert engine.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        time.sleep(2)  # serving: its children simulate
+        wait_until(serving, 120, "serving")
         signalled = time.monotonic()
         os.killpg(engine.pid, sig)
         engine.wait(STOPS_S)
