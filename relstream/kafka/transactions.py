@@ -32,86 +32,16 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.conn import CloseReason
-from aiokafka.errors import (
-    ConcurrentTransactions,
-    DuplicateSequenceNumber,
-    IllegalStateError,
-    InvalidProducerEpoch,
-    InvalidProducerIdMapping,
-    InvalidTxnState,
-    KafkaError,
-    OutOfOrderSequenceNumber,
-    ProducerFenced,
-    UnknownProducerId,
-)
+from aiokafka.errors import ProducerFenced
 
 from relstream.kafka.clients import new_admin, new_producer
-from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send, unavailable
+from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send
 from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.txfaults import BrokerLost, Fenced, Unanswered, count_breaks, refusal
 from relstream.kafka.txprobe import STOP_S, stop_producer
 
 log = logging.getLogger("relstream.kafka.transactions")
-
-
-class BrokerLost(Exception):
-    """The producer's connection broke during a transaction, before its commit: the
-    broker may have restarted and forgotten the transaction's partitions, so it is
-    redone."""
-
-
-class Unanswered(Exception):
-    """The commit was sent and its answer lost: its outcome is to be found out."""
-
-    def __init__(self, why: str, mark: tuple[int, str], written: list[Written]) -> None:
-        super().__init__(why)
-        self.mark = mark
-        self.written = written
-
-
-def _count_breaks(producer: AIOKafkaProducer) -> Callable[[], int]:
-    """How many of `producer`'s broker connections have broken so far (not idle or
-    closed by us): a broker restart breaks them all. aiokafka has no public hook; its
-    client calls `_on_connection_closed` for each closed connection."""
-    client = producer.client
-    closed = client._on_connection_closed
-    breaks = 0
-
-    def on_closed(conn, reason) -> None:
-        nonlocal breaks
-        if reason not in (CloseReason.IDLE_DROP, CloseReason.SHUTDOWN):
-            breaks += 1
-        closed(conn, reason)
-
-    client._on_connection_closed = on_closed
-    return lambda: breaks
-
-
-class Fenced(Exception):
-    """The partition is no longer this process's: a new owner's producer fenced ours, or
-    it was revoked while its transaction waited. Its work is the new owner's."""
-
-
-# The producer's own state gone wrong, not the message: a new producer under the id
-# (`_renew`) starts its sequences and epoch anew, and the transaction is tried again.
-PRODUCER_STATE = (
-    OutOfOrderSequenceNumber, UnknownProducerId, InvalidTxnState, InvalidProducerEpoch,
-    InvalidProducerIdMapping, ConcurrentTransactions, DuplicateSequenceNumber,
-    IllegalStateError,
-)  # fmt: skip
-
-
-@contextlib.contextmanager
-def _refusal(send: Send):
-    """A Kafka error for `send` that is neither fencing, nor an outage, nor the producer's
-    own state, as `Refused`: only then is the message at fault."""
-    try:
-        yield
-    except KafkaError as exc:
-        if isinstance(exc, (ProducerFenced, *PRODUCER_STATE)) or unavailable(exc):
-            raise
-        raise Refused(f"the broker refused {send.what}: {exc!r}", send.what) from exc
 
 
 def transactional_id(group: str, partition: TopicPartition) -> str:
@@ -141,9 +71,10 @@ class PartitionProducers:
         self._stall_s = stall_s
         self._backoff = backoff or Backoff()
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
-        self._breaks: dict[AIOKafkaProducer, Callable[[], int]] = {}  # `_count_breaks`
+        self._breaks: dict[AIOKafkaProducer, Callable[[], int]] = {}  # `count_breaks`
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._settling: set[TopicPartition] = set()  # assigned, their position not yet set
+        self._attempts: dict[TopicPartition, asyncio.Future] = {}  # a try in flight
 
     async def take_over(self, consumer, partitions) -> dict:
         """Fence newly assigned `partitions`' previous owners (`open`), then seek each to
@@ -159,7 +90,7 @@ class PartitionProducers:
         consumer.pause(*partitions)
         try:
             await self.open(partitions)
-            committed = await self._committed(partitions)
+            committed = await self._committed(consumer, partitions)
             marks = {}
             for partition in set(partitions) & consumer.assignment():  # not revoked since
                 mark = committed.get(partition)
@@ -177,13 +108,28 @@ class PartitionProducers:
         """Whether the partition's position is still being set (`take_over`)."""
         return partition in self._settling
 
-    async def _committed(self, partitions) -> dict:
-        admin = new_admin(self._bootstrap, self._security)
-        await admin.start()
-        try:
-            return await admin.list_consumer_group_offsets(self._group, partitions=partitions)
-        finally:
-            await admin.close()
+    async def _committed(self, consumer, partitions) -> dict:
+        """The group's committed marks of `partitions`, asked until the broker answers or
+        none of them is assigned here any more: a partition resumed without its mark
+        would be read from the consumer's own position, its answered work done again."""
+        tries = 0
+        while True:
+            admin = new_admin(self._bootstrap, self._security)
+            try:
+                await admin.start()
+                return await admin.list_consumer_group_offsets(self._group, partitions=partitions)
+            except Exception as exc:  # the broker did not answer: the partitions stay paused
+                if not set(partitions) & consumer.assignment():
+                    return {}
+                tries += 1
+                wait = self._backoff.after(tries)
+                log.warning(
+                    "committed offsets of %s not read (%r): paused, asked again in %.1f s",
+                    sorted(p.partition for p in partitions), exc, wait,
+                )  # fmt: skip
+                await asyncio.sleep(wait)
+            finally:
+                await admin.close()
 
     async def open(self, partitions) -> None:
         """Start the producers of newly assigned `partitions`. Each start fences the
@@ -202,7 +148,7 @@ class PartitionProducers:
                 self._security,
                 transactional_id=transactional_id(self._group, partition),
             )
-            breaks = _count_breaks(producer)
+            breaks = count_breaks(producer)
             try:
                 await producer.start()
             except Exception as exc:
@@ -231,6 +177,9 @@ class PartitionProducers:
                     async with asyncio.timeout(STOP_S):
                         async with lock:
                             pass
+                attempt = self._attempts.get(partition)
+                if attempt is not None and not attempt.done():
+                    attempt.cancel()  # its outcome is the next owner's (`_attempt`)
             self._breaks.pop(producer, None)
             await stop_producer(producer)
 
@@ -260,11 +209,13 @@ class PartitionProducers:
             async with lock:
                 while True:
                     producer = self._producers.get(partition)
-                    if producer is None:
+                    if producer is None or self._locks.get(partition) is not lock:
+                        # revoked, or revoked and assigned here again: a try of the old
+                        # ownership must not commit with the new one's producer
                         raise Fenced(f"{partition} was revoked")
                     tries += 1
                     try:
-                        await self._once(producer, partition, sends, offsets)
+                        await self._attempt(partition, producer, sends, offsets)
                         return
                     except ProducerFenced as exc:
                         await self._drop(partition, producer)
@@ -300,6 +251,24 @@ class PartitionProducers:
         finally:
             timer.cancel()
 
+    async def _attempt(self, partition, producer, sends: list[Send], offsets) -> None:
+        """One try (`_once`) as a task `close` can cut. A partition revoked while its
+        commit hangs is not held for ever: after `STOP_S` the try is cancelled and
+        `Fenced` raised, so its caller releases the work. Its outcome is the next owner's
+        to settle: that owner's producer fences this one, aborts what is open, and reads
+        the committed offset."""
+        attempt = asyncio.ensure_future(self._once(producer, partition, sends, offsets))
+        self._attempts[partition] = attempt
+        try:
+            await attempt
+        except asyncio.CancelledError:
+            if attempt.cancelled() and not asyncio.current_task().cancelling():
+                raise Fenced(f"{partition} was revoked mid-commit") from None
+            raise
+        finally:
+            if self._attempts.get(partition) is attempt:
+                del self._attempts[partition]
+
     async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
         """One try. A connection that broke before the commit: aborted and redone (the
         caller renews the producer). A commit whose answer was lost: `Unanswered`."""
@@ -312,13 +281,13 @@ class PartitionProducers:
         await producer.begin_transaction()
         sent = []
         for send in sends:  # a message over the producer's own limit is refused here
-            with _refusal(send):
+            with refusal(send):
                 sent.append((send, await producer.send(
                     send.topic, send.value, send.key, send.partition, headers=send.headers
                 )))  # fmt: skip
         written = []
         for send, future in sent:
-            with _refusal(send):
+            with refusal(send):
                 at = await future
             written.append(Written(send, TopicPartition(at.topic, at.partition), at.offset))
         await producer.send_offsets_to_transaction({partition: mark}, self._group)

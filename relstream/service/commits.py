@@ -41,7 +41,8 @@ from relstream.kafka.delivery import (
     publish_sends,
     send_dead_letter,
 )
-from relstream.kafka.transactions import Fenced, PartitionProducers, rejoin
+from relstream.kafka.transactions import PartitionProducers, rejoin
+from relstream.kafka.txfaults import Fenced
 from relstream.kafka.txprobe import has_transactions
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
 from relstream.wire import encode

@@ -33,7 +33,8 @@ from aiokafka import TopicPartition
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
 from relstream.kafka.delivery import Refused, Send, dead_letter_of, letter_lost, letter_tries
-from relstream.kafka.transactions import Fenced, PartitionProducers
+from relstream.kafka.transactions import PartitionProducers
+from relstream.kafka.txfaults import Fenced
 from relstream.stream.windowing import Window
 from relstream.wire import DeadLetterMessage, encode
 from relstream.wire.convert import dead_letter_message

@@ -10,13 +10,10 @@ import asyncio
 import collections
 import itertools
 import logging
-import subprocess
-import time
 import uuid
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError, OutOfOrderSequenceNumber
 from engines import engine_process, wait_for
 from helpers import committed_offsets, read_all, relquery, wait_until
 
@@ -24,7 +21,8 @@ from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_admin, produce
 from relstream.kafka.delivery import Send
 from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import Fenced, PartitionProducers
+from relstream.kafka.transactions import PartitionProducers
+from relstream.kafka.txfaults import Fenced
 from relstream.kafka.txprobe import has_transactions
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
 from relstream.service.service import KafkaService, ServiceConfig
@@ -194,119 +192,6 @@ def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
         assert asyncio.run(scenario()) == (9, [b"once"])
     finally:
         broker.stop()
-
-
-def reset_connections(producer) -> None:
-    """Reset every TCP connection `producer` holds, as a network fault does (`ss -K` on
-    its local ports): the client and the broker each see the connection broken."""
-    for conn in list(producer.client._conns.values()):
-        if conn.connected():
-            port = conn._writer.transport.get_extra_info("sockname")[1]
-            subprocess.run(["ss", "-K", "sport", "=", f":{port}"], check=True, capture_output=True)
-
-
-async def committed_once(bootstrap: str, group: str, topics: Topics, cut) -> tuple:
-    """Commit one message at offset 9 with `cut(producer, commit)` standing in for the
-    producer's `commit_transaction`; then the group's mark and what a `read_committed`
-    reader sees."""
-    partition = TopicPartition(topics.relqueries, 0)
-    await create_topics(bootstrap, topics.layout())
-    producers = PartitionProducers(bootstrap, group, stall_s=60.0)
-    await producers.open([partition])
-    producer = producers._producers[partition]
-    commit = producer.commit_transaction
-    producer.commit_transaction = lambda: cut(producer, commit)
-    await producers.transact(partition, [Send(topics.results, b"once", b"k", "m")], lambda: (9, ""))
-    await producers.close_all()
-    admin = new_admin(bootstrap)
-    await admin.start()
-    try:
-        marks = await admin.list_consumer_group_offsets(group, partitions=[partition])
-    finally:
-        await admin.close()
-    seen = await read_all(bootstrap, topics.results, "read_committed")
-    return marks[partition].offset, [m.value for m in seen]
-
-
-def test_an_acknowledged_commit_whose_answer_was_lost_is_not_redone(default_broker, caplog):
-    # The producer's connections are reset right after the broker acknowledged the
-    # commit. The outcome is read from the broker (the group holds the transaction's
-    # mark, its message is visible), so it is not redone: one copy for `read_committed`
-    # readers (on 7c0b11f two: a break during the commit redid the whole transaction).
-    async def cut(producer, commit):
-        await commit()
-        reset_connections(producer)
-        deadline = time.monotonic() + 10
-        while all(conn.connected() for conn in producer.client._conns.values()):
-            assert time.monotonic() < deadline, "the reset was not seen"
-            await asyncio.sleep(0.01)
-
-    caplog.set_level(logging.INFO, "relstream.kafka.transactions")
-    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
-    assert asyncio.run(committed_once(default_broker.bootstrap, group, topics, cut)) == (
-        9, [b"once"]
-    )  # fmt: skip
-    assert "commit at 9 landed; 0 of its 1 messages missing" in caplog.text
-
-
-def test_a_commit_that_never_reached_the_broker_is_redone_once(default_broker, caplog):
-    # The commit's request is lost on the way (the connections reset instead of sending
-    # it): the group does not hold the mark, so the transaction is redone, once.
-    async def cut(producer, commit):
-        reset_connections(producer)
-        raise KafkaConnectionError("the commit never reached the broker")
-
-    caplog.set_level(logging.INFO, "relstream.kafka.transactions")
-    topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
-    assert asyncio.run(committed_once(default_broker.bootstrap, group, topics, cut)) == (
-        9, [b"once"]
-    )  # fmt: skip
-    assert "commit at 9 did not land" in caplog.text
-
-
-def test_a_producer_state_error_is_retried_not_taken_for_a_refusal(default_broker):
-    # The broker answers a send with OutOfOrderSequenceNumber: the producer's state, not
-    # the message, is at fault. A new producer under the id tries again and the message
-    # is committed once (on 7c0b11f it was `Refused`: a valid answer dead-lettered).
-    async def scenario():
-        topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
-        partition = TopicPartition(topics.relqueries, 0)
-        await create_topics(default_broker.bootstrap, topics.layout())
-        producers = PartitionProducers(default_broker.bootstrap, group, stall_s=60.0)
-        await producers.open([partition])
-
-        async def out_of_order(*_args, **_kwargs):
-            raise OutOfOrderSequenceNumber()
-
-        producers._producers[partition].send = out_of_order
-        await producers.transact(
-            partition, [Send(topics.results, b"once", b"k", "m")], lambda: (3, "")
-        )
-        await producers.close_all()
-        seen = await read_all(default_broker.bootstrap, topics.results, "read_committed")
-        return [m.value for m in seen]
-
-    assert asyncio.run(scenario()) == [b"once"]
-
-
-def test_a_broker_that_does_not_answer_the_probe_is_waited_for_not_taken_as_none(caplog):
-    # A listener that accepts and never answers: whether it has transactions is unknown,
-    # so the probe keeps asking and says so (on 7c0b11f it answered False after its
-    # timeout, and the process ran at least once for life in an exactly-once group).
-    async def scenario():
-        silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
-        port = silent.sockets[0].getsockname()[1]
-        probe = asyncio.ensure_future(has_transactions(f"127.0.0.1:{port}", "g", probe_s=0.5))
-        await asyncio.sleep(3.0)  # six probes' time: an answer would have come by now
-        done = probe.done() and probe.result()
-        probe.cancel()
-        await asyncio.gather(probe, return_exceptions=True)
-        silent.close()
-        return done
-
-    caplog.set_level(logging.WARNING, "relstream.kafka.transactions")
-    assert asyncio.run(scenario()) is False
-    assert "cannot tell yet whether the broker at 127.0.0.1:" in caplog.text
 
 
 @pytest.mark.slow
