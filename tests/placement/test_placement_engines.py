@@ -17,6 +17,7 @@ from relstream.client import RelstreamClient
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics
 from relstream.kafka.topics import Topics
+from relstream.launch import wait_ready
 from relstream.placement.readers import AsyncLoadReader, LoadReader
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
@@ -161,7 +162,9 @@ def test_the_worker_places_its_windows_by_the_engines_load(tmp_path):
         try:
             settled = wait_for(lambda: len(reader.engines()) == 3, 120)
             assert settled, f"engines reporting: {reader.engines()}\n{log.read_text()[-3000:]}"
-            worker = start_worker(broker, topics, config, tmp_path / "worker.log")
+            ready = tmp_path / "worker.ready"
+            worker = start_worker(broker, topics, config, tmp_path / "worker.log", None, ready)
+            wait_ready([ready], [worker], 120)  # windows come as they are produced, paced
             for window in range(windows):  # one rows partition: windows close at 8 rows
                 rows = [
                     encode_row({"version": 1, "table": "cities", "key": f"w{window}-{k}",
