@@ -43,6 +43,11 @@ from relstream.kafka.txprobe import STOP_S, stop_producer
 
 log = logging.getLogger("relstream.kafka.transactions")
 
+# A broker that times transactions out (Apache Kafka) aborts a dead writer's open one
+# after this, so its partitions' `read_committed` readers wait at most so long. The
+# default broker never does (co-partitioning bounds the harm there: `co_partition`).
+TRANSACTION_TIMEOUT_MS = 30_000
+
 
 def transactional_id(group: str, partition: TopicPartition) -> str:
     return f"{group}.{partition.topic}.{partition.partition}"
@@ -59,8 +64,14 @@ class PartitionProducers:
         stall_s: float = STALL_S,
         backoff: Backoff | None = None,
         on_fenced: Callable[[TopicPartition], None] = lambda partition: None,
+        co_partition: bool = False,
     ) -> None:
         self._bootstrap = bootstrap
+        # A message with no partition of its own goes to the partition of its topic that
+        # matches its input's (`_target`), as Kafka Streams co-partitions: a writer that
+        # dies mid-transaction then holds back `read_committed` readers of its own
+        # partitions only, never another process's results (issue 48, item 2).
+        self._co_partition = co_partition
         # Called when a partition still assigned here is fenced: some other producer took
         # its id, a zombie's renewal or a rebalance not yet heard of. The caller asks its
         # group (`rejoin`): the group's word decides who owns it, and the new assignment
@@ -147,6 +158,7 @@ class PartitionProducers:
                 self._bootstrap,
                 self._security,
                 transactional_id=transactional_id(self._group, partition),
+                transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             )
             breaks = count_breaks(producer)
             try:
@@ -282,8 +294,9 @@ class PartitionProducers:
         sent = []
         for send in sends:  # a message over the producer's own limit is refused here
             with refusal(send):
+                to = await self._target(producer, send, partition)
                 sent.append((send, await producer.send(
-                    send.topic, send.value, send.key, send.partition, headers=send.headers
+                    send.topic, send.value, send.key, to, headers=send.headers
                 )))  # fmt: skip
         written = []
         for send, future in sent:
@@ -301,6 +314,14 @@ class PartitionProducers:
             raise Unanswered(f"the commit raised {exc!r}", mark, written) from exc
         if breaks() != before:
             raise Unanswered("its connection broke during the commit", mark, written)
+
+    async def _target(self, producer, send: Send, partition: TopicPartition) -> int | None:
+        """The partition `send` goes to: its own, else (co-partitioned) the one of its topic
+        numbered as the input's, modulo the topic's partitions; else None (its key's)."""
+        if send.partition is not None or not self._co_partition:
+            return send.partition
+        numbers = sorted(await producer.partitions_for(send.topic))
+        return numbers[partition.partition % len(numbers)]
 
     async def _settle(self, partition, producer, cut: Unanswered) -> Outcome:
         """After `Unanswered`: what became of the transaction, from the broker's record

@@ -58,7 +58,7 @@ class ExactlyOnce:
         self._book = book
         self._producers = PartitionProducers(
             config.bootstrap, config.group_id, config.security, config.stall_s,
-            on_fenced=self._fenced,
+            on_fenced=self._fenced, co_partition=True,
         )  # fmt: skip
         self._consumer = None  # the group's consumer, known from its first assignment
         self._skip: dict[object, frozenset[int]] = {}  # finished above the commit read

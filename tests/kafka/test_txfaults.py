@@ -254,3 +254,30 @@ def test_a_take_over_that_cannot_read_its_offsets_asks_again_and_seeks_them(
             await second.close_all()
 
     assert asyncio.run(scenario()) == (3, 3, 3)
+
+
+def test_a_dead_writers_open_transaction_holds_back_only_its_own_partitions(default_broker):
+    # One engine dies with a transaction open on results partition 0 (the default broker
+    # never times it out). Another, co-partitioned as the engine's commits are, answers
+    # 24 relQueries of its own input partitions 1-3, their ids hashing anywhere: a
+    # `read_committed` reader sees every one (on 7c0b11f, keyed by id, those hashed to
+    # partition 0 stayed invisible until the dead engine started again).
+    async def scenario():
+        topics, group = fresh()
+        inputs = [TopicPartition(topics.relqueries, p) for p in range(topics.partitions)]
+        dead, _ = await opened(default_broker.bootstrap, topics, group, co_partition=True)
+        abandoned = dead._producers[inputs[0]]
+        await abandoned.begin_transaction()
+        await (await abandoned.send(topics.results, b"never", b"dead", partition=0))
+        live = PartitionProducers(default_broker.bootstrap, group, co_partition=True)
+        await live.open(inputs[1:])
+        for n in range(24):
+            sends = [Send(topics.results, f"r{n}".encode(), f"id-{n}".encode(), f"r{n}")]
+            await live.transact(inputs[1 + n % 3], sends, lambda n=n: (n // 3 + 1, ""))
+        await live.close_all()
+        seen = await read_all(default_broker.bootstrap, topics.results, "read_committed", 1.0)
+        await abandoned.client.close()  # as a SIGKILL leaves it: open
+        return sorted(m.value for m in seen), {m.partition for m in seen}
+
+    values, partitions = asyncio.run(scenario())
+    assert values == sorted(f"r{n}".encode() for n in range(24)) and partitions == {1, 2, 3}
