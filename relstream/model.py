@@ -136,6 +136,19 @@ class RowFailure:
     status: RowStatus = RowStatus.ERROR  # or NULL: a null input, never asked
 
 
+def too_long(
+    row_index: int, row_key: str, prompt_tokens: int, allowed: int, max_output_tokens: int
+) -> RowFailure | None:
+    """The row's failure if its prompt and output exceed the `allowed` context: the same
+    words on every backend."""
+    if prompt_tokens <= allowed - max_output_tokens:
+        return None
+    reason = f"row {row_key!r}: prompt has {prompt_tokens} tokens; the model allows "
+    return RowFailure(
+        row_index, row_key, f"{reason}{allowed} including {max_output_tokens} output tokens"
+    )
+
+
 @dataclass
 class RelQuery:
     id: str

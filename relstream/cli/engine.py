@@ -64,7 +64,7 @@ _ENGINE_OPTIONS = (
         default=2048,
         show_default=True,
         type=click.IntRange(16),
-        help="vllm: the longest prompt plus answer, in tokens.",
+        help="The longest prompt plus answer, in tokens (sim: also within its KV cache).",
     ),
     click.option(
         "--gpu-memory-utilization",
@@ -280,6 +280,7 @@ async def _start_backend(opts: dict):
                 time_scale=opts["sim_time_scale"],
                 processes=SIM_PROCESSES,
                 speed=opts["sim_speed"],
+                max_model_len=opts["max_model_len"],
             )
         )
         await backend.start()

@@ -18,6 +18,7 @@ from relstream.model import (
     RowResult,
     RowStatus,
     prepare_row,
+    too_long,
 )
 from relstream.outputs import OutputKind
 
@@ -133,11 +134,5 @@ def tokenize_row(
         messages.insert(0, {"role": "system", "content": relquery.system_prompt})
     chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer.encode(chat, add_special_tokens=False)
-    if len(ids) > max_model_len - relquery.max_output_tokens:
-        return RowFailure(
-            index,
-            prepared.row_key,
-            f"row {prepared.row_key!r}: prompt has {len(ids)} tokens; the model allows "
-            f"{max_model_len} including {relquery.max_output_tokens} output tokens",
-        )
-    return TokenizedRow(prepared, ids)
+    failure = too_long(index, prepared.row_key, len(ids), max_model_len, relquery.max_output_tokens)
+    return failure or TokenizedRow(prepared, ids)

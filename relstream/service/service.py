@@ -63,6 +63,7 @@ from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook
 from relstream.service.pauses import Pauses
+from relstream.service.retries import serve_with_retries
 from relstream.wire import Message, MessageError, decode_relquery_stepwise
 from relstream.wire.convert import partial_result_message
 from relstream.wire.formats import Format, encode_as, headers_for, wire_format
@@ -297,21 +298,12 @@ class KafkaService:
         log.info("answered %s: %d rows (%s), %s", relquery.id, len(result.rows), rows, total)
 
     async def _serve_with_retries(self, work: _Work) -> RelQueryResult | str:
-        """The relQuery's result, or after `max_attempts` failed tries the reason to
-        dead-letter it."""
-        backoff = self.config.retry_backoff_s
-        for attempt in range(1, self.config.max_attempts + 1):
-            try:
-                return await self._serve(work)
-            except EngineFailure:
-                raise
-            except Exception as exc:
-                log.exception("serving %s failed (try %d)", work.relquery.id, attempt)
-                if attempt == self.config.max_attempts:
-                    return f"serving failed {attempt} times; last error: {exc!r}"
-            await asyncio.sleep(backoff)
-            backoff *= 2
-        raise AssertionError("unreachable")
+        """The relQuery's result, or the reason to dead-letter it (`retries`)."""
+        config = self.config
+        return await serve_with_retries(
+            lambda: self._serve(work), work.relquery.id, config.max_attempts,
+            config.retry_backoff_s,
+        )  # fmt: skip
 
     async def _serve(self, work: _Work) -> RelQueryResult:
         relquery = work.relquery

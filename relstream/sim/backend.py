@@ -3,7 +3,8 @@
 Each row's output is its rendered prompt (so where an answer lands shows which row it
 came from), or, where the relQuery gives choices, the choice its prompt hashes to; the
 latency breakdown is what the simulator predicts for the relQuery alone on a cost
-profile. Rows fail for the same reasons as on the real engine (`prepare_row`).
+profile. Rows fail for the same reasons as on the real engine (`prepare_row`, and a
+prompt too long for the context: `too_long`, against `allowed_tokens`), each alone.
 
 `relstream engine --backend sim` simulates in child processes (`SimSettings.processes`),
 as vLLM computes in its engine core's: tokenizing and simulating a 100,000-row relQuery
@@ -44,6 +45,7 @@ from relstream.model import (
     RowStatus,
     cancelled_result,
     prepare_row,
+    too_long,
 )
 from relstream.outputs import OutputKind
 from relstream.placement.load import CHARS_PER_TOKEN, Load, RecentTemplates, size_counts
@@ -69,6 +71,7 @@ class SimSettings:
     time_scale: float = 0.0  # > 0: take this fraction of the simulated latency in real time
     processes: int = 0  # child processes that simulate (0: a thread of this process)
     speed: float = 1.0  # how fast this engine is against its profile (0.25: four times slower)
+    max_model_len: int = 2048  # the context a row's prompt and output must fit, as vLLM's
 
     def __post_init__(self) -> None:
         if not self.speed > 0:
@@ -86,26 +89,47 @@ class LatencyJob:
     system_prompt: str | None
     max_output_tokens: int
     deadline: float | None
+    max_model_len: int = 2048
 
 
-def simulated_latency(job: LatencyJob, prompts: bytes) -> LatencyBreakdown:
+@dataclass(frozen=True)
+class Simulated:
+    """What a child returns: the relQuery's latency (None: no row could run) and, for
+    each prompt too long to ever run, its place among the prompts and its tokens."""
+
+    latency: LatencyBreakdown | None
+    too_long: tuple[tuple[int, int], ...] = ()
+
+
+def allowed_tokens(profile_name: str, max_model_len: int) -> int:
+    """The context a row's prompt and output must fit: the model's, or the profile's
+    whole KV cache where that is smaller (a request larger could never be admitted)."""
+    return min(max_model_len, get_profile(profile_name).limits.kv_capacity_tokens)
+
+
+def simulated_latency(job: LatencyJob, prompts: bytes) -> Simulated:
     """`latency_alone`, in a child: the prompts come as one msgpack list (one C call to
     send, not one object a row)."""
     return latency_alone(job, msgspec.msgpack.decode(prompts, type=list[str]))
 
 
-def latency_alone(job: LatencyJob, prompts: list[str]) -> LatencyBreakdown:
+def latency_alone(job: LatencyJob, prompts: list[str]) -> Simulated:
     """The latency the simulator predicts for the relQuery alone, tokenized in batches:
     the tokenizer holds the GIL while it hands a batch's ids back, and only a batch's ids
-    are held at once (a request keeps its length and block hashes)."""
+    are held at once (a request keeps its length and block hashes). A prompt too long for
+    the context (`allowed_tokens`) is left out and named, as vLLM's engine refuses it."""
     profile = get_profile(job.profile)
     block = profile.limits.block_size
-    requests = []
+    most = allowed_tokens(job.profile, job.max_model_len) - job.max_output_tokens
+    requests, too_long = [], []
     for start in range(0, len(prompts), TOKENIZE_BATCH):
         batch = [
             chatml_prompt(p, job.system_prompt) for p in prompts[start : start + TOKENIZE_BATCH]
         ]
         for offset, tokens in enumerate(encode_batch(batch)):
+            if len(tokens) > most:
+                too_long.append((start + offset, len(tokens)))
+                continue
             requests.append(
                 SimRequest(
                     f"{job.relquery_id}#{start + offset}",
@@ -114,11 +138,13 @@ def latency_alone(job: LatencyJob, prompts: list[str]) -> LatencyBreakdown:
                     job.max_output_tokens,
                 )
             )
+    if not requests:
+        return Simulated(None, tuple(too_long))
     engine = Simulator(profile, make_policy(job.policy, profile.prior()))
     simulated = SimRelQuery(
         job.relquery_id, 0.0, job.max_output_tokens, requests, deadline=job.deadline
     )
-    return engine.run([simulated]).outcomes[0].latency
+    return Simulated(engine.run([simulated]).outcomes[0].latency, tuple(too_long))
 
 
 def _start_child() -> None:
@@ -287,10 +313,19 @@ class SimRelQueryBackend:
                 )
             else:
                 rows.append(RowResult.failed(prepared))
-        latency = self._simulate(relquery, runnable) if runnable else None
-        return RelQueryResult(relquery.id, rows, latency, self.settings.policy, self.model_name)
+        simulated = self._simulate(relquery, runnable) if runnable else Simulated(None)
+        allowed = allowed_tokens(self.settings.profile, self.settings.max_model_len)
+        for place, tokens in simulated.too_long:  # never run: an error naming the limit
+            request = runnable[place]
+            failure = too_long(
+                request.row_index, request.row_key, tokens, allowed, relquery.max_output_tokens
+            )
+            rows[request.row_index] = RowResult.failed(failure)
+        return RelQueryResult(
+            relquery.id, rows, simulated.latency, self.settings.policy, self.model_name
+        )
 
-    def _simulate(self, relquery: RelQuery, runnable: list[RowRequest]) -> LatencyBreakdown:
+    def _simulate(self, relquery: RelQuery, runnable: list[RowRequest]) -> Simulated:
         """In a child when there are children (this thread waits for it), else here."""
         prompts = [request.prompt for request in runnable]
         job = LatencyJob(
@@ -300,6 +335,7 @@ class SimRelQueryBackend:
             relquery.system_prompt,
             relquery.max_output_tokens,
             relquery.deadline_s,
+            self.settings.max_model_len,
         )
         if self._pool is None:
             return latency_alone(job, prompts)

@@ -2,6 +2,8 @@
 
 import asyncio
 import hashlib
+import logging
+import re
 import uuid
 
 import msgpack
@@ -11,7 +13,7 @@ from helpers import relquery
 
 from relstream.kafka.clients import MAX_REQUEST_BYTES, create_topics, read_messages
 from relstream.kafka.topics import Topics
-from relstream.model import RelQuery
+from relstream.model import RelQuery, Row, Template
 from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
@@ -170,3 +172,51 @@ def test_a_cancel_covers_only_what_was_submitted_before_it_and_expires():
     cancels.add("b", 10_050.0)
     cancels.add("c", 10_050.0)  # a third: the oldest, "a", is forgotten
     assert [cancels.covers(id, 10_000.0) for id in "abc"] == [False, True, True]
+
+
+def test_rows_too_long_for_the_model_fail_alone_and_the_rest_are_answered(broker, caplog):
+    # Two rows of 200 KB (under the 256 KiB row limit, far over the model's 2,048-token
+    # context) among three short ones: the short rows are answered; each long one carries
+    # an error naming its tokens and the limit; nothing is retried, nothing logged with
+    # a traceback (on 7c0b11f the sim backend raised "needs 652 KV blocks", was retried
+    # three times with a traceback each, and the whole relQuery was dead-lettered).
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:6]}.")
+    cities = ["Oslo", "x " * 100_000, "Lima", "y " * 100_000, "Pune"]
+    rq = RelQuery(
+        f"long-{uuid.uuid4().hex[:6]}",
+        Template("Describe {city}."),
+        [Row(f"k{i}", {"city": city}) for i, city in enumerate(cities)],
+        16,
+    )
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout())
+        config = ServiceConfig(
+            broker.bootstrap, topics, group_id=f"engine-{uuid.uuid4().hex}", broker=broker.kind
+        )
+        stop = asyncio.Event()
+        service = asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        await producer.send_and_wait(
+            topics.relqueries, encode(relquery_message(rq)), key=rq.id.encode()
+        )
+        await producer.stop()
+        (message,) = await read_messages(broker.bootstrap, topics.results, 1, broker.kind)
+        stop.set()
+        await service
+        return decode(ResultMessage, message.value)
+
+    caplog.set_level(logging.INFO)
+    result = asyncio.run(scenario())
+    rows = {row.key: row for row in result.rows}
+    assert [rows[k].status for k in ("k0", "k2", "k4")] == ["ok"] * 3
+    for key in ("k1", "k3"):
+        assert rows[key].status == "error"
+        assert re.fullmatch(
+            rf"row '{key}': prompt has \d{{6}} tokens; the model allows 2048 including 16 "
+            "output tokens",
+            rows[key].error,
+        ), rows[key].error
+    assert not [r for r in caplog.records if r.exc_info and r.levelno >= logging.INFO]
+    assert "failed (try" not in caplog.text and "could not serve" not in caplog.text
