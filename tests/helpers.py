@@ -171,6 +171,20 @@ def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
         admin.close()
 
 
+def group_members(bootstrap: str, group: str) -> list[str]:
+    """The members of `group` as the broker describes them (Tansu's answer included:
+    `kafka.inspect.group_members`); [] where it describes none."""
+    from kafka import KafkaAdminClient
+
+    from relstream.kafka.inspect import group_members as described
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return described(admin, [group]).get(group, [])
+    finally:
+        admin.close()
+
+
 def assigned_members(bootstrap: str, group: str) -> int:
     """Members of `group` the broker describes with partitions assigned (0 where it
     describes none, or cannot be asked yet)."""

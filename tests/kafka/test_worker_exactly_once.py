@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from helpers import encode_row, read_all, start_worker
+from helpers import encode_row, group_members, read_all, start_worker, until
 
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import create_topics, produce
@@ -326,7 +326,13 @@ def test_rows_at_offsets_a_broker_restarted_empty_reuses_are_windowed_not_skippe
             await asyncio.to_thread(broker.stop)
             await asyncio.to_thread(broker.start)  # empty, on the same port
             restarted.set()
-            await asyncio.sleep(3)  # past the old window's replay time
+            # The stage back in its group on the restarted broker (which knew none), so
+            # from the offsets of the broker's new incarnation.
+            await until(
+                lambda: asyncio.to_thread(group_members, broker.bootstrap, settings.group),
+                60,
+                "the stage's group joined again",
+            )
             await produce(broker.bootstrap, topics.rows("reviews"), two_rows("new"))
             after = await relqueries(60)
         return before, after, refused
