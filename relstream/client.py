@@ -205,6 +205,7 @@ class RelstreamClient:
         on_unreadable: Callable[[int, str], None] | None = None,
         join_timeout: float = JOIN_TIMEOUT_S,
         stop: Callable[[], bool] = lambda: False,
+        before_commit: Callable[[], None] = lambda: None,
     ) -> Iterator[ResultMessage]:
         """Results from the group's committed offsets, committing each batch once the
         caller asked for the next, so only what it handled; with no group, every result
@@ -214,8 +215,16 @@ class RelstreamClient:
         the group gave this reader its partitions (a join takes seconds on some brokers);
         raises ResultsUnavailable if the group gives it none within `join_timeout`. An
         unreadable result is skipped, reported to `on_unreadable(offset, reason)`. Ends,
-        following or not, at the first poll (every POLL_MS) after `stop()` is true."""
+        following or not, at the first poll (every POLL_MS) after `stop()` is true.
+        `before_commit()` runs before each commit (a sink makes what it stored durable)."""
         joiner = ResultJoiner()  # a big result comes in parts: the user sees it whole
+
+        def may_commit() -> bool:
+            if joiner.pending:
+                return False
+            before_commit()
+            return True
+
         messages = self._read(
             self.topics.results,
             ResultMessage,
@@ -224,7 +233,7 @@ class RelstreamClient:
             idle_seconds,
             on_unreadable,
             join_timeout,
-            lambda: not joiner.pending,
+            may_commit,
             stop,
         )
         for message in messages:

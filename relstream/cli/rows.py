@@ -321,16 +321,19 @@ def sink(
             stop_signals() as stop,
             RelstreamClient(bootstrap, prefix, security, broker_kind) as client,
         ):
-            # The client commits a batch only once every result in it is stored.
-            for result in client.results(group, follow, on_unreadable=print_skipped, stop=stop):
-                try:
+            # The client commits a batch only once every result in it is stored and
+            # made durable (`store.sync`): a crash or a full disk loses nothing.
+            results = client.results(
+                group, follow, on_unreadable=print_skipped, stop=stop, before_commit=store.sync
+            )
+            try:
+                for result in results:
                     written += bool(store.write(result))
-                except OSError as exc:  # a full disk: what was not stored stays unread
-                    raise click.ClickException(
-                        f"could not store result {result.id} in {target} ({exc}); stored "
-                        f"{written} new results, and group {group!r} has not moved past "
-                        "the rest"
-                    ) from None
+            except OSError as exc:  # a full disk: what was not stored stays unread
+                raise click.ClickException(
+                    f"could not store results in {target} ({exc}); what was not stored "
+                    f"whole is cut from it, and group {group!r} has not moved past it"
+                ) from None
     except ResultsUnavailable as exc:
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
     except KeyboardInterrupt:  # a second Ctrl-C: what was stored, then quiet

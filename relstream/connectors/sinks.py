@@ -10,8 +10,10 @@ brings a column it lacks), an `input` jsonb column (PostgreSQL).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import os
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from relstream.connectors.inputs import input_values, query_of
+from relstream.connectors.journal import FileJournal
 from relstream.wire import ResultMessage
 from relstream.wire.messages import RelQueryRow
 
@@ -42,21 +45,73 @@ class Sink(Protocol):
     def write(self, result: ResultMessage) -> bool:
         """Store a result; False when its relQuery id was already stored."""
 
+    def sync(self) -> None:
+        """Make every result written so far durable: called before its offsets commit."""
+
     def close(self) -> None: ...
 
 
-class JsonlSink:
+class _JournalledFile:
+    """What the file sinks share: appends of whole results under a `FileJournal`. A
+    write cut by an error (a full disk) is cut from the file at once and again at the
+    next start; `sync` commits the journal; `close` commits what was written whole."""
+
+    def _open_journalled(self, path: Path) -> None:
+        self.path = Path(path)
+        self._journal = FileJournal(self.path)
+        self._journal.cut()
+        self._torn = False
+
+    def _started(self) -> None:
+        """The append handle is open: its length so far is committed."""
+        self._journal.commit(self._handle)
+
+    def _append_whole(self, text: str) -> None:
+        try:
+            self._handle.write(text)
+            self._handle.flush()
+        except OSError:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """Cut what was written since the last commit (its offsets were not committed)."""
+        with contextlib.suppress(OSError):
+            self._handle.close()
+        self._journal.cut()
+        self._torn = True
+
+    def sync(self) -> None:
+        if self._torn:
+            raise OSError(f"{self.path}: a write failed; the sink must start again")
+        try:
+            self._journal.commit(self._handle)
+        except OSError:
+            self._abandon()
+            raise
+
+    def close(self) -> None:
+        if self._torn:
+            return
+        with contextlib.suppress(OSError):
+            self._journal.commit(self._handle)
+        self._handle.close()
+        self._journal.cut()
+
+
+class JsonlSink(_JournalledFile):
     """One line per result: the result message as JSON, with `query` and, given `inputs`,
     an `input` object in each row."""
 
     def __init__(self, path: Path, inputs: Inputs | None = None) -> None:
-        self.path = Path(path)
+        self._open_journalled(path)
         self._inputs = inputs
         self._seen: set[str] = set()
         if self.path.exists():
             with self.path.open(encoding="utf-8") as handle:
                 self._seen = {json.loads(line)["id"] for line in handle if line.strip()}
         self._handle = self.path.open("a", encoding="utf-8")
+        self._started()
 
     def write(self, result: ResultMessage) -> bool:
         if result.id in self._seen:
@@ -66,20 +121,16 @@ class JsonlSink:
             rows = self._inputs(result.id)
             for index, row in enumerate(line["rows"]):
                 row["input"] = input_values(rows, index, row["key"])
-        self._handle.write(msgspec.json.encode(line).decode() + "\n")
-        self._handle.flush()
+        self._append_whole(msgspec.json.encode(line).decode() + "\n")
         self._seen.add(result.id)
         return True
 
-    def close(self) -> None:
-        self._handle.close()
 
-
-class CsvSink:
+class CsvSink(_JournalledFile):
     """One line per row of each result, with the relQuery's latency breakdown."""
 
     def __init__(self, path: Path, inputs: Inputs | None = None) -> None:
-        self.path = Path(path)
+        self._open_journalled(path)
         self._inputs = inputs
         self._seen: set[str] = set()
         self.columns = list(CSV_COLUMNS)
@@ -100,10 +151,11 @@ class CsvSink:
     def _append(self, columns: list[str]) -> None:
         self.columns = columns
         self._handle = self.path.open("a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._handle, columns)
+        self._started()
 
     def _widen(self, columns: list[str]) -> None:
         """Rewrite the file under a header with more columns (empty in earlier lines)."""
+        self.sync()
         self._handle.close()
         with self.path.open(newline="", encoding="utf-8") as handle:
             kept = list(csv.DictReader(handle))
@@ -112,6 +164,11 @@ class CsvSink:
             writer = csv.DictWriter(handle, columns)
             writer.writeheader()
             writer.writerows(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        # Without a journal a file is kept whole: a crash between these two steps
+        # leaves the old file or the widened one, never one cut at the other's length.
+        self._journal.forget()
         os.replace(wider, self.path)
         self._append(columns)
 
@@ -137,13 +194,11 @@ class CsvSink:
         new = list(dict.fromkeys(c for line in lines for c in line if c not in self.columns))
         if new:
             self._widen(self.columns + new)
-        self._writer.writerows(lines)
-        self._handle.flush()
+        text = io.StringIO(newline="")
+        csv.DictWriter(text, self.columns).writerows(lines)
+        self._append_whole(text.getvalue())  # a result's rows in one write
         self._seen.add(result.id)
         return True
-
-    def close(self) -> None:
-        self._handle.close()
 
 
 class PostgresSink:
@@ -214,6 +269,9 @@ class PostgresSink:
                 inserted += cursor.rowcount
         self._conn.commit()
         return inserted > 0
+
+    def sync(self) -> None:
+        """Nothing: each result is committed in its own database transaction."""
 
     def close(self) -> None:
         self._conn.close()
