@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
-from relstream.kafka.membership import member_slot
+from relstream.kafka.membership import close_leaving, member_slot
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
@@ -309,7 +309,7 @@ class RelstreamClient:
                 elif not follow and last is not None and now - last >= idle_seconds:
                     return
         finally:
-            consumer.close(timeout_ms=CLOSE_MS)
+            close_leaving(consumer, CLOSE_MS)
             slot.release()
 
     def _look(

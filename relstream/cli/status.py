@@ -7,7 +7,13 @@ import time
 import click
 from rich.table import Table
 
-from relstream.cli.common import bootstrap_option, console, prefix_option, security_options
+from relstream.cli.common import (
+    bootstrap_option,
+    console,
+    prefix_option,
+    security_options,
+    stop_signals,
+)
 from relstream.kafka.security import KafkaSecurity
 
 
@@ -15,19 +21,45 @@ from relstream.kafka.security import KafkaSecurity
 @bootstrap_option
 @prefix_option
 @security_options
-def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
+@click.option(
+    "--watch",
+    type=click.FloatRange(1.0),
+    is_flag=False,
+    flag_value=5.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Redraw every SECONDS (5 if not given) until Ctrl-C.",
+)
+def status(bootstrap: str, prefix: str, security: KafkaSecurity, watch: float | None) -> None:
     """Topics and their sizes, each consumer group's lag (worker, engines, sinks), the
-    engines seen answering, and the dead letters by cause. Joins no consumer group and
+    engines seen answering (those whose load reports stopped marked stale), partitions an
+    open transaction holds, and the dead letters by cause. Joins no consumer group and
     answers within 10 s, on a live pipeline too."""
-    from relstream.kafka.inspect import TAIL_MESSAGES, pipeline_status
+    from relstream.kafka.inspect import pipeline_status
     from relstream.kafka.topics import Topics
 
     names = Topics(prefix)
-    found = pipeline_status(bootstrap, names, security)
+    if watch is None:
+        show(pipeline_status(bootstrap, names, security), bootstrap, names)
+        return
+    with stop_signals() as stop:
+        while not stop():
+            found = pipeline_status(bootstrap, names, security)
+            console.clear()
+            show(found, bootstrap, names)
+            console.print(f"every {watch:g} s; Ctrl-C ends", style="dim")
+            deadline = time.monotonic() + watch
+            while not stop() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def show(found, bootstrap: str, names) -> None:
+    from relstream.kafka.inspect import STALE_REPORT_S, TAIL_MESSAGES
+
     if not found.topics:
         raise click.ClickException(
-            f"no topic under {prefix!r} at {bootstrap}: is this the pipeline's broker and "
-            "prefix? `relstream broker` and the worker create them"
+            f"no topic under {names.prefix!r} at {bootstrap}: is this the pipeline's broker "
+            "and prefix? `relstream broker` and the worker create them"
         )
     topics = Table(
         "topic",
@@ -46,7 +78,7 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
             "members",
             "lag by topic",
             title="consumer groups",
-            caption="lag: messages after the committed offsets",
+            caption="lag: records after the committed offsets (markers not counted)",
         )
         for group in found.groups:
             members = "not told" if group.members is None else str(group.members)
@@ -57,6 +89,15 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
             console.print("members not told: the broker did not describe the group")
     else:
         console.print("no consumer group has committed offsets on these topics")
+    for held in found.held:
+        console.print(
+            f"{held.topic}[{held.partition}] is held by an open transaction from offset "
+            f"{held.since} ({held.offsets} offsets behind it): read_committed readers wait "
+            "there. Its writer died mid-transaction, or is slow to commit: start the engine "
+            "or worker that owned the partition again (the same --instance-id aborts it); "
+            "a broker that times transactions out aborts it after transaction.timeout.ms",
+            markup=False,
+        )
     newest = f" (in the newest {TAIL_MESSAGES:,} %s per partition)"
     metrics_cut = newest % "metrics" if names.metrics in found.cut else ""
     now = time.time()
@@ -65,10 +106,17 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity) -> None:
         if engine.last_answer_at is not None:
             said += f", the last {now - engine.last_answer_at:.0f} s ago"
         if engine.reported_at is not None:
-            said += (
-                f"; {engine.outstanding_s:.1f} s of work outstanding (reported"
-                f" {max(now - engine.reported_at, 0):.0f} s ago)"
-            )
+            silent = max(now - engine.reported_at, 0)
+            if silent > STALE_REPORT_S:
+                said += (
+                    f"; STALE: no load report for {silent:.0f} s (stopped, or killed:"
+                    " a killed engine's partitions wait for it to start again)"
+                )
+            else:
+                said += (
+                    f"; {engine.outstanding_s:.1f} s of work outstanding (reported"
+                    f" {silent:.0f} s ago)"
+                )
         console.print(said, markup=False)
     if not found.engines:
         console.print("no engine has answered a relQuery yet")

@@ -25,6 +25,14 @@ class Extent:
 
     start: int
     end: int
+    # Where an open transaction begins (the last stable offset, below `end`): a
+    # `read_committed` reader waits there until its writer commits or aborts. None: none.
+    held_from: int | None = None
+
+    @property
+    def stable(self) -> int:
+        """The end a `read_committed` reader reaches now."""
+        return self.end if self.held_from is None else self.held_from
 
     @property
     def offsets(self) -> int:
@@ -48,16 +56,24 @@ def partitions(consumer, names: list[str]) -> list:
     ]
 
 
-def extents(consumer, parts: list, probe_s: float = PROBE_S) -> dict:
+def extents(
+    consumer, parts: list, probe_s: float = PROBE_S, highwaters: dict | None = None
+) -> dict:
     """Each partition's Extent now. The listed end is checked by fetching from its last
     offset: the records that fetch returns (the whole last batch) and the high watermark
     of its answer give the true end where the listed one is short. A partition whose
-    fetch does not answer within `probe_s` keeps its listed end."""
+    fetch does not answer within `probe_s` keeps its listed end. `consumer` reads
+    committed messages, so its listed end is the last stable offset: where the high
+    watermark lies past it and past every record read, an open transaction holds the
+    partition from there (`Extent.held_from`); `highwaters` (a `read_uncommitted`
+    reader's listed ends) show it where nothing was probed. Tansu, whose listed ends are
+    short, has no transactions: its records past them are read, so nothing is held."""
     if not parts:
         return {}
     starts = consumer.beginning_offsets(parts)
     listed = consumer.end_offsets(parts)
-    ends = {p: max(listed[p], starts[p]) for p in parts}
+    stable = {p: max(listed[p], starts[p]) for p in parts}
+    ends = {p: max(stable[p], (highwaters or {}).get(p, 0)) for p in parts}
     probed = sorted(p for p in parts if ends[p] > starts[p])
     pending = set(probed)
     if pending:
@@ -68,13 +84,19 @@ def extents(consumer, parts: list, probe_s: float = PROBE_S) -> dict:
         while pending and time.monotonic() < deadline:
             for partition, records in consumer.poll(timeout_ms=POLL_MS).items():
                 ends[partition] = max(ends[partition], records[-1].offset + 1)
+                stable[partition] = max(stable[partition], records[-1].offset + 1)
                 pending.discard(partition)
             for partition in probed:
                 highwater = consumer.highwater(partition)
                 if highwater is not None:
                     ends[partition] = max(ends[partition], highwater)
+                    # read past a last marker, or up to an open transaction: done
+                    if consumer.position(partition) >= stable[partition]:
+                        pending.discard(partition)
         consumer.assign([])
-    return {p: Extent(starts[p], ends[p]) for p in parts}
+    return {
+        p: Extent(starts[p], ends[p], stable[p] if stable[p] < ends[p] else None) for p in parts
+    }
 
 
 @dataclass

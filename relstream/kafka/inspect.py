@@ -28,6 +28,10 @@ M = TypeVar("M", DeadLetterMessage, MetricsMessage, LoadReportMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
 STATUS_S = 8.0  # status answers within this (plus the interpreter's start)
 EXAMPLES = 3  # example keys shown per dead-letter cause
+# An engine reports its load every LOAD_REPORT_S while it runs: silent this long, it is
+# stopped or dead (`relstream status` marks it stale).
+STALE_REPORT_S = 30.0
+COUNTED = 10_000  # a group's gap read and its records counted, at most (offsets beyond)
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,18 @@ class TopicSize:
 class GroupLag:
     group: str
     stage: str  # what the group is, from the topics it reads: worker, engines, readers
-    lag: dict[str, int]  # topic -> messages not yet committed, over its partitions
+    lag: dict[str, int]  # topic -> records after the committed offsets a reader can read
     members: int | None  # None where the broker would not say
+
+
+@dataclass(frozen=True)
+class HeldPartition:
+    """A partition an open transaction holds: `read_committed` readers wait at `since`."""
+
+    topic: str
+    partition: int
+    since: int  # its last stable offset
+    offsets: int  # offsets written behind it (records and markers)
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,7 @@ class PipelineStatus:
     dead_letters: DeadLetterCauses
     unread: list[str] = field(default_factory=list)  # tails not read to their end in time
     cut: list[str] = field(default_factory=list)  # tails that began after the log start
+    held: list[HeldPartition] = field(default_factory=list)
 
 
 _NAMED = re.compile(r"""\b(row|relQuery|key|id)\s+('[^']*'|"[^"]*"|\S+)""")
@@ -129,7 +144,8 @@ def pipeline_status(
     consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
     try:
         names = sorted(n for n in admin.list_topics() if n.startswith(topics.prefix))
-        found = extents(consumer, partitions(consumer, names))
+        parts = partitions(consumer, names)
+        found = extents(consumer, parts, highwaters=_highwaters(bootstrap, security, parts))
         sizes = [
             TopicSize(
                 name,
@@ -138,7 +154,7 @@ def pipeline_status(
             )
             for name in names
         ]
-        lags = [_lag(admin, group, topics, found) for group in _groups(admin)]
+        lags = [_lag(admin, consumer, group, topics, found, deadline) for group in _groups(admin)]
         lags = [lag for lag in lags if lag.lag]
         members = _members(admin, [lag.group for lag in lags])
         groups = [GroupLag(g.group, g.stage, g.lag, members.get(g.group)) for g in lags]
@@ -155,25 +171,54 @@ def pipeline_status(
         cut = sorted(
             {p.topic for span in (metrics, letters) for p in span.bounds if _cut(found[p])}
         )
+        held = [
+            HeldPartition(p.topic, p.partition, e.held_from, e.end - e.held_from)
+            for p, e in sorted(found.items())
+            if e.held_from is not None
+        ]
     finally:
         consumer.close()
         admin.close()
-    return PipelineStatus(sizes, groups, engines, causes, unread, cut)
+    return PipelineStatus(sizes, groups, engines, causes, unread, cut, held)
+
+
+def _highwaters(bootstrap: str, security: KafkaSecurity, parts: list) -> dict:
+    """Each partition's listed end for a `read_uncommitted` reader: past an open
+    transaction, where a `read_committed` reader's stops."""
+    consumer = sync_consumer(bootstrap, security=security, isolation_level="read_uncommitted")
+    try:
+        return consumer.end_offsets(parts) if parts else {}
+    finally:
+        consumer.close()
 
 
 def _groups(admin) -> list[str]:
     return sorted(entry["group_id"] for entry in admin.list_groups())
 
 
-def _lag(admin, group: str, topics: Topics, found: dict[object, Extent]) -> GroupLag:
-    """The group's lag on the pipeline's topics (those it has no offsets on left out)."""
+def _lag(admin, consumer, group: str, topics: Topics, found: dict, deadline: float) -> GroupLag:
+    """The group's lag on the pipeline's topics (those it has no offsets on left out): the
+    records a `read_committed` reader finds after its committed offsets, up to where an
+    open transaction holds a partition. A gap of at most COUNTED offsets is read and its
+    records counted (transaction markers take offsets too: an idle exactly-once pipeline
+    lags 0); a longer one, or one not read in time, counts its offsets."""
     committed = admin.list_group_offsets(group).get(group, {})
     lag: Counter[str] = Counter()
+    counted: dict[object, tuple[int, int]] = {}
     for partition, offset in committed.items():
         if partition in found and offset.offset >= 0:
             extent = found[partition]
             # A commit before the log start (retention took the rest) lags from the start.
-            lag[partition.topic] += max(0, extent.end - max(offset.offset, extent.start))
+            first = max(offset.offset, extent.start)
+            lag[partition.topic] += max(0, extent.stable - first)
+            if 0 < extent.stable - first <= COUNTED:
+                counted[partition] = (first, extent.stable)
+    if counted:
+        span = Span(consumer, counted, deadline)
+        records = Counter((record.topic, record.partition) for record in span)
+        for partition, (first, end) in counted.items():
+            if partition not in span.unread:  # read: its records, not its offsets
+                lag[partition.topic] += records[tuple(partition)] - (end - first)
     return GroupLag(group, stage_of(topics, set(lag)), dict(lag), None)
 
 

@@ -105,6 +105,16 @@ async def stop_leaving(consumer) -> None:
     await consumer.stop()
 
 
+def close_leaving(consumer, timeout_ms: int) -> None:
+    """`stop_leaving` for a kafka-python consumer (the sinks'): a reader that ends leaves
+    its group, so `relstream status` does not count it and its partitions move at once.
+    Killed, it stays a static member, and the same reader run again takes them back."""
+    config = getattr(getattr(consumer, "_coordinator", None), "config", None)
+    if isinstance(config, dict) and config.get("group_instance_id"):
+        config["group_instance_id"] = None  # what `group_instance_id` reads
+    consumer.close(timeout_ms=timeout_ms)
+
+
 STOP_S = 5.0  # how long an abandoned start may take to stop its clients
 
 

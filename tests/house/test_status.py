@@ -13,6 +13,7 @@ import time
 import uuid
 
 import pytest
+from aiokafka import TopicPartition
 from engines import engine_process
 from helpers import stream_bin
 
@@ -263,3 +264,85 @@ def test_a_dead_letters_cause_drops_numbers_but_not_the_digits_of_a_name(reason,
     from relstream.kafka.inspect import reason_kind
 
     assert reason_kind(reason) == cause
+
+
+def test_status_marks_a_silent_engine_stale_counts_records_and_names_a_held_partition(
+    default_broker, tmp_path
+):
+    # On the default broker, as an exactly-once pipeline leaves it: relqueries written in
+    # transactions and an engine group committed after the last (a marker follows it);
+    # one engine's last load report 45 s old (killed), another's fresh; a transaction
+    # left open on results partition 0 (a writer killed mid-commit). status marks the
+    # silent engine stale, the idle group lags 0 (on 7c0b11f: the markers counted, 1 a
+    # partition) and names the held partition.
+    from relstream.kafka.clients import new_producer
+    from relstream.kafka.delivery import Send
+    from relstream.kafka.transactions import PartitionProducers
+    from relstream.wire import LoadReportMessage, encode
+
+    prefix = f"s{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    bootstrap = default_broker.bootstrap
+
+    async def pipeline():
+        await create_topics(bootstrap, topics.layout())
+        worker = PartitionProducers(bootstrap, f"w{uuid.uuid4().hex[:6]}")
+        rows = [TopicPartition(topics.rows("r"), 0)]
+        await create_topics(bootstrap, {rows[0].topic: 1})
+        await worker.open(rows)
+        for n in range(3):  # three windows to relqueries partition 1, a marker after each
+            sent = [Send(topics.relqueries, f"rq{n}".encode(), b"k", "rq", partition=1)]
+            await worker.transact(rows[0], sent, lambda n=n: (n + 1, ""))
+        await worker.close_all()
+        engines = PartitionProducers(bootstrap, "engines-s")
+        inputs = [TopicPartition(topics.relqueries, 1)]
+        await engines.open(inputs)
+        await engines.transact(inputs[0], [], lambda: (5, ""))  # past the last record
+        await engines.close_all()
+        now = time.time()
+        reports = [
+            LoadReportMessage(engine=name, topic=topics.relqueries, partitions=[1],
+                              outstanding_s=2.0, at=at)
+            for name, at in (("host:111", now - 45), ("host:222", now))
+        ]  # fmt: skip
+        headers = [("relstream-kind", b"load_report")]
+        producer = new_producer(bootstrap)
+        await producer.start()
+        for report in reports:
+            await producer.send_and_wait(
+                topics.metrics, encode(report), report.engine.encode(), headers=headers
+            )
+        await producer.stop()
+        dead = new_producer(bootstrap, transactional_id=f"dead-{uuid.uuid4().hex[:6]}")
+        await dead.start()
+        await dead.begin_transaction()
+        await (await dead.send(topics.results, b"never", b"k", partition=0))
+        await dead.client.close()  # killed: its transaction stays open
+
+    asyncio.run(pipeline())
+    shown = relstream("status", "--bootstrap", bootstrap, "--prefix", prefix)
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert row_of(shown.stdout, "engines-s")[-1] == f"{topics.relqueries} 0"
+    assert re.search(r"engine host:111: .*STALE: no load report for 4\d s", said), said
+    assert re.search(r"engine host:222: .* of work outstanding \(reported \d s ago\)", said)
+    assert f"{topics.results}[0] is held by an open transaction from offset 0" in said, said
+
+
+def test_a_sink_that_ended_is_not_counted_as_a_member(default_broker, tmp_path):
+    # A sink run to its end leaves its group (static membership is for a killed one to
+    # take its partitions back): status counts 0 members (on 7c0b11f, 1 for good).
+    from relstream.kafka.clients import produce as send
+    from relstream.wire import ResultMessage, encode
+
+    prefix = f"m{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    bootstrap = default_broker.bootstrap
+    asyncio.run(create_topics(bootstrap, topics.layout()))
+    result = ResultMessage(id="q", rows=[], latency=None, policy="p", model="m", completed_at=0.0)
+    asyncio.run(send(bootstrap, topics.results, [(b"q", encode(result))]))
+    sink = relstream("sink", str(tmp_path / "out.jsonl"), "--bootstrap", bootstrap,
+                     "--prefix", prefix, "--group", "sink-m")  # fmt: skip
+    assert sink.returncode == 0, sink.stderr
+    shown = relstream("status", "--bootstrap", bootstrap, "--prefix", prefix)
+    assert row_of(shown.stdout, "sink-m")[1:3] == ["results reader", "0"], shown.stdout
