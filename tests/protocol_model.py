@@ -13,7 +13,9 @@ restarts EMPTY (`wipe`: every log, commit and transaction gone, offsets from 0 a
 clock goes on, so ids, which carry the first row's timestamp, differ) or KEEPING its data
 but forgetting which partitions each open transaction wrote (`restart_keeping`, as
 noida-db does: committed after that, the offset commit counts and the records stay
-invisible for good); each restart breaks every producer's connection (`restarts`);
+invisible for good); each restart breaks every producer's connection (`restarts`), and
+so does a reset after a commit the broker took (its answer lost: the outcome is found out
+from the broker's record, `kafka/outcome.py`, and only records it cannot show are redone);
 re-delivery (a consumer re-reads from the committed offset); consumers killed at any step
 (an open transaction left for the next owner's fencing to abort, work in flight lost) or
 rebalanced to the other engine, knowingly (revoked) or not (a zombie that still believes
@@ -178,7 +180,6 @@ class Model:
         self.worker: Worker | None = Worker()
         self.engines: list[Engine | None] = [Engine(), Engine()]
         self.identities: dict[str, tuple[int, int]] = {}  # row key -> (incarnation, offset)
-        self.excused: set[str] = set()  # relQuery ids in a commit a restart cut, redone
         self.faults = True
         self.owner = 0  # which engine the group gave the partition
         self._assign(self.engines[0])
@@ -296,19 +297,31 @@ class Model:
                 kafka.restart_keeping()
                 cut = None
             kafka.commit(WORKER_GROUP, txn, (offset, ""))
-            if cut == "after":
-                kafka.restart_keeping()
-                cut = None
-            if self.DEFENCE and kafka.restarts != before:  # BrokerLost during the commit
-                self.excused.update(value[0] for log, value in parts if log == "relqueries")
+            cut = self._after_commit(cut)
+            if self.DEFENCE and kafka.restarts != before:  # `Unanswered`: found out
                 if self.KILLED_BEFORE_REDO and self.faults:
                     self.worker = None
                     return
-                worker.producer = kafka.init_producer(WORKER_GROUP)
-                continue
+                worker.producer = kafka.init_producer(WORKER_GROUP)  # `_settle` renews
+                # `find_outcome`: the mark is the group's (the commit landed); only the
+                # records a read_committed reader cannot see are sent again, same mark
+                lost = [part for part, r in zip(parts, txn.records, strict=True) if not r.visible]
+                if lost:
+                    parts = lost
+                    continue
             break
         worker.committed = offset
         worker.held = [(at, identity) for at, identity in worker.held if at >= offset]
+
+    def _after_commit(self, cut):
+        """What happens to the connections once the broker took a commit: a restart
+        keeping the data ("after"), or a reset ("reset": the answer lost, nothing else);
+        each breaks the producer's connection. None: the cut is spent."""
+        if cut == "after":
+            self.kafka.restart_keeping()
+        elif cut == "reset":
+            self.kafka.restarts += 1  # a broken connection, the broker as it was
+        return None if cut in ("after", "reset") else cut
 
     def _forget_worker(self) -> None:
         """`_forget`: the cutter goes (at least once: `_published` stays; exactly once:
@@ -426,20 +439,19 @@ class Model:
         if cut == "before":
             kafka.restart_keeping()
         kafka.commit(ENGINE_GROUP, txn, (first, encode_ahead(ahead, first)))
-        if cut == "after":
-            kafka.restart_keeping()
+        self._after_commit(cut)
         if engine.answer == "result" and txn.records[0].visible:
             kafka.seen_results[engine.ids[offset]] += 1
-        if self.DEFENCE and kafka.restarts != engine.before:  # BrokerLost during the commit
-            self.excused.add(engine.ids[offset])
+        if self.DEFENCE and kafka.restarts != engine.before:  # `Unanswered`: found out
             engine.txn = None
             if self.KILLED_BEFORE_REDO and self.faults:
                 self.engines[which] = None
                 return
-            engine.producer = kafka.init_producer(ENGINE_GROUP)  # `_renew`, then redone
-            self._engine_begin(which, 0, engine.answer == "letter")
-            self._engine_commit(which, False)
-            return
+            engine.producer = kafka.init_producer(ENGINE_GROUP)  # `_settle` renews
+            if not txn.records[0].visible:  # lost with a restart: sent again, same mark
+                self._engine_begin(which, 0, engine.answer == "letter")
+                self._engine_commit(which, False)
+                return
         engine.book.finish(P, offset)
         engine.book.committable([P])
         engine.serving.remove(offset)
