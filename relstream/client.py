@@ -22,7 +22,7 @@ import msgspec
 from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
 from relstream.kafka.membership import close_leaving, member_slot
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.sync import BrokerUnavailable, sync_consumer, sync_producer
+from relstream.kafka.sync import AckedPrefix, BrokerUnavailable, sync_consumer, sync_producer
 from relstream.kafka.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
@@ -74,6 +74,7 @@ class RelstreamClient:
         self.broker_kind = broker_kind
         self.placement = placement_of(placement)
         self._producer = sync_producer(bootstrap, security, acks="all", linger_ms=5)
+        self._acked = AckedPrefix()  # of the rows `produce_rows` sent last
         self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
         self._placer: LoadReader | None = None  # started by the first submit
 
@@ -83,12 +84,17 @@ class RelstreamClient:
         table: str,
         rows: Iterable[RowMessage | Mapping[str, Any]],
         on_sent: Callable[[], None] | None = None,
+        stop: Callable[[], bool] = lambda: False,
     ) -> int:
         """Send rows (RowMessages, or {"key": ..., "values": {...}} mappings) to the
-        table's rows topic; returns how many once the broker has them all."""
+        table's rows topic; returns how many once the broker has them all, or, once
+        `stop()` is true, how many were sent (`acknowledged`: how many it has)."""
         topic = self.topics.rows(table)
+        self._acked = acked = AckedPrefix()
         sent = 0
         for row in rows:
+            if stop():
+                return sent
             if not isinstance(row, RowMessage):
                 row = RowMessage(table=table, key=str(row["key"]), values=dict(row["values"]))
             value = encode(row)
@@ -97,12 +103,18 @@ class RelstreamClient:
                     f"row {row.key!r} is {len(value):,} bytes encoded; a row is at most "
                     f"{MAX_ROW_BYTES:,} ({sent} rows before it were sent)"
                 )
-            self._producer.send(topic, value, key=row.key.encode())
+            future = self._producer.send(topic, value, key=row.key.encode())
+            future.add_callback(lambda _metadata, index=sent: acked.add(index))
             sent += 1
             if on_sent:
                 on_sent()
         self._producer.flush()
         return sent
+
+    def acknowledged(self, wait_s: float = 0.0) -> int:
+        """How many rows, from the first, of the last `produce_rows` the broker has (after
+        up to `wait_s` for those in flight): so many can be left out when sent again."""
+        return self._acked.prefix_after(self._producer, wait_s)
 
     def submit(
         self,

@@ -4,6 +4,8 @@ settings and the bootstrap timeout reach each one."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
@@ -53,3 +55,28 @@ def sync_consumer(
 
 def sync_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any):
     return _connected("KafkaAdminClient", bootstrap, security, **options)
+
+
+class AckedPrefix:
+    """Which of a run of sends (numbered from 0) the broker acknowledged, and how many
+    from the first are all acknowledged: acknowledgements come back out of order across
+    partitions, and a run resumed after that many sends no row twice."""
+
+    def __init__(self) -> None:
+        self._done: set[int] = set()
+        self.prefix = 0
+        self._lock = threading.Lock()  # the producer's sender thread calls `add`
+
+    def add(self, index: int) -> None:
+        with self._lock:
+            self._done.add(index)
+            while self.prefix in self._done:
+                self._done.discard(self.prefix)
+                self.prefix += 1
+
+    def prefix_after(self, producer, wait_s: float) -> int:
+        """`prefix` once `producer` has sent what it holds, or `wait_s` passed."""
+        if wait_s > 0:
+            with contextlib.suppress(Exception):  # what did not arrive is not counted
+                producer.flush(timeout=wait_s)
+        return self.prefix

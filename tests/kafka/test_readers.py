@@ -3,6 +3,7 @@
 command against a port where no broker listens."""
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -99,17 +100,22 @@ def test_a_reader_stopped_before_storing_leaves_its_group_where_it_was(broker):
     assert sorted(stored_later) == [f"q{i}" for i in range(4)]
 
 
-def test_producing_to_a_table_with_no_rows_topic_warns_naming_those_that_exist(broker, tmp_path):
+def test_producing_to_a_table_with_no_rows_topic_refuses_naming_those_that_exist(broker, tmp_path):
+    # A typo in --table created relstream.rows.reveiws, which nobody reads, and exited 0
+    # (issue 49). Now it is refused, naming the tables there are, unless --create.
     prefix = f"t{uuid.uuid4().hex[:6]}."
     asyncio.run(create_topics(broker.bootstrap, Topics(prefix=prefix).layout(("reviews",))))
     table = tmp_path / "rows.csv"
     table.write_text("id,review\nr1,fine\n")
     args = ("produce", str(table), "--bootstrap", broker.bootstrap, "--prefix", prefix)
     typo = relstream(*args, "--table", "reveiws", "--key-column", "id")
-    assert typo.returncode == 0 and "Traceback" not in typo.stderr
-    said = " ".join(typo.stdout.split())  # rich wraps long lines
-    assert f"warning: {prefix}rows.reveiws did not exist (created now)" in said
-    assert "Tables with rows topics: reviews" in said
+    assert typo.returncode == 1 and "Traceback" not in typo.stderr
+    said = " ".join(typo.stderr.split())
+    assert f"{prefix}rows.reveiws does not exist; tables with rows topics: reviews" in said
+    assert "Nothing was sent (--create makes it" in said
+    assert f"{prefix}rows.reveiws" not in asyncio.run(create_topics(broker.bootstrap, {}))
+    made = relstream(*args, "--table", "reveiws", "--key-column", "id", "--create")
+    assert made.returncode == 0 and "produced 1 rows" in made.stdout, made.stderr
     known = relstream(*args, "--table", "reviews", "--key-column", "id")
     assert "warning" not in known.stdout and "produced 1 rows" in known.stdout
 
@@ -128,9 +134,11 @@ def test_producing_to_a_table_no_query_reads_warns_and_strict_sends_nothing(
     strict = relstream(*args, "--table", "reveiws", "--strict")
     assert strict.returncode == 1 and "nothing was sent" in strict.stderr
     typo = relstream(*args, "--table", "reveiws")
+    assert typo.returncode == 1 and "--create sends them anyway" in typo.stderr
+    typo = relstream(*args, "--table", "reveiws", "--create")
     said = " ".join(typo.stdout.split())
     assert f"warning: no query in {config} reads table 'reveiws'; its queries read reviews" in said
-    assert "produced 1 rows" in said and "did not exist" not in said
+    assert "produced 1 rows" in said and "does not exist" not in said
     known = relstream(*args, "--table", "reviews")
     assert "warning" not in known.stdout and "produced 1 rows" in known.stdout
     # Without --config, --strict refuses a table whose rows topic does not exist yet.
@@ -297,3 +305,54 @@ def test_the_workers_logs_are_plain_text_when_not_on_a_terminal(default_broker, 
         logs, _ = worker.communicate(timeout=60)
     assert "INFO query q: windows of" in logs
     assert "\x1b" not in logs and "\b" not in logs, repr(logs)
+
+
+def test_an_interrupted_produce_says_what_the_broker_has_and_skip_sends_the_rest(
+    default_broker, tmp_path
+):
+    # Ctrl-C printed "Aborted!" and no count; run again, it sent every row twice and the
+    # sinks stored them twice under new window ids (issue 49). Now it says how many rows
+    # from the first the broker has, and --skip sends the rest: every key once.
+    import signal
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    prefix = f"i{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(default_broker.bootstrap, topics.layout(("reviews",))))
+    table = tmp_path / "rows.csv"
+    rows = 200_000
+    table.write_text("id,review\n" + "".join(f"r{i},review {i}\n" for i in range(rows)))
+    args = [sys.executable, "-m", "relstream", "produce", str(table), "--table", "reviews",
+            "--key-column", "id", "--bootstrap", default_broker.bootstrap,
+            "--prefix", prefix]  # fmt: skip
+    parts = [TopicPartition(topics.rows("reviews"), p) for p in range(topics.partitions)]
+    reader = KafkaConsumer(bootstrap_servers=default_broker.bootstrap)
+
+    def on_topic() -> int:
+        return sum(reader.end_offsets(parts).values())
+
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while on_topic() < 1000:
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "nothing produced"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=60)
+    said = " ".join(err.split())
+    found = re.search(rf"interrupted: the broker has the first (\d+) of {rows} rows", said)
+    assert first.returncode == 1 and found, out + err
+    have = int(found.group(1))
+    assert f"run again with --skip {have} to send the rest" in said
+    assert 0 < have < rows and on_topic() >= have
+    rest = subprocess.run([*args, "--skip", str(have)], capture_output=True, text=True, timeout=300)
+    assert rest.returncode == 0, rest.stderr
+    assert f"produced {rows - have} rows" in rest.stdout and f"first {have} skipped" in rest.stdout
+    reader.assign(parts)
+    reader.seek_to_beginning()
+    keys: list[bytes] = []
+    while len(keys) < on_topic():
+        keys += [m.key for batch in reader.poll(timeout_ms=1000).values() for m in batch]
+    reader.close()
+    assert len(keys) == len(set(keys)) == rows  # each row on the topic once

@@ -119,12 +119,15 @@ def test_a_bad_row_mid_file_sends_nothing_and_is_named_by_its_line_in_every_form
     assert done.output.rstrip().endswith("; 0 rows sent (a source with a bad row is refused whole)")
 
 
-def test_an_empty_file_is_one_line_naming_it_once(tmp_path):
-    empty = tmp_path / "empty.csv"
-    empty.write_text("")
-    done = produce(str(empty), "--table", "t")
-    said = f"Error: {empty}: empty file, expected a header row; 0 rows sent"
-    assert done.output.strip() == f"{said} (a source with a bad row is refused whole)"
+def test_an_empty_file_is_an_empty_table_as_a_header_alone_is(tmp_path):
+    # Empty inputs alike (issue 49): an empty CSV was an error, an empty JSONL or a
+    # header alone a warning with exit 0. Now each warns, sends nothing, exits 0.
+    for name in ("empty.csv", "empty.jsonl"):
+        empty = tmp_path / name
+        empty.write_text("")
+        done = produce(str(empty), "--table", "t")
+        assert done.exit_code == 0, done.output
+        assert done.output.strip() == f"warning: {empty} has no rows: 0 rows sent"
 
 
 def test_a_header_alone_says_it_sends_nothing_and_asks_no_broker(tmp_path):
@@ -137,16 +140,18 @@ def test_a_header_alone_says_it_sends_nothing_and_asks_no_broker(tmp_path):
     )
 
 
-def test_a_table_no_query_reads_is_refused_with_strict(tmp_path):
+def test_a_table_no_query_reads_is_refused_without_create(tmp_path):
     config = tmp_path / "queries.toml"
     config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n')
     rows = tmp_path / "rows.csv"
     rows.write_text("id,review\nr1,fine\n")
-    done = produce(str(rows), "--table", "reveiws", "--config", str(config), "--strict")
-    assert done.exit_code == 1
-    said = " ".join(done.output.split())
-    assert f"no query in {config} reads table 'reveiws'; its queries read reviews" in said
-    assert "nothing was sent" in said and "no Kafka broker" not in said
+    for extra in (("--strict",), ()):  # refused without --create, strict or not
+        done = produce(str(rows), "--table", "reveiws", "--config", str(config), *extra)
+        assert done.exit_code == 1
+        said = " ".join(done.output.split())
+        assert f"no query in {config} reads table 'reveiws'; its queries read reviews" in said
+        assert "nothing was sent (--create sends them anyway)" in said
+        assert "no Kafka broker" not in said
 
 
 def test_rows_that_lack_a_column_a_reading_query_uses_are_warned_of_before_sending(
