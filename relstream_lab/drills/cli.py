@@ -134,6 +134,14 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
     multiple=True,
     help="An argument added to every engine's command (repeat for more).",
 )
+@click.option(
+    "--network/--no-network",
+    default=True,
+    show_default=True,
+    help="Also reset every process's broker connections, stall the broker, and revoke "
+    "partitions while the broker stalls (commits in flight).",
+)
+@click.option("--stall", default=3.0, show_default=True, help="Seconds a broker stall lasts.")
 @out_option
 def crash(
     seeds: tuple[int, ...],
@@ -144,19 +152,23 @@ def crash(
     timeout: float,
     serve_within: float,
     engine_args: tuple[str, ...],
+    network: bool,
+    stall: float,
     out: Path | None,
 ) -> None:
     """While rows flow, SIGKILL and restart each of two engines (sim backend, one group)
-    with the same command, let a third join and leave, SIGKILL and restart the worker, and
-    stop and start the broker (noida-db, on disk); check a read_committed reader sees one
-    result per relQuery and each row once, and every process serves again."""
+    with the same command, let a third join and leave, SIGKILL and restart the worker,
+    stop and start the broker (noida-db, on disk), reset every process's connections,
+    stall the broker and let a fourth engine join during a stall; check a read_committed
+    reader sees one result per relQuery and each row once, every result within 30 s of
+    its completion, and every process serves again."""
     from relstream_lab.common.report import machine_description
     from relstream_lab.drills.crash import Settings, run_crash
     from relstream_lab.drills.crash_report import report_text
 
     settings = Settings(
         memory, duration, rate, broker_down, timeout=timeout, serve_within=serve_within,
-        engine_args=engine_args,
+        engine_args=engine_args, network=network, stall_s=stall,
     )  # fmt: skip
     broker = "Tansu (embedded, in memory)" if memory else "noida-db (embedded, on disk)"
     sections = [

@@ -7,7 +7,13 @@ At seeded times while the rows flow: each engine is SIGKILLed and started again 
 same command, a third engine joins the group and later leaves it (SIGTERM), the worker is
 SIGKILLed and started again with the same command, and the broker (noida-db, on disk) is
 stopped with `noida-db stop kafka` and started again on its data dir (the `--memory`
-broker, Tansu, keeps nothing over a restart, so that fault is left out there). Once the
+broker, Tansu, keeps nothing over a restart, so that fault is left out there). With
+`network` (the default) the connections break too (`netfaults`): every process's broker
+connections reset three times, the broker stalled (SIGSTOP) for `stall_s`, and a fourth
+engine joining during such a stall, so partitions are revoked with commits in flight;
+engine-b, SIGKILLed, stays dead `dead_s` (35 s) before it starts again, its open
+transaction left behind; and a `read_committed` reader times each result's arrival after
+its completion (every one within 30 s: the others' results are not held back). Once the
 rows stop, a `read_committed` reader (`crash_report.collect`) checks what issue 39 asks:
 one result per relQuery id, every row acknowledged by the broker in exactly one result
 row or dead letter (without transactions, on Tansu: a sink that keeps one result per id
@@ -28,10 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.clients import metadata_ok
 from relstream.kafka.delivery import quiet_outages
 from relstream.kafka.topics import Topics
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
-from relstream_lab.drills.crash_report import CrashReport, Fault, collect
+from relstream_lab.drills import netfaults
+from relstream_lab.drills.crash_report import CrashReport, Fault, collect, watch_visibility
 from relstream_lab.drills.parts import (
     TABLE,
     Rows,
@@ -43,6 +51,7 @@ from relstream_lab.drills.parts import (
 
 ENGINES = ("engine-a", "engine-b")
 JOINER = "engine-c"  # joins the group mid-stream, leaves it later
+REVOKER = "engine-d"  # joins while the broker stalls: partitions revoked mid-commit
 STOP_S = 30.0  # how long a process is given to stop after SIGTERM
 
 
@@ -73,10 +82,14 @@ class Fleet:
         return self.track(name, spawn_logged(command, self.log(name)))
 
     def kill_and_restart(self, name: str) -> subprocess.Popen:
+        return self.start(name, self.kill(name))
+
+    def kill(self, name: str) -> list[str]:
+        """SIGKILL the process; its command, to start it again with."""
         old = self.current[name]
         old.kill()
         old.wait(STOP_S)
-        return self.start(name, list(old.args))
+        return list(old.args)
 
     def leave(self, name: str) -> tuple[int | None, bool]:
         """SIGTERM, and the exit code (None: still running after `STOP_S`), and whether
@@ -113,13 +126,17 @@ class Fleet:
                 process.wait()
 
 
-def plan(rng: random.Random, duration: float, broker_restart: bool) -> list[tuple[float, str]]:
+def plan(
+    rng: random.Random, duration: float, broker_restart: bool, network: bool = True
+) -> list[tuple[float, str]]:
     """The faults in a seeded order, the joiner's leaving last (so it has time to take
     work first), one in each of equal slots over the middle of the stream, at a seeded
     point of its first half."""
     faults = ["kill engine-a", "kill engine-b", "join", "kill worker"]
     if broker_restart:
         faults.append("broker")
+    if network:
+        faults += ["resets", "stall", "revoke"]
     rng.shuffle(faults)
     faults.append("leave")
     start, slot = 0.1 * duration, 0.75 * duration / len(faults)
@@ -138,6 +155,12 @@ class Settings:
     timeout: float = 120.0  # seconds for each wait: start-up, acknowledgements, results
     serve_within: float = 30.0  # seconds a process started anew may take to take work
     engine_args: tuple[str, ...] = ()  # added to every engine's command
+    network: bool = True  # connection resets, broker stalls, a revocation mid-commit
+    stall_s: float = 3.0  # seconds the broker answers nothing, in a stall
+    # With `network`, engine-b stays dead this long after its SIGKILL (its open
+    # transaction left to stall whatever it wrote): the others' results must reach a
+    # read_committed reader meanwhile
+    dead_s: float = 35.0
 
 
 def run_crash(workdir: Path, seed: int = 0, settings: Settings = Settings()) -> CrashReport:
@@ -169,7 +192,9 @@ def run_crash(workdir: Path, seed: int = 0, settings: Settings = Settings()) -> 
         )  # fmt: skip
         fleet.track("worker", worker)
         wait_ready([fleet.ready("worker")], list(fleet.current.values()), timeout)
-        faults = plan(random.Random(f"faults {seed}"), settings.duration, not memory)
+        faults = plan(
+            random.Random(f"faults {seed}"), settings.duration, not memory, settings.network
+        )
         drill = _Drill(broker, topics, fleet, report, engine, settings)
         asyncio.run(drill.run(random.Random(seed), faults))
     except Exception as exc:  # the report says what stopped the drill
@@ -188,6 +213,7 @@ class _Drill:
         self.broker, self.topics, self.fleet, self.report = broker, topics, fleet, report
         self.engine, self.settings = engine, settings
         self.watchers: dict[str, asyncio.Task] = {}  # process -> its ready file watched
+        self.later: list[asyncio.Task] = []  # processes to start again after a while
 
     async def run(self, rng: random.Random, faults: list[tuple[float, str]]) -> None:
         settings, timeout = self.settings, self.settings.timeout
@@ -195,15 +221,21 @@ class _Drill:
         try:
             await rows.producer.start()
             began = time.monotonic()
+            watching = asyncio.create_task(
+                watch_visibility(self.broker.bootstrap, self.broker.kind, self.topics,
+                                 self.report)
+            )  # fmt: skip
             async with asyncio.TaskGroup() as group:
                 group.create_task(rows.stream(settings.rate, settings.duration))
                 group.create_task(self._faults(faults, began))
+            await asyncio.gather(*self.later)  # a process still dead is started again
             await rows.settle(timeout)
             self.report.rows_keys, self.report.bad_keys = rows.acked, rows.bad_acked
             await collect(
                 self.broker.bootstrap, self.broker.kind, self.topics, self.report,
                 self.fleet.workdir / "results.jsonl", timeout,
             )  # fmt: skip
+            watching.cancel()
         finally:
             self.report.rows_keys, self.report.bad_keys = rows.acked, rows.bad_acked
             for watcher in self.watchers.values():
@@ -215,7 +247,13 @@ class _Drill:
             await asyncio.sleep(max(0.0, began + at - time.monotonic()))
             fault = Fault(at_s=time.monotonic() - began, what=kind)
             self.report.faults.append(fault)
-            if kind.startswith("kill "):
+            if kind.startswith("kill ") and self.settings.network and kind.endswith("-b"):
+                name, dead_s = kind.removeprefix("kill "), self.settings.dead_s
+                fault.what = f"SIGKILL {name}, started again {dead_s:g} s later"
+                command = await asyncio.to_thread(self.fleet.kill, name)
+                restart = self._later(fault, name, command, began)
+                self.later.append(asyncio.create_task(restart))
+            elif kind.startswith("kill "):
                 name = kind.removeprefix("kill ")
                 fault.what = f"SIGKILL {name}, started again with the same command"
                 self._started(
@@ -240,6 +278,8 @@ class _Drill:
                     if code is not None
                     else f"still running after {STOP_S:g} s"
                 )
+            elif kind in ("resets", "stall", "revoke"):
+                await self._network(fault, kind)
             else:
                 fault.what = "broker stopped (`noida-db stop kafka`) and started again"
                 await stop_kafka(self.broker)
@@ -247,6 +287,44 @@ class _Drill:
                 await asyncio.sleep(self.settings.broker_down)
                 await start_kafka(self.broker)
                 fault.note = f"down {time.monotonic() - stopped:.1f} s"
+
+    async def _later(self, fault: Fault, name: str, command: list[str], began: float) -> None:
+        """Start `name` again `dead_s` after its kill, with the same command, once the
+        broker answers: an engine started while its broker is out gives up after
+        `BROKER_CHECK_S` (a wrong address is said at once), and a supervisor would start
+        it again; the drill starts it when that would succeed."""
+        await asyncio.sleep(self.settings.dead_s)
+        waited = time.monotonic()
+        while True:
+            try:
+                async with asyncio.timeout(2.0):
+                    await metadata_ok(self.broker.bootstrap)
+                break
+            except Exception:  # down or stalled
+                await asyncio.sleep(0.5)
+        if (waited := time.monotonic() - waited) > 1.0:
+            fault.note = f"after {waited:.1f} s more for the broker to answer"
+        fault.started_s = time.monotonic() - began
+        self._started(fault, name, self.fleet.start(name, command))
+
+    async def _network(self, fault: Fault, kind: str) -> None:
+        """A fault of the connections (`netfaults`): resets of every process's, a stall
+        of the broker, or a stall during which an engine joins, so the group revokes
+        partitions whose commits wait on the stalled broker."""
+        port, stall_s = self.broker.port, self.settings.stall_s
+        if kind == "resets":
+            fault.what = "TCP resets (ss -K) of every process's broker connections, 3 rounds"
+            pids = lambda: [p.pid for p in self.fleet.current.values()]  # noqa: E731
+            fault.note = f"{await netfaults.reset_rounds(pids, port)} connections reset"
+        elif kind == "stall":
+            fault.what = f"broker stalled (SIGSTOP) {stall_s:g} s: every request delayed"
+            await netfaults.stall(self.broker.pid, stall_s)
+        else:
+            fault.what = f"{REVOKER} joins while the broker is stalled {stall_s:g} s"
+            stalled = asyncio.create_task(netfaults.stall(self.broker.pid, stall_s))
+            await asyncio.sleep(min(0.5, stall_s / 2))  # commits in flight wait on it
+            self._started(fault, REVOKER, self.fleet.start(REVOKER, self.engine(REVOKER)))
+            await stalled
 
     async def _until_served(self, name: str) -> float:
         """Seconds waited for `name` to take work, or exit, or for `serve_within` (and a

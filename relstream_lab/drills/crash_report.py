@@ -28,6 +28,8 @@ from relstream.wire import (
 )
 from relstream_lab.drills.parts import absent, repeated
 
+VISIBLE_WITHIN_S = 30.0  # a result reaches read_committed readers this soon, faults or not
+
 
 @dataclass
 class Fault:
@@ -42,6 +44,7 @@ class Fault:
     watched_s: float = 0.0  # how long the drill watched for that file
     first_s: float | None = None  # start -> its first result (engine) or relQuery (worker)
     note: str = ""
+    started_s: float | None = None  # since the rows began, where it started later than `at_s`
 
     @property
     def restarts(self) -> bool:
@@ -74,6 +77,9 @@ class CrashReport:
     # partition -> (last stable offset, end) where a transaction held read_committed
     # readers back when the reader stopped: an open one no producer ends
     unstable: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # each result a read_committed reader saw while the drill ran: seconds from its
+    # completion (the engine's `completed_at`) to the reader (`watch_visibility`)
+    visible_after: list[float] = field(default_factory=list, repr=False)
     error: str = ""
 
     @property
@@ -125,6 +131,10 @@ class CrashReport:
             ),
             "every bad row dead-lettered": not (self.bad_keys - set(self.seen)),
         }
+        if self.visible_after:
+            checks[f"every result visible within {VISIBLE_WITHIN_S:g} s of its completion"] = (
+                max(self.visible_after) <= VISIBLE_WITHIN_S
+            )
         if self.transactions:
             checks |= {
                 "one result per relQuery id (read_committed)": not self.duplicate_ids,
@@ -186,6 +196,26 @@ async def collect(
     finally:
         report.waited_s = time.monotonic() - started
         sink.close()
+        await consumer.stop()
+
+
+async def watch_visibility(bootstrap: str, broker_kind: str, topics: Topics, report) -> None:
+    """While the drill runs (until cancelled): each result a `read_committed` reader sees,
+    how long after its completion. A dead writer's open transaction on a partition other
+    writers share would hold their results back until it ends (issue 48, item 2)."""
+    consumer = new_consumer(bootstrap, broker_kind=broker_kind, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        await assign_all(consumer, topics.results)
+        while True:
+            batches = await consumer.getmany(timeout_ms=500)
+            now = time.time()
+            for records in batches.values():
+                for record in records:
+                    with contextlib.suppress(Exception):  # another writer's message
+                        message = decode(ResultMessage, record.value)
+                        report.visible_after.append(max(0.0, now - message.completed_at))
+    finally:
         await consumer.stop()
 
 
@@ -254,6 +284,18 @@ def _seconds(value: float | None, limit: float, none: str, since: float) -> str:
     return f"{value:.1f} s{' (over)' if value > limit else ''}, at {since + value:.1f}"
 
 
+def _visibility(delays: list[float]) -> str:
+    if not delays:
+        return "- results seen while the drill ran: none"
+    ranked = sorted(delays)
+    p99 = ranked[min(len(ranked) - 1, int(0.99 * len(ranked)))]
+    return (
+        f"- results seen by a read_committed reader while the drill ran: {len(ranked)}, "
+        f"after their completion: median {ranked[len(ranked) // 2]:.1f} s, p99 {p99:.1f} s, "
+        f"max {ranked[-1]:.1f} s"
+    )
+
+
 def _keys(keys: set[str], most: int = 8) -> str:
     return f"{len(keys)} {sorted(keys, key=_order)[:most]}"
 
@@ -271,8 +313,9 @@ def report_text(report: CrashReport) -> str:
         "| ---: | --- | ---: | ---: | ---: | --- |",
     ]
     for f in report.faults:
-        ready = _seconds(f.ready_s, limit, f"not in {f.watched_s:.0f} s", f.at_s)
-        first = _seconds(f.first_s, limit, "none", f.at_s)
+        since = f.at_s if f.started_s is None else f.started_s
+        ready = _seconds(f.ready_s, limit, f"not in {f.watched_s:.0f} s", since)
+        first = _seconds(f.first_s, limit, "none", since)
         ready, first = (ready, first) if f.restarts else ("", "")
         lines.append(f"| {f.at_s:.1f} | {f.what} | {f.pid or ''} | {ready} | {first} | {f.note} |")
     rows, bad = len(report.rows_keys), len(report.bad_keys)
@@ -300,6 +343,7 @@ def report_text(report: CrashReport) -> str:
         f"- the sink (one result per id): stored {sum(report.stored.values())} row results; "
         f"rows not stored: {len(wrong['not stored'])}; "
         f"stored twice: {_keys(wrong['stored twice'])}",
+        _visibility(report.visible_after),
         "- alive at the end: "
         + ", ".join(f"{name} {'yes' if up else 'NO'}" for name, up in report.alive.items()),
     ]

@@ -13,8 +13,8 @@ from relstream_lab.drills.crash_report import CrashReport, Fault, report_text
 
 
 def test_the_faults_are_seeded_each_once_in_the_middle_of_the_stream_the_leaving_last():
-    faults = plan(random.Random("faults 0"), duration=60.0, broker_restart=True)
-    assert faults == plan(random.Random("faults 0"), duration=60.0, broker_restart=True)
+    faults = plan(random.Random("faults 0"), 60.0, broker_restart=True, network=False)
+    assert faults == plan(random.Random("faults 0"), 60.0, broker_restart=True, network=False)
     kinds = [kind for _, kind in faults]
     assert sorted(kinds) == ["broker", "join", "kill engine-a", "kill engine-b", "kill worker",
                              "leave"]  # fmt: skip
@@ -23,10 +23,25 @@ def test_the_faults_are_seeded_each_once_in_the_middle_of_the_stream_the_leaving
     assert times == sorted(times) and times[-1] <= 51.0
     # Slots of 7.5 s from 6 s, each fault in the first half of its own.
     assert all(6.0 + 7.5 * i <= at <= 6.0 + 7.5 * i + 3.75 for i, at in enumerate(times))
-    memory = [kind for _, kind in plan(random.Random("faults 0"), 60.0, broker_restart=False)]
+    memory = [k for _, k in plan(random.Random("faults 0"), 60.0, False, network=False)]
     assert "broker" not in memory and len(memory) == 5
     orders = {tuple(k for _, k in plan(random.Random(f"faults {s}"), 60, True)) for s in range(8)}
     assert len(orders) > 1
+    # With the connections' faults (the default): resets, a stall, a revocation in a
+    # stall too, in slots of 5 s from 6 s.
+    network = plan(random.Random("faults 0"), 60.0, broker_restart=True)
+    assert sorted(k for _, k in network) == sorted([*kinds, "resets", "stall", "revoke"])
+    assert network[-1][1] == "leave"
+    assert all(6.0 + 5 * i <= at <= 6.0 + 5 * i + 2.5 for i, (at, _) in enumerate(network))
+
+
+def test_a_result_seen_late_breaks_the_visibility_promise():
+    report = _report()
+    report.visible_after = [0.2, 1.5, 4.0]
+    assert report.holds
+    assert "median 1.5 s, p99 4.0 s, max 4.0 s" in report_text(report)
+    report.visible_after.append(31.0)  # held back by a dead writer's transaction
+    assert not report.checks()["every result visible within 30 s of its completion"]
 
 
 def _report(broker: str = "noida-db") -> CrashReport:
@@ -85,7 +100,7 @@ def _gone(pid: int) -> bool:
 
 
 def _short(tmp_path: Path, memory: bool) -> CrashReport:
-    settings = Settings(memory=memory, duration=24, rate=10, broker_down=3, timeout=45)
+    settings = Settings(memory=memory, duration=24, rate=10, broker_down=3, timeout=45, dead_s=8.0)
     return run_crash(tmp_path, seed=0, settings=settings)
 
 
@@ -107,8 +122,10 @@ def test_on_the_default_broker_every_row_is_answered_once_through_every_crash(tm
     report = _short(tmp_path, memory=False)
     text = report_text(report)
     assert not report.error, text
-    assert len(report.faults) == 6 and report.faults[-1].what.startswith("engine-c leaves"), text
-    assert len(report.pids) == 7, text  # two engines, the worker, three restarts, the joiner
+    assert len(report.faults) == 9 and report.faults[-1].what.startswith("engine-c leaves"), text
+    # two engines, the worker, three restarts, the joiner, the one that joins in a stall
+    assert len(report.pids) == 8, text
+    assert report.visible_after, text
     assert all(_gone(pid) for pid in report.pids), text
     assert report.waited_s <= 45 + 5, text
     assert len(report.rows_keys) > 100 and report.bad_keys, text
