@@ -18,6 +18,7 @@ from relstream.cli.common import (
     security_options,
     stop_signals,
 )
+from relstream.connectors.postgres import where
 from relstream.kafka.security import KafkaSecurity
 from relstream.kafka.topics import Topics
 from relstream.wire import RowMessage
@@ -122,9 +123,12 @@ def produce(
             rows = []  # an empty file is an empty table, as a header alone is
             if path.stat().st_size:
                 rows = list(read_rows(path, table, key_column, empty_strings, delimiter, encoding))
+    except ConnectionError as exc:  # PostgreSQL not reached: one line naming it
+        raise click.ClickException(f"{exc}; 0 rows sent") from None
     except (ValueError, KeyError) as exc:
         said = str(exc)  # most name the file already: never twice
-        said = said if said.startswith(source) else f"{source}: {said}"
+        shown = where(source) if source.startswith(("postgresql://", "postgres://")) else source
+        said = said if said.startswith(source) else f"{shown}: {said}"
         raise click.ClickException(
             f"{said}; 0 rows sent (a source with a bad row is refused whole)"
         ) from None

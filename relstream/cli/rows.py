@@ -108,6 +108,8 @@ def sink(
         store = open_sink(target, inputs.rows if inputs is not None else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
+    except ConnectionError as exc:  # PostgreSQL not reached: one line naming it
+        raise click.ClickException(str(exc)) from None
     from relstream.client import ResultsUnavailable
 
     written = 0

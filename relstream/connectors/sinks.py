@@ -25,6 +25,7 @@ import msgspec
 
 from relstream.connectors.inputs import input_values, query_of
 from relstream.connectors.journal import FileJournal
+from relstream.connectors.postgres import PostgresUnavailable, connect, first_line, where
 from relstream.wire import ResultMessage
 from relstream.wire.messages import RelQueryRow
 
@@ -213,7 +214,8 @@ class PostgresSink:
 
         self._sql = sql
         self.table = sql.Identifier(table)
-        self._conn = psycopg.connect(dsn, autocommit=False)
+        self._conn = connect(dsn, autocommit=False)
+        self._lost, self._where = psycopg.OperationalError, where(dsn)  # for `write`
         with self._conn.cursor() as cursor:
             cursor.execute(
                 sql.SQL(
@@ -235,6 +237,14 @@ class PostgresSink:
         self._inputs = inputs
 
     def write(self, result: ResultMessage) -> bool:
+        try:
+            return self._insert(result)
+        except self._lost as exc:  # the server gone: a sink's `OSError`, in one line
+            raise PostgresUnavailable(
+                f"lost PostgreSQL at {self._where}: {first_line(exc)}"
+            ) from None
+
+    def _insert(self, result: ResultMessage) -> bool:
         parts = _latency_parts(result)
         statement = self._sql.SQL(
             "INSERT INTO {} (relquery_id, row_key, row_index, status, output, error,"

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from relstream.connectors.postgres import connect, first_line
 from relstream.connectors.tables import load_csv, text_encoding, undecodable
 from relstream.wire import MessageError, RowMessage, checked, encode
 from relstream.wire.messages import MAX_ROW_BYTES
@@ -134,8 +135,11 @@ def read_query(
     cursor so a large result never sits in memory whole."""
     import psycopg
 
-    with psycopg.connect(dsn) as conn, conn.cursor(name="relstream_source") as cursor:
-        cursor.execute(query)
+    with connect(dsn) as conn, conn.cursor(name="relstream_source") as cursor:
+        try:
+            cursor.execute(query)
+        except psycopg.Error as exc:  # the query's own fault: one line, as a bad row
+            raise ValueError(f"PostgreSQL refused --query: {first_line(exc)}") from None
         columns = [column.name for column in cursor.description]
         for index, record in enumerate(cursor, start=1):
             values = {c: _scalar(v) for c, v in zip(columns, record, strict=True)}

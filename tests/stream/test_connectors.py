@@ -241,3 +241,31 @@ def test_each_sink_target_has_a_group_of_its_own_the_same_on_every_run(tmp_path,
     url = "postgresql://app@db:5432/results"
     assert default_group("postgresql://app:s3cret@db:5432/results") == named("postgresql", url)
     assert default_group("postgresql://app:other@db:5432/results") == named("postgresql", url)
+
+
+def test_postgres_mistakes_are_one_line_naming_the_server(postgres, tmp_path):
+    # A server not reached, a password refused, a query PostgreSQL refuses: each one line
+    # naming the server (never the password), where psycopg's traceback ran to 38 lines.
+    from click.testing import CliRunner
+
+    from relstream.cli import main
+
+    nowhere = f"postgresql://relstream:secret@127.0.0.1:{free_port()}/postgres"
+    runner = CliRunner()
+    sink = runner.invoke(main, ["sink", nowhere, "--bootstrap", "127.0.0.1:1"])
+    produce = runner.invoke(
+        main, ["produce", nowhere, "--query", "SELECT 1", "--table", "t", "--bootstrap",
+               "127.0.0.1:1"],
+    )  # fmt: skip
+    for done in (sink, produce):
+        said = done.output.strip()
+        assert done.exit_code == 1 and len(said.splitlines()) == 1, said
+        assert said.startswith("Error: could not connect to PostgreSQL at 127.0.0.1:"), said
+        assert "secret" not in said and "Traceback" not in said
+    bad = runner.invoke(
+        main, ["produce", postgres, "--query", "SELEC 1", "--table", "t", "--bootstrap",
+               "127.0.0.1:1"],
+    )  # fmt: skip
+    said = bad.output.strip()
+    assert bad.exit_code == 1 and len(said.splitlines()) == 1, said
+    assert "PostgreSQL refused --query: syntax error at or near" in said, said
