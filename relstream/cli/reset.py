@@ -114,11 +114,12 @@ def reset(
     console.print(f"{verb} group {group} to {target}:", markup=False)
     for move in moves:
         console.print(f"  {move.line()}", markup=False)
-        if move.sinks() is not None:
-            console.print(f"    {move.sinks()}", markup=False)
-        if move in recuts:
-            for line in _recut_lines(recuts[move]):
-                console.print(f"    {line}", markup=False)
+        # With the windows recut (a dry run with --config), what a sink makes of the rows
+        # is told from them, window by window: the guess from the snap alone said "under
+        # the ids they had" above windows it then listed under new ids.
+        said = _recut_lines(move, recuts[move]) if move in recuts else [move.sinks()]
+        for line in filter(None, said):
+            console.print(f"    {line}", markup=False, soft_wrap=True)  # one line each
     if dry_run:
         console.print("dry run: nothing committed", markup=False)
 
@@ -163,12 +164,15 @@ def _recut(consumer, registration, move, published: set[str], message_bytes: int
     return recut(registration, move.partition.partition, records, published, message_bytes)
 
 
-def _recut_lines(found) -> list[str]:
+def _recut_lines(move, found) -> list[str]:
     """A dry run's account of the windows cut again, each new one named."""
     known, new = found.known, found.new
+    first, last = move.again()
+    stored = "sinks store each once" if not new else "a sink stores the new ones' rows again"
     lines = [
-        f"{len(known)} window(s) of {found.rows(known)} row(s) again under the ids they had, "
-        f"{len(new)} of {found.rows(new)} row(s) under new ids; "
+        f"offsets {first}..{last} ({last - first + 1}) are read again: "
+        f"{len(known)} window(s) of {found.rows(known)} row(s) under the ids they had, "
+        f"{len(new)} of {found.rows(new)} row(s) under new ids ({stored}); "
         f"{found.rejected} row(s) dead-lettered again"
     ]
     for window in new:
