@@ -33,7 +33,7 @@ from aiokafka.errors import (
 )
 
 from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
-from relstream.kafka.loglimit import RateLimited
+from relstream.kafka.loglimit import InOurWords, RateLimited
 from relstream.wire import DeadLetterMessage, encode
 from relstream.wire.convert import dead_letter_message
 
@@ -271,8 +271,9 @@ OUTAGE_LOGGERS = ("aiokafka", "relstream.kafka")  # the lines a broker outage re
 def quiet_outages(period_s: float = 30.0) -> None:
     """Send the Kafka clients' warnings and errors (aiokafka's, relstream.kafka's) to
     stderr through one `RateLimited` filter: a broker outage then prints one line per kind
-    and period with a count, not one per reconnect and poll. Idempotent."""
-    quiet = RateLimited(period_s)
+    and period with a count, not one per reconnect and poll, and aiokafka's outage lines
+    as one relstream line (`InOurWords`). Idempotent."""
+    quiet, in_our_words = RateLimited(period_s), InOurWords()
     for name in OUTAGE_LOGGERS:
         logger = logging.getLogger(name)
         if any(handler.get_name() == _QUIET for handler in logger.handlers):
@@ -283,6 +284,7 @@ def quiet_outages(period_s: float = 30.0) -> None:
             logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
         )
         handler.setLevel(logging.WARNING)
+        handler.addFilter(in_our_words)  # first: then one kind for `quiet`
         handler.addFilter(quiet)
         logger.addHandler(handler)
         logger.propagate = False

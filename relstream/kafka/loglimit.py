@@ -42,3 +42,36 @@ class RateLimited(logging.Filter):
             )
             record.args = None
         return True
+
+
+# What aiokafka says, in its words, when the broker cannot be reached or answers late.
+_OUTAGE_SIGNS = (
+    "Unable connect to node",
+    "Unable to update metadata",
+    "Unable to request metadata",
+    "NodeNotReadyError",
+    "KafkaConnectionError",
+    "Connect call failed",
+    "Marking the coordinator dead",
+    "RequestTimedOutError",
+)
+OUTAGE_LINE = (
+    "the broker does not answer; retrying, and holding what it has not acknowledged "
+    "(nothing is lost or committed past it): %s"
+)
+
+
+class InOurWords(logging.Filter):
+    """aiokafka's lines of a broker outage (a failed connect, metadata, fetch, produce or
+    heartbeat: one each per reconnect) said as one relstream line, which `RateLimited`
+    then lets through once a period with the count; aiokafka's own words kept after it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("aiokafka"):
+            said = record.getMessage()
+            if any(sign in said for sign in _OUTAGE_SIGNS):
+                record.name, record.levelno, record.levelname = (
+                    "relstream.kafka", logging.WARNING, "WARNING"
+                )  # fmt: skip
+                record.msg, record.args = OUTAGE_LINE, (said[:160],)
+        return True

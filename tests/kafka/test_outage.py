@@ -12,7 +12,7 @@ from helpers import until
 from relstream.kafka.brokers import EmbeddedBroker
 from relstream.kafka.clients import new_producer, read_messages
 from relstream.kafka.delivery import Backoff, publish_acked
-from relstream.kafka.loglimit import RateLimited
+from relstream.kafka.loglimit import OUTAGE_LINE, InOurWords, RateLimited
 from relstream.kafka.topics import Topics
 from relstream.model import Template
 from relstream.stream.registrations import QueryRegistration
@@ -45,6 +45,33 @@ def test_outage_lines_pass_once_a_period_and_the_next_one_says_how_many_were_hel
     now[0] = 61.0  # a quiet period: the next line passes with no count
     quiet = record("Unable connect to node with id %s: %s", 1, "refused")
     assert limit.filter(quiet) and quiet.getMessage().endswith("refused")
+
+
+def test_aiokafka_outage_lines_are_one_relstream_line_a_period():
+    # The worker and the engine printed aiokafka's ERROR lines through an outage, each
+    # kind of its own (connect, metadata, fetch, produce). Now they are one relstream
+    # WARNING, once a period with the count, aiokafka's words after it; another aiokafka
+    # line passes as it was.
+    now = [0.0]
+    words, limit = InOurWords(), RateLimited(period_s=30.0, clock=lambda: now[0])
+    lines = [
+        record("Unable connect to node with id %s: %s", 1, "[Errno 111] Connect call failed"),
+        record("Unable to update metadata from %s", [1]),
+        record("Failed fetch messages from %s: %s", 1, "NodeNotReadyError: not ready", level=30),
+        record("Got error produce response: %s", "NodeNotReadyError", name="aiokafka.producer"),
+    ]
+    passed = [line for line in lines if words.filter(line) and limit.filter(line)]
+    assert len(passed) == 1 and passed[0].name == "relstream.kafka"
+    assert passed[0].levelname == "WARNING"
+    assert passed[0].getMessage() == OUTAGE_LINE % (
+        "Unable connect to node with id 1: [Errno 111] Connect call failed"
+    )
+    now[0] = 30.0
+    later = record("Unable to update metadata from %s", [1])
+    assert words.filter(later) and limit.filter(later)
+    assert later.getMessage().endswith("[and 3 more like this in the last 30 s]")
+    other = record("Topic %s not found in cluster metadata", "t", level=30)
+    assert words.filter(other) and other.name == "aiokafka"
 
 
 def test_the_backoff_doubles_up_to_its_cap():
