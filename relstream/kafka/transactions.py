@@ -101,7 +101,7 @@ class PartitionProducers:
         consumer.pause(*partitions)
         try:
             await self.open(partitions)
-            committed = await self._committed(consumer, partitions)
+            committed = await self.committed(partitions, consumer.assignment)
             marks = {}
             for partition in set(partitions) & consumer.assignment():  # not revoked since
                 mark = committed.get(partition)
@@ -119,9 +119,9 @@ class PartitionProducers:
         """Whether the partition's position is still being set (`take_over`)."""
         return partition in self._settling
 
-    async def _committed(self, consumer, partitions) -> dict:
+    async def committed(self, partitions, assigned: Callable[[], set]) -> dict:
         """The group's committed marks of `partitions`, asked until the broker answers or
-        none of them is assigned here any more: a partition resumed without its mark
+        none of them is `assigned()` here any more: a partition resumed without its mark
         would be read from the consumer's own position, its answered work done again."""
         tries = 0
         while True:
@@ -130,7 +130,7 @@ class PartitionProducers:
                 await admin.start()
                 return await admin.list_consumer_group_offsets(self._group, partitions=partitions)
             except Exception as exc:  # the broker did not answer: the partitions stay paused
-                if not set(partitions) & consumer.assignment():
+                if not set(partitions) & assigned():
                     return {}
                 tries += 1
                 wait = self._backoff.after(tries)

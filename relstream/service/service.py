@@ -59,6 +59,7 @@ from relstream.service.backlog import LettersInFlight, RowBudget
 from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced
 from relstream.service.config import ServiceConfig
 from relstream.service.control import Cancels, follow_control, record_time
+from relstream.service.controlletters import ControlLetters
 from relstream.service.looplag import LoopLagProbe
 from relstream.service.metrics import EngineMetrics
 from relstream.service.offsets import OffsetBook
@@ -120,6 +121,8 @@ class KafkaService:
         self._commits = await ExactlyOnce.start(config, self._book) or AtLeastOnce(
             self._book, self._producer, config.stall_s
         )
+        exactly_once = isinstance(self._commits, ExactlyOnce)
+        self._control_letters = ControlLetters(config, self._producer, exactly_once)
         rebalances = RevocationListener(self._on_revoked, self._on_assigned)  # `joined`
         self._consumer.subscribe([self.config.topics.relqueries], listener=rebalances)
         if self.config.metrics_port:
@@ -350,6 +353,8 @@ class KafkaService:
         topic = self.config.topics.deadletter
         if message.topic == self.config.topics.relqueries:
             delivered = await self._commits.dead_letter(message, topic, reason, stalled)
+        elif message.topic == self.config.topics.control:  # once, whoever reads it
+            delivered = await self._control_letters.letter(message, topic, reason, stalled)
         else:
             delivered = await send_dead_letter(self._producer, topic, message, reason, stalled)
         if delivered:

@@ -281,3 +281,53 @@ def test_a_dead_writers_open_transaction_holds_back_only_its_own_partitions(defa
 
     values, partitions = asyncio.run(scenario())
     assert values == sorted(f"r{n}".encode() for n in range(24)) and partitions == {1, 2, 3}
+
+
+def test_a_bad_control_message_is_dead_lettered_once_by_two_engines_and_a_restart(
+    default_broker, caplog
+):
+    # Every engine reads every control message, at every start: on 7c0b11f each
+    # dead-lettered a bad one (3 letters for 1 message with two engines and a restart).
+    # Now the letter and the control offset commit in one transaction of a producer the
+    # engines share: one letter.
+    from helpers import until
+
+    from relstream.kafka.clients import new_producer
+    from relstream.service.service import KafkaService, ServiceConfig
+    from relstream.sim.backend import SimRelQueryBackend
+
+    topics, group = fresh()
+    bootstrap = default_broker.bootstrap
+    said = f"dead-letter {topics.control}[0]@0"
+    caplog.set_level(logging.WARNING, "relstream.engine")
+
+    async def letters() -> int:
+        seen = await read_all(bootstrap, topics.deadletter, "read_committed", 1.0)
+        return sum(topics.control.encode() in m.value for m in seen)
+
+    async def engines(count: int) -> None:
+        """`count` engines serve until each has read the message and its letter (or its
+        finding it lettered) is done: the letter is there and none follows for 3 s."""
+        config = ServiceConfig(bootstrap, topics, group_id=group, broker="noida-db")
+        stop, before = asyncio.Event(), caplog.text.count(said)
+        serving = [
+            asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))
+            for _ in range(count)
+        ]
+        await until(lambda: caplog.text.count(said) >= before + count, 60, "the message read")
+        await until(lambda: letters(), 30, "a letter")
+        await asyncio.sleep(3.0)  # a second letter, where there is one, comes by then
+        stop.set()
+        await asyncio.gather(*serving)
+
+    async def scenario() -> int:
+        await create_topics(bootstrap, topics.layout())
+        producer = new_producer(bootstrap)
+        await producer.start()
+        await producer.send_and_wait(topics.control, b"\xc1not msgpack")
+        await producer.stop()
+        await engines(2)
+        await engines(1)  # started again: it reads the message from the start
+        return await letters()
+
+    assert asyncio.run(scenario()) == 1
