@@ -45,29 +45,56 @@ def split_result(
     ]
 
 
+# Results read after a set's last part, beyond which the set is taken as stale: one
+# engine publishes a result's parts back to back, so a set waiting this long will not
+# be completed (its writer died between parts and the relQuery was answered another way).
+STALE_AFTER = 10_000
+
+
 @dataclass
 class ResultJoiner:
     """Parts of results as they are read, in any order and repeated (at-least-once);
-    `add` answers the whole result once its last missing part arrives."""
+    `add` answers the whole result once its last missing part arrives. A set whose id
+    is answered whole, or that waited `stale_after` messages, is dropped: it would hold
+    back a reader's commit for ever (issue 48, item 9)."""
 
+    stale_after: int = STALE_AFTER
     _waiting: dict[str, dict[int, ResultMessage]] = field(default_factory=dict)
+    _last: dict[str, int] = field(default_factory=dict)  # id -> `_read` at its last part
+    _read: int = 0
 
     def add(self, message: ResultMessage) -> ResultMessage | None:
-        if message.parts == 1:
+        self._read += 1
+        if self._waiting and self._read % 256 == 0:
+            self._drop_stale()
+        if message.parts == 1:  # whole: parts of an earlier try of it are stale
+            self._forget(message.id)
             return message
         if message.part >= message.parts:  # no such part (a forgery or a writer's bug)
             return None
         parts = self._waiting.setdefault(message.id, {})
+        self._last[message.id] = self._read
         if parts and next(iter(parts.values())).parts != message.parts:
             parts.clear()  # served again and split otherwise: start over from this one
         parts[message.part] = message
         if len(parts) < message.parts:
             return None
-        del self._waiting[message.id]
+        self._forget(message.id)
         rows = [row for index in range(message.parts) for row in parts[index].rows]
         return msgspec.structs.replace(parts[0], rows=rows, part=0, parts=1)
+
+    def _forget(self, relquery_id: str) -> None:
+        self._waiting.pop(relquery_id, None)
+        self._last.pop(relquery_id, None)
+
+    def _drop_stale(self) -> None:
+        for relquery_id, last in list(self._last.items()):
+            if self._read - last > self.stale_after:
+                self._forget(relquery_id)
 
     @property
     def pending(self) -> bool:
         """Some result has parts read and parts still missing."""
+        if self._waiting:
+            self._drop_stale()
         return bool(self._waiting)

@@ -5,6 +5,7 @@ read whole by the client and stored as one line by the sink."""
 import asyncio
 import uuid
 
+import msgspec
 import pytest
 from aiokafka import AIOKafkaProducer
 
@@ -60,6 +61,53 @@ def test_a_result_served_again_and_split_otherwise_starts_over():
     assert joiner.add(first[0]) is None
     whole = [joiner.add(part) for part in again][-1]
     assert whole is not None and len(whole.rows) == 10
+
+
+def test_a_stale_part_no_longer_holds_a_reader_back():
+    # A writer died between parts; its relQuery was then answered whole (it fit one
+    # message this time), or not at all: the stale part kept `pending` for ever, and a
+    # sink's group never committed (issue 48, item 9).
+    stale = split_result(result(10, 100), 400)[0]
+    joiner = ResultJoiner()
+    assert joiner.add(stale) is None and joiner.pending
+    whole = result(2, 10)
+    assert joiner.add(whole) == whole and not joiner.pending
+    joiner = ResultJoiner(stale_after=5)
+    joiner.add(stale)
+    others = [msgspec.structs.replace(result(1, 1), id=f"q{i}") for i in range(6)]
+    assert [joiner.add(o) for o in others[:5]] == others[:5] and joiner.pending
+    joiner.add(others[5])  # the sixth message after the part: taken as stale
+    assert not joiner.pending
+
+
+@pytest.mark.slow
+def test_a_sink_commits_past_a_stale_part(broker, tmp_path):
+    # On the memory broker (at least once) a stale part kept a sink's group from
+    # committing: every run read every result again. Now its group commits to the end.
+    import subprocess
+    import sys
+
+    from helpers import committed_offsets
+
+    topics = Topics(prefix=f"p{uuid.uuid4().hex[:6]}.")
+    stale = split_result(result(10, 100), 400)[0]
+    messages = [stale, result(2, 10), msgspec.structs.replace(result(1, 1), id="other")]
+
+    async def produce() -> None:
+        await create_topics(broker.bootstrap, topics.layout())
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        for message in messages:
+            await producer.send_and_wait(topics.results, encode(message), b"k", partition=0)
+        await producer.stop()
+
+    asyncio.run(produce())
+    command = [sys.executable, "-m", "relstream", "sink", str(tmp_path / "out.jsonl"),
+               "--bootstrap", broker.bootstrap, "--prefix", topics.prefix,
+               "--group", "g"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "stored 2 new results" in done.stdout, done.stdout + done.stderr
+    assert committed_offsets(broker.bootstrap, "g", topics.results)[0] == 3
 
 
 @pytest.mark.slow
