@@ -5,8 +5,10 @@ A file sink appends whole results, but an append can be cut: the process killed 
 the disk full. Its journal (`<file>.stored`, beside it) holds the file's length after the
 last whole result that was made durable: `commit` flushes the file, fsyncs it, then
 replaces the journal atomically, and the caller lets its consumer group commit only after.
-At start, and when the sink closes, whatever lies past that length is cut: results
+At start, and where a write failed, whatever lies past that length is cut: results
 written since the last commit were not acknowledged to the broker, so they come again.
+A sink that closes cleanly commits what it wrote whole first (those results come again
+too, and are known by their ids).
 A file with no journal (written by a release before it, or by hand) is kept as it is,
 less a last line that does not end.
 """

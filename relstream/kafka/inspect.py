@@ -31,6 +31,7 @@ EXAMPLES = 3  # example keys shown per dead-letter cause
 # An engine reports its load every LOAD_REPORT_S while it runs: silent this long, it is
 # stopped or dead (`relstream status` marks it stale).
 STALE_REPORT_S = 30.0
+HELD_LOOK_S = 1.5  # a partition held this long at one offset is named held
 COUNTED = 10_000  # a group's gap read and its records counted, at most (offsets beyond)
 
 
@@ -173,13 +174,24 @@ def pipeline_status(
         )
         held = [
             HeldPartition(p.topic, p.partition, e.held_from, e.end - e.held_from)
-            for p, e in sorted(found.items())
-            if e.held_from is not None
+            for p, e in sorted(_stuck(consumer, found).items())
         ]
     finally:
         consumer.close()
         admin.close()
     return PipelineStatus(sizes, groups, engines, causes, unread, cut, held)
+
+
+def _stuck(consumer, found: dict) -> dict:
+    """The partitions held by an open transaction that are still held, at the same last
+    stable offset, `HELD_LOOK_S` later: on a live exactly-once pipeline some transaction is
+    open at any instant, and only one that does not end is a writer's that died."""
+    held = {p: e for p, e in found.items() if e.held_from is not None}
+    if not held:
+        return {}
+    time.sleep(HELD_LOOK_S)
+    again = consumer.end_offsets(list(held))  # read_committed: the last stable offsets
+    return {p: e for p, e in held.items() if again.get(p) == e.held_from}
 
 
 def _highwaters(bootstrap: str, security: KafkaSecurity, parts: list) -> dict:
@@ -276,8 +288,8 @@ def _members_as_answered(admin, groups: list[str]) -> dict[str, list[str]]:
 
 def _tail(consumer, found: dict[object, Extent], topic: str, deadline: float) -> Span:
     """The newest TAIL_MESSAGES records of each partition of `topic`, to the ends found."""
-    bounds = {
-        p: (extent.tail(TAIL_MESSAGES), extent.end)
+    bounds = {  # to the last stable offset: nothing past an open transaction is read
+        p: (min(extent.tail(TAIL_MESSAGES), extent.stable), extent.stable)
         for p, extent in found.items()
         if p.topic == topic
     }

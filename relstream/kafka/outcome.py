@@ -67,9 +67,12 @@ async def find_outcome(
     still_ours: Callable[[], bool],
     security: KafkaSecurity = PLAINTEXT,
     backoff: Backoff | None = None,
+    answered: bool = False,
 ) -> Outcome:
     """Whether the transaction committing `partition` at `mark` landed, and which of its
-    `written` messages are missing if it did. Raises `Gone` once not `still_ours()`."""
+    `written` messages are missing if it did (`answered`: the commit returned, so it
+    landed: only the messages are looked up). Raises `Gone` once not `still_ours()`, or
+    where the group's offset is past `mark`: another owner committed since."""
     backoff = backoff or Backoff()
     tries = 0
     while True:
@@ -77,8 +80,12 @@ async def find_outcome(
             raise Gone(f"{partition} was revoked while its commit's outcome was looked up")
         tries += 1
         try:
-            committed = await _committed_mark(bootstrap, security, group, partition)
-            if committed != mark:
+            committed = (
+                None if answered else await _committed_mark(bootstrap, security, group, partition)
+            )
+            if committed is not None and committed[0] > mark[0]:  # a zombie's try
+                raise Gone(f"{partition} was committed past {mark[0]} by another owner")
+            if not answered and committed != mark:
                 log.info(
                     "%s: the unanswered commit at %d did not land (the group holds %s): "
                     "redone", partition, mark[0], committed,
@@ -94,10 +101,10 @@ async def find_outcome(
             return Outcome(landed=True, missing=missing)
         except (Gone, asyncio.CancelledError):
             raise
-        except Exception as exc:  # the broker did not answer: ask again
+        except Exception as exc:  # the broker did not answer, or held them back: again
             wait = backoff.after(tries)
             log.warning(
-                "%s: the outcome of an unanswered commit is not known yet (%r); asked "
+                "%s: the outcome of an unanswered commit is not known yet (%s); asked "
                 "again in %.1f s", partition, exc, wait,
             )  # fmt: skip
             await asyncio.sleep(wait)
@@ -107,8 +114,8 @@ async def _committed_mark(
     bootstrap: str, security: KafkaSecurity, group: str, partition: TopicPartition
 ) -> tuple[int, str] | None:
     admin = new_admin(bootstrap, security)
-    await admin.start()
     try:
+        await admin.start()
         marks = await admin.list_consumer_group_offsets(group, partitions=[partition])
     finally:
         await admin.close()
@@ -132,16 +139,25 @@ async def _visible(
         first[w.partition] = min(first.get(w.partition, w.offset), w.offset)
         last[w.partition] = max(last.get(w.partition, w.offset), w.offset)
     consumer = new_consumer(bootstrap, security=security, isolation_level="read_committed")
-    await consumer.start()
     seen: set[tuple[TopicPartition, int]] = set()
+    stable: dict = {}
     try:
+        await consumer.start()
+        consumer.assign(list(first))
+        try:
+            async with asyncio.timeout(READ_S):
+                while True:  # the markers of a commit the broker took are written after it
+                    stable = await consumer.end_offsets(list(first))
+                    if all(stable[tp] > last[tp] for tp in first):
+                        break
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            held = {f"{tp.topic}[{tp.partition}]@{stable.get(tp)}" for tp in first}
+            raise TimeoutError(
+                f"held back by an open transaction (last stable offsets {sorted(held)}): "
+                "a writer's that died mid-transaction?"
+            ) from None
         async with asyncio.timeout(READ_S):
-            consumer.assign(list(first))
-            while True:  # the markers of a commit the broker took are written after it
-                stable = await consumer.end_offsets(list(first))
-                if all(stable[tp] > last[tp] for tp in first):
-                    break
-                await asyncio.sleep(0.1)
             for tp, offset in first.items():
                 consumer.seek(tp, offset)
             left = set(first)

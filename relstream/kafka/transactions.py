@@ -46,7 +46,7 @@ log = logging.getLogger("relstream.kafka.transactions")
 # A broker that times transactions out (Apache Kafka) aborts a dead writer's open one
 # after this, so its partitions' `read_committed` readers wait at most so long. The
 # default broker never does (co-partitioning bounds the harm there: `co_partition`).
-TRANSACTION_TIMEOUT_MS = 30_000
+TRANSACTION_TIMEOUT_MS = 60_000
 
 
 def transactional_id(group: str, partition: TopicPartition) -> str:
@@ -149,11 +149,14 @@ class PartitionProducers:
         partitions = [p for p in partitions if p not in self._producers]
         for partition in partitions:
             self._locks.setdefault(partition, asyncio.Lock())
-        await asyncio.gather(*(self._open(p) for p in partitions))
+        await asyncio.gather(*(self._open(p, self._locks[p]) for p in partitions))
 
-    async def _open(self, partition: TopicPartition) -> None:
+    async def _open(self, partition: TopicPartition, lock: asyncio.Lock) -> None:
+        """Start the partition's producer for the ownership `lock` stands for (a
+        partition revoked and assigned again has a new lock: an old ownership's renewal
+        must not start one for the new)."""
         tries = 0
-        while partition in self._locks:
+        while self._locks.get(partition) is lock:
             producer = new_producer(
                 self._bootstrap,
                 self._security,
@@ -163,14 +166,16 @@ class PartitionProducers:
             breaks = count_breaks(producer)
             try:
                 await producer.start()
-            except Exception as exc:
+            except BaseException as exc:  # cancelled too: never left running
                 await stop_producer(producer)
+                if not isinstance(exc, Exception):
+                    raise
                 tries += 1
                 log.warning("transactional producer for %s not started (%r)", partition, exc)
                 await asyncio.sleep(self._backoff.after(tries))
                 continue
-            if partition not in self._locks:  # revoked meanwhile: fence nobody
-                await stop_producer(producer)
+            if self._locks.get(partition) is not lock or partition in self._producers:
+                await stop_producer(producer)  # revoked meanwhile, or opened already
                 return
             self._producers[partition] = producer
             self._breaks[producer] = breaks
@@ -178,12 +183,14 @@ class PartitionProducers:
 
     async def close(self, partitions) -> None:
         """Stop the producers of revoked `partitions`, once their transactions end (one
-        waiting on the broker gives up: `Fenced`)."""
-        for partition in partitions:
-            producer = self._producers.pop(partition, None)
-            lock = self._locks.pop(partition, None)
-            if producer is None:
-                continue
+        waiting on the broker gives up: `Fenced`); all at once, so a revocation in an
+        outage waits `STOP_S` once, not once a partition."""
+        await asyncio.gather(*(self._close(partition) for partition in partitions))
+
+    async def _close(self, partition) -> None:
+        producer = self._producers.pop(partition, None)
+        lock = self._locks.pop(partition, None)
+        try:
             if lock is not None and lock.locked():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(STOP_S):
@@ -191,9 +198,11 @@ class PartitionProducers:
                             pass
                 attempt = self._attempts.get(partition)
                 if attempt is not None and not attempt.done():
-                    attempt.cancel()  # its outcome is the next owner's (`_attempt`)
-            self._breaks.pop(producer, None)
-            await stop_producer(producer)
+                    attempt.cancel()  # its outcome is the next owner's (`_cancellable`)
+        finally:
+            if producer is not None:  # None: being renewed, which sees it revoked
+                self._breaks.pop(producer, None)
+                await stop_producer(producer)
 
     async def close_all(self) -> None:
         await self.close(list(self._producers))
@@ -227,7 +236,9 @@ class PartitionProducers:
                         raise Fenced(f"{partition} was revoked")
                     tries += 1
                     try:
-                        await self._attempt(partition, producer, sends, offsets)
+                        await self._cancellable(
+                            partition, self._once(producer, partition, sends, offsets)
+                        )
                         return
                     except ProducerFenced as exc:
                         await self._drop(partition, producer)
@@ -241,16 +252,21 @@ class PartitionProducers:
                         # transaction failed on every message (`OutOfOrderSequenceNumber`
                         # after a `MessageSizeTooLarge`); a new producer under the same id
                         # aborts the transaction and starts its sequences anew.
-                        await self._renew(partition, producer)
+                        await self._renew(partition, producer, lock)
                         raise
                     except Fenced:  # `offsets` found the partition forgotten
                         raise
                     except Unanswered as cut:
-                        outcome = await self._settle(partition, producer, cut)
+                        outcome = await self._cancellable(
+                            partition, self._settle(partition, producer, lock, cut)
+                        )
                         if outcome.landed and not outcome.missing:
                             return
                         if outcome.landed:  # only what it lost, under the same mark
                             sends, offsets = list(outcome.missing), lambda m=cut.mark: m
+                        else:  # redone whole, after the backoff an outage gets
+                            stalled()
+                            await asyncio.sleep(self._backoff.after(tries))
                     except Exception as exc:  # an outage, or a producer in a bad state
                         stalled()
                         wait = self._backoff.after(tries)
@@ -258,21 +274,23 @@ class PartitionProducers:
                             "transaction for %s not committed (%r); retried in %.1f s",
                             partition, exc, wait,
                         )  # fmt: skip
-                        await self._renew(partition, producer)
+                        await self._renew(partition, producer, lock)
                         await asyncio.sleep(wait)
         finally:
             timer.cancel()
 
-    async def _attempt(self, partition, producer, sends: list[Send], offsets) -> None:
-        """One try (`_once`) as a task `close` can cut. A partition revoked while its
-        commit hangs is not held for ever: after `STOP_S` the try is cancelled and
-        `Fenced` raised, so its caller releases the work. Its outcome is the next owner's
-        to settle: that owner's producer fences this one, aborts what is open, and reads
-        the committed offset."""
-        attempt = asyncio.ensure_future(self._once(producer, partition, sends, offsets))
+    async def _cancellable(self, partition, work):
+        """`work` (a try, `_once`, or finding out its outcome, `_settle`) as a task
+        `close` can cut: a partition revoked while its commit hangs, or while its outcome
+        is looked up, is not held for ever: after `STOP_S` the work is cancelled and
+        `Fenced` raised, so its caller releases it. Its outcome is then the next owner's
+        to settle: that owner's producer fences this one and aborts what is open, and it
+        reads the committed offset (a commit that landed without some of its messages,
+        on a restarted noida-db, is the open gap: docs/architecture.md)."""
+        attempt = asyncio.ensure_future(work)
         self._attempts[partition] = attempt
         try:
-            await attempt
+            return await attempt
         except asyncio.CancelledError:
             if attempt.cancelled() and not asyncio.current_task().cancelling():
                 raise Fenced(f"{partition} was revoked mid-commit") from None
@@ -312,8 +330,8 @@ class PartitionProducers:
             raise
         except Exception as exc:  # sent, no answer: outcome unknown
             raise Unanswered(f"the commit raised {exc!r}", mark, written) from exc
-        if breaks() != before:
-            raise Unanswered("its connection broke during the commit", mark, written)
+        if breaks() != before:  # the broker answered: the commit is its, the messages?
+            raise Unanswered("its connection broke during the commit", mark, written, answered=True)
 
     async def _target(self, producer, send: Send, partition: TopicPartition) -> int | None:
         """The partition `send` goes to: its own, else (co-partitioned) the one of its topic
@@ -323,23 +341,29 @@ class PartitionProducers:
         numbers = sorted(await producer.partitions_for(send.topic))
         return numbers[partition.partition % len(numbers)]
 
-    async def _settle(self, partition, producer, cut: Unanswered) -> Outcome:
+    async def _settle(self, partition, producer, lock, cut: Unanswered) -> Outcome:
         """After `Unanswered`: what became of the transaction, from the broker's record
-        (`find_outcome`). The producer is renewed either way: a new one under the id
-        aborts whatever the cut one left open."""
+        (`find_outcome`). The producer is renewed first: a new one under the id waits
+        for the cut transaction to end (its markers, the offset commit's among them,
+        written) or aborts it, so the record read after is final, and no transaction of
+        ours holds the partitions the messages are looked up in."""
         log.warning("transaction for %s: %s; finding out whether it landed", partition, cut)
+        await self._renew(partition, producer, lock)
         try:
-            outcome = await find_outcome(
+            return await find_outcome(
                 self._bootstrap, self._group, partition, cut.mark, cut.written,
-                lambda: partition in self._locks, self._security, self._backoff,
+                lambda: self._locks.get(partition) is lock, self._security, self._backoff,
+                answered=cut.answered,
             )  # fmt: skip
-        except Gone as exc:
-            await self._drop(partition, producer)
+        except Gone as exc:  # revoked, or committed past by another owner: a zombie's
+            current = self._producers.get(partition)
+            if current is not None:
+                await self._drop(partition, current)
+            if self._locks.get(partition) is lock:  # still ours, as far as we know
+                self._on_fenced(partition)  # the group decides (`rejoin`)
             raise Fenced(str(exc)) from exc
-        await self._renew(partition, producer)
-        return outcome
 
-    async def _renew(self, partition, producer) -> None:
+    async def _renew(self, partition, producer, lock) -> None:
         """Replace a producer whose transaction failed: the new one, same id, aborts it.
         Not once the partition is revoked (the new owner's producer would be fenced)."""
         if self._producers.get(partition) is not producer:
@@ -347,8 +371,7 @@ class PartitionProducers:
         del self._producers[partition]
         self._breaks.pop(producer, None)
         await stop_producer(producer)
-        if partition in self._locks:  # still assigned
-            await self._open(partition)
+        await self._open(partition, lock)  # nothing, once revoked
 
     async def _drop(self, partition, producer) -> None:
         if self._producers.get(partition) is producer:

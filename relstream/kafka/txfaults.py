@@ -37,10 +37,13 @@ class BrokerLost(Exception):
 class Unanswered(Exception):
     """The commit was sent and its answer lost: its outcome is to be found out."""
 
-    def __init__(self, why: str, mark: tuple[int, str], written: list[Written]) -> None:
+    def __init__(
+        self, why: str, mark: tuple[int, str], written: list[Written], answered: bool = False
+    ) -> None:
         super().__init__(why)
         self.mark = mark
         self.written = written
+        self.answered = answered  # the commit returned: only its messages are in doubt
 
 
 def count_breaks(producer: AIOKafkaProducer) -> Callable[[], int]:

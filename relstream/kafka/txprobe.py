@@ -48,6 +48,7 @@ async def has_transactions(
     with the id `{group}.probe` is started and stopped. Asked until the broker answers
     (each try waits `probe_s`; a line is logged after each unanswered one): only a
     refusal says it has none."""
+    said = None  # when the last warning was logged
     while True:
         producer = new_producer(bootstrap, security, transactional_id=f"{group}.probe")
         try:
@@ -62,9 +63,12 @@ async def has_transactions(
             why = repr(exc)
         finally:
             await stop_producer(producer)
-        log.warning(
-            "cannot tell yet whether the broker at %s has transactions (%s): waiting for "
-            "its answer before serving, rather than run at least once in a group that may "
-            "commit exactly once", bootstrap, why,
-        )  # fmt: skip
+        now = asyncio.get_running_loop().time()
+        if said is None or now - said >= probe_s:
+            said = now
+            log.warning(
+                "cannot tell yet whether the broker at %s has transactions (%s): waiting "
+                "for its answer before serving, rather than run at least once in a group "
+                "that may commit exactly once", bootstrap, why,
+            )  # fmt: skip
         await asyncio.sleep(RETRY_S)

@@ -8,17 +8,21 @@ every engine of the group (transactional id `<group>.control.<topic>.<partition>
 offsets under the group `<group>.control`): an engine opens that producer, which fences
 whichever other engine held it, reads the committed offset (final after the fencing),
 and letters the message only if the offset is not past it. Of two engines at once, one
-commits and the other is fenced or finds it committed; an engine started again finds it
+commits and the other is fenced or finds it committed; fenced, it looks again after a
+backoff (the other may die before its commit); an engine started again finds it
 committed. Without transactions (Tansu) each engine letters it, at least once, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 
 from aiokafka import TopicPartition
 
 from relstream.kafka.delivery import (
+    Backoff,
     Refused,
     Send,
     dead_letter_of,
@@ -47,6 +51,15 @@ class ControlLetters:
         engine, or before a restart)."""
         if not self._transactions:
             return await send_dead_letter(self._producer, topic, message, reason, stalled)
+        backoff = Backoff()
+        for tries in itertools.count(1):
+            try:
+                return await self._once(message, topic, reason, stalled)
+            except Fenced:  # another engine took the id: letters it, or dies first
+                await asyncio.sleep(backoff.after(tries))  # then its mark is read again
+        raise AssertionError("unreachable")
+
+    async def _once(self, message, topic: str, reason: str, stalled) -> bool | None:
         config = self._config
         partition = TopicPartition(message.topic, message.partition)
         producers = PartitionProducers(
@@ -71,7 +84,5 @@ class ControlLetters:
             letter_lost(letter, refusal)
             await producers.transact(partition, [], done, stalled)
             return False
-        except Fenced:  # another engine letters it
-            return None
         finally:
             await producers.close_all()

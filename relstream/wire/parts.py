@@ -48,7 +48,9 @@ def split_result(
 # Results read after a set's last part, beyond which the set is taken as stale: one
 # engine publishes a result's parts back to back, so a set waiting this long will not
 # be completed (its writer died between parts and the relQuery was answered another way).
-STALE_AFTER = 10_000
+# Counted over every partition a reader reads: between two ~1 MiB parts of one partition
+# it may read thousands of small results of others, so the bound is wide.
+STALE_AFTER = 100_000
 
 
 @dataclass
