@@ -290,22 +290,36 @@ class _Drill:
 
     async def _later(self, fault: Fault, name: str, command: list[str], began: float) -> None:
         """Start `name` again `dead_s` after its kill, with the same command, once the
-        broker answers: an engine started while its broker is out gives up after
-        `BROKER_CHECK_S` (a wrong address is said at once), and a supervisor would start
-        it again; the drill starts it when that would succeed."""
+        broker answers, as a supervisor would: an engine that finds its broker out gives
+        up after `BROKER_CHECK_S` (a wrong address is said at once), and one that exits so
+        is started again (three times at most)."""
         await asyncio.sleep(self.settings.dead_s)
         waited = time.monotonic()
+        for _start in range(3):
+            await self._broker_answers()
+            if _start == 0 and (took := time.monotonic() - waited) > 1.0:
+                fault.note = f"after {took:.1f} s more for the broker to answer"
+            fault.started_s = time.monotonic() - began
+            process = self.fleet.start(name, command)
+            self._started(fault, name, process)
+            deadline = time.monotonic() + self.settings.serve_within
+            while process.poll() is None and not self.fleet.ready(name).exists():
+                if time.monotonic() > deadline:
+                    return
+                await asyncio.sleep(0.2)
+            if process.poll() is None:
+                return
+            fault.note += f"; exited ({_last_error(self.fleet.log(name))[:80]}), started again"
+
+    async def _broker_answers(self) -> None:
+        """Until the broker answers a metadata request (neither down nor stalled)."""
         while True:
             try:
                 async with asyncio.timeout(2.0):
                     await metadata_ok(self.broker.bootstrap)
-                break
+                return
             except Exception:  # down or stalled
                 await asyncio.sleep(0.5)
-        if (waited := time.monotonic() - waited) > 1.0:
-            fault.note = f"after {waited:.1f} s more for the broker to answer"
-        fault.started_s = time.monotonic() - began
-        self._started(fault, name, self.fleet.start(name, command))
 
     async def _network(self, fault: Fault, kind: str) -> None:
         """A fault of the connections (`netfaults`): resets of every process's, a stall
