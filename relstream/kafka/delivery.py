@@ -20,7 +20,7 @@ import asyncio
 import logging
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -217,9 +217,26 @@ async def send_letter(
     at error on "relstream.deadletters" (the first of each kind, outside the outage rate
     limit). Nothing a producer sends may stop the process that reads it, and a letter
     that can never be written would hold its partition for ever."""
+
+    async def publish(sends: list[Send]) -> None:
+        await publish_sends(producer, sends, stalled)
+
+    return await publish_letter(letter, what, topic, publish)
+
+
+async def publish_letter(
+    letter: DeadLetterMessage,
+    what: str,
+    topic: str,
+    publish: Callable[[list[Send]], Awaitable[None]],
+) -> bool:
+    """`letter` to `topic` by `publish([send])` (a plain producer's, or a transaction's
+    with its offset): True once published. Refused for good, it is published once more
+    without the original's bytes (`letter_tries`); False, counted (`letter_lost`), if that
+    is refused too. One rule for every dead letter, whoever publishes it."""
     for sent, named in letter_tries(letter, what):
         try:
-            await publish_acked(producer, topic, encode(sent), sent.key, named, stalled)
+            await publish([Send(topic, encode(sent), sent.key, named)])
             return True
         except Refused as exc:
             refusal = exc

@@ -33,11 +33,9 @@ from aiokafka import TopicPartition
 
 from relstream.kafka.clients import commit_assigned
 from relstream.kafka.delivery import (
-    Refused,
     Send,
     dead_letter_of,
-    letter_lost,
-    letter_tries,
+    publish_letter,
     publish_sends,
     send_dead_letter,
 )
@@ -45,7 +43,6 @@ from relstream.kafka.transactions import PartitionProducers, rejoin
 from relstream.kafka.txfaults import Fenced
 from relstream.kafka.txprobe import has_transactions
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
-from relstream.wire import encode
 
 log = logging.getLogger("relstream.engine")
 
@@ -146,16 +143,14 @@ class ExactlyOnce:
         may hold a partition for ever. None if the partition is no longer ours."""
         partition = TopicPartition(message.topic, message.partition)
         letter, what = dead_letter_of(message, reason)
+
+        async def publish(sends: list[Send]) -> None:
+            await self._publish(partition, message.offset, sends, stalled)
+
         try:
-            for sent, named in letter_tries(letter, what):
-                try:
-                    sends = [Send(topic, encode(sent), sent.key, named)]
-                    await self._publish(partition, message.offset, sends, stalled)
-                    return True
-                except Refused as exc:
-                    refusal = exc
-            letter_lost(letter, refusal)
-            await self._publish(partition, message.offset, [], stalled)
+            if await publish_letter(letter, what, topic, publish):
+                return True
+            await publish([])  # refused for good: the offset goes on without it
             return False
         except Fenced as exc:
             log.info("left %s to its partition's new owner (%s)", what, exc)

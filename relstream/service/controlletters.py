@@ -23,16 +23,13 @@ from aiokafka import TopicPartition
 
 from relstream.kafka.delivery import (
     Backoff,
-    Refused,
     Send,
     dead_letter_of,
-    letter_lost,
-    letter_tries,
+    publish_letter,
     send_dead_letter,
 )
 from relstream.kafka.transactions import PartitionProducers
 from relstream.kafka.txfaults import Fenced
-from relstream.wire import encode
 
 log = logging.getLogger("relstream.engine")
 
@@ -72,17 +69,15 @@ class ControlLetters:
             if mark is not None and mark.offset > message.offset:
                 return None
             letter, what = dead_letter_of(message, reason)
-            done = lambda: (message.offset + 1, "")  # noqa: E731
-            for sent, named in letter_tries(letter, what):
-                try:
-                    await producers.transact(
-                        partition, [Send(topic, encode(sent), sent.key, named)], done, stalled
-                    )
-                    return True
-                except Refused as exc:
-                    refusal = exc
-            letter_lost(letter, refusal)
-            await producers.transact(partition, [], done, stalled)
+
+            async def publish(sends: list[Send]) -> None:
+                await producers.transact(
+                    partition, sends, lambda: (message.offset + 1, ""), stalled
+                )
+
+            if await publish_letter(letter, what, topic, publish):
+                return True
+            await publish([])  # refused for good: the offset goes on without it
             return False
         finally:
             await producers.close_all()
