@@ -110,16 +110,21 @@ async def find_outcome(
             await asyncio.sleep(wait)
 
 
-async def _committed_mark(
-    bootstrap: str, security: KafkaSecurity, group: str, partition: TopicPartition
-) -> tuple[int, str] | None:
+async def group_marks(bootstrap: str, security: KafkaSecurity, group: str, partitions) -> dict:
+    """The group's committed offsets and metadata of `partitions`, asked once by an admin
+    client of its own (the take-over's read and the outcome's are the same)."""
     admin = new_admin(bootstrap, security)
     try:
         await admin.start()
-        marks = await admin.list_consumer_group_offsets(group, partitions=[partition])
+        return await admin.list_consumer_group_offsets(group, partitions=list(partitions))
     finally:
         await admin.close()
-    mark = marks.get(partition)
+
+
+async def _committed_mark(
+    bootstrap: str, security: KafkaSecurity, group: str, partition: TopicPartition
+) -> tuple[int, str] | None:
+    mark = (await group_marks(bootstrap, security, group, [partition])).get(partition)
     if mark is None or mark.offset < 0:
         return None
     return mark.offset, mark.metadata or ""

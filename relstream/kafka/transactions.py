@@ -34,9 +34,9 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
 
-from relstream.kafka.clients import new_admin, new_producer
+from relstream.kafka.clients import new_producer
 from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send
-from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome
+from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome, group_marks
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.txfaults import BrokerLost, Fenced, Unanswered, count_breaks, refusal
 from relstream.kafka.txprobe import STOP_S, stop_producer
@@ -125,10 +125,8 @@ class PartitionProducers:
         would be read from the consumer's own position, its answered work done again."""
         tries = 0
         while True:
-            admin = new_admin(self._bootstrap, self._security)
             try:
-                await admin.start()
-                return await admin.list_consumer_group_offsets(self._group, partitions=partitions)
+                return await group_marks(self._bootstrap, self._security, self._group, partitions)
             except Exception as exc:  # the broker did not answer: the partitions stay paused
                 if not set(partitions) & assigned():
                     return {}
@@ -139,8 +137,6 @@ class PartitionProducers:
                     sorted(p.partition for p in partitions), exc, wait,
                 )  # fmt: skip
                 await asyncio.sleep(wait)
-            finally:
-                await admin.close()
 
     async def open(self, partitions) -> None:
         """Start the producers of newly assigned `partitions`. Each start fences the

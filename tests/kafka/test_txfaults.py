@@ -228,7 +228,7 @@ def test_a_take_over_that_cannot_read_its_offsets_asks_again_and_seeks_them(
     # the partition paused meanwhile, and seeks to the committed mark (on 7c0b11f the
     # error escaped into aiokafka's callback, which only logs it, and the partition
     # resumed from the consumer's own position: answered work done again).
-    import relstream.kafka.transactions as transactions
+    import relstream.kafka.outcome as outcome
 
     admins = []
 
@@ -241,7 +241,7 @@ def test_a_take_over_that_cannot_read_its_offsets_asks_again_and_seeks_them(
         first, partition = await opened(default_broker.bootstrap, topics, group)
         await first.transact(partition, [], lambda: (3, ""))
         await first.close_all()
-        monkeypatch.setattr(transactions, "new_admin", flaky_admin)
+        monkeypatch.setattr(outcome, "new_admin", flaky_admin)
         second = PartitionProducers(default_broker.bootstrap, group, backoff=Backoff(0.1))
         consumer = new_consumer(default_broker.bootstrap, group_id=group)
         await consumer.start()
