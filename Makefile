@@ -23,11 +23,12 @@ $(STREAM_STAMP): pyproject.toml
 
 $(STAMP): pyproject.toml
 	# Debian packages: tcmalloc for vLLM's CPU build, PostgreSQL for the connector tests,
-	# kcat for the wire-format page's librdkafka commands (tests/service/test_wire_clients.py).
+	# kcat for the wire-format page's librdkafka commands (tests/service/test_wire_clients.py),
+	# iproute2's ss for the connection resets (tests/kafka/test_txfaults.py, drill crash).
 	test -e $(TCMALLOC) && (command -v initdb || ls /usr/lib/postgresql/*/bin/initdb) >/dev/null \
-		&& command -v kcat >/dev/null \
-		|| apt-get install -y -q libtcmalloc-minimal4 postgresql kcat \
-		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql kcat)
+		&& command -v kcat >/dev/null && command -v ss >/dev/null \
+		|| apt-get install -y -q libtcmalloc-minimal4 postgresql kcat iproute2 \
+		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql kcat iproute2)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# Everything the tests, the demo and the benchmarks use: the engine (cpu), the embedded
