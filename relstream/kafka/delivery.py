@@ -20,11 +20,10 @@ import asyncio
 import logging
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import msgspec
-from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
@@ -32,10 +31,7 @@ from aiokafka.errors import (
     KafkaUnavailableError,
 )
 
-from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
 from relstream.kafka.loglimit import InOurWords, RateLimited
-from relstream.wire import DeadLetterMessage, encode
-from relstream.wire.convert import dead_letter_message
 
 log = logging.getLogger("relstream.kafka.delivery")
 
@@ -185,100 +181,6 @@ async def publish_best_effort(
 def _drop(topic: str, exc: BaseException) -> None:
     DROPPED[topic] += 1
     log.warning("could not publish to %s (%r); dropped (%d so far)", topic, exc, DROPPED[topic])
-
-
-async def send_dead_letter(
-    producer: AIOKafkaProducer,
-    topic: str,
-    record: ConsumerRecord,
-    reason: str,
-    stalled: Callable[[], None] = lambda: None,
-) -> bool:
-    """The dead letter of a consumed `record`, its bytes cut to fit under the request
-    limit, sent to `topic` until the broker has it (`send_letter`): True then, False if
-    the broker refuses it for good."""
-    letter, what = dead_letter_of(record, reason)
-    return await send_letter(producer, topic, letter, what, stalled)
-
-
-async def send_letter(
-    producer: AIOKafkaProducer,
-    topic: str,
-    letter: DeadLetterMessage,
-    what: str,
-    stalled: Callable[[], None] = lambda: None,
-) -> bool:
-    """`letter` sent to `topic` until the broker has it: True then.
-
-    A letter the broker refuses for good is sent once more without the original's bytes
-    (it still names the original's topic, partition and offset, where the bytes can be
-    read again while the topic keeps them, and their size and digest). If that too is
-    refused, False: the loss is counted in `LOST_LETTERS` by the refusal's kind and logged
-    at error on "relstream.deadletters" (the first of each kind, outside the outage rate
-    limit). Nothing a producer sends may stop the process that reads it, and a letter
-    that can never be written would hold its partition for ever."""
-
-    async def publish(sends: list[Send]) -> None:
-        await publish_sends(producer, sends, stalled)
-
-    return await publish_letter(letter, what, topic, publish)
-
-
-async def publish_letter(
-    letter: DeadLetterMessage,
-    what: str,
-    topic: str,
-    publish: Callable[[list[Send]], Awaitable[None]],
-) -> bool:
-    """`letter` to `topic` by `publish([send])` (a plain producer's, or a transaction's
-    with its offset): True once published. Refused for good, it is published once more
-    without the original's bytes (`letter_tries`); False, counted (`letter_lost`), if that
-    is refused too. One rule for every dead letter, whoever publishes it."""
-    for sent, named in letter_tries(letter, what):
-        try:
-            await publish([Send(topic, encode(sent), sent.key, named)])
-            return True
-        except Refused as exc:
-            refusal = exc
-    letter_lost(letter, refusal)
-    return False
-
-
-def letter_tries(letter: DeadLetterMessage, what: str) -> list[tuple[DeadLetterMessage, str]]:
-    """The letter, then the same without the original's bytes, each with its log name."""
-    bare = msgspec.structs.replace(letter, original=b"", truncated=letter.original_size > 0)
-    return [(letter, what), (bare, f"{what} (without its bytes)")]
-
-
-def letter_lost(letter: DeadLetterMessage, refusal: Refused) -> None:
-    """Count (and the first of its kind, log) a letter the broker refused in every form."""
-    kind = type(refusal.__cause__ or refusal).__name__
-    LOST_LETTERS[kind] += 1
-    if LOST_LETTERS[kind] == 1:
-        where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
-        lost.error("%s; the dead letter of %s (%s) is lost, its offset committed; "
-                   "further losses of this kind are counted, not logged",
-                   refusal, where, letter.reason)  # fmt: skip
-
-
-LOST_LETTERS: Counter[str] = Counter()  # dead letters the broker refused for good, by kind
-lost = logging.getLogger("relstream.deadletters")
-
-
-def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[DeadLetterMessage, str]:
-    """The dead letter of a consumed `record` (its bytes cut to fit under the request
-    limit), and how log lines name it."""
-    letter = dead_letter_message(
-        record.value,
-        record.topic,
-        record.partition,
-        record.offset,
-        reason,
-        record.key,
-        DEAD_LETTER_ORIGINAL_BYTES,
-    )
-    what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
-    return letter, what
 
 
 _QUIET = "relstream-outage-handler"

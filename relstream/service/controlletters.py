@@ -21,13 +21,9 @@ import logging
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.delivery import (
-    Backoff,
-    Send,
-    dead_letter_of,
-    publish_letter,
-    send_dead_letter,
-)
+from relstream.kafka.delivery import Backoff
+from relstream.kafka.letters import dead_letter_of, letter_part, send_dead_letter
+from relstream.kafka.outputs import Transacted
 from relstream.kafka.transactions import PartitionProducers
 from relstream.kafka.txfaults import Fenced
 
@@ -69,15 +65,10 @@ class ControlLetters:
             if mark is not None and mark.offset > message.offset:
                 return None
             letter, what = dead_letter_of(message, reason)
-
-            async def publish(sends: list[Send]) -> None:
-                await producers.transact(
-                    partition, sends, lambda: (message.offset + 1, ""), stalled
-                )
-
-            if await publish_letter(letter, what, topic, publish):
-                return True
-            await publish([])  # refused for good: the offset goes on without it
-            return False
+            gone: list[int] = []  # refused for good: the offset goes on without it
+            part = letter_part(topic, letter, what, lambda: gone.append(1))
+            next_offset = (message.offset + 1, "")
+            await Transacted(producers).deliver(partition, [part], lambda: next_offset, stalled)
+            return not gone
         finally:
             await producers.close_all()

@@ -38,25 +38,19 @@ import time
 from dataclasses import dataclass
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
-from relstream.kafka.clients import (
-    RevocationListener,
-    new_consumer,
-    new_producer,
-)
-from relstream.kafka.delivery import (
-    Refused,
-    Send,
-    publish_best_effort,
-    send_dead_letter,
-)
+from relstream.kafka.clients import RevocationListener, new_consumer, new_producer
+from relstream.kafka.delivery import Refused, publish_best_effort
+from relstream.kafka.letters import Part, dead_letter_of, letter_part, send_dead_letter
 from relstream.kafka.membership import start_waiting, stop_leaving
+from relstream.kafka.outputs import open_outputs
+from relstream.kafka.transactions import rejoin
 from relstream.model import RelQuery, RelQueryResult, with_queued
 from relstream.placement.reports import report_load
 from relstream.ready import mark_ready_when
 from relstream.service import backlog, offloop
 from relstream.service.answercache import start_answer_topic
 from relstream.service.backlog import LettersInFlight, RowBudget
-from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced
+from relstream.service.commits import AtLeastOnce, ExactlyOnce, Fenced, result_parts
 from relstream.service.config import ServiceConfig
 from relstream.service.control import Cancels, follow_control, record_time
 from relstream.service.controlletters import ControlLetters
@@ -118,10 +112,16 @@ class KafkaService:
             group_id=config.group_id,
             group_instance_id=config.instance_id,  # a restart takes its partitions back
         )
-        self._commits = await ExactlyOnce.start(config, self._book) or AtLeastOnce(
-            self._book, self._producer, config.stall_s
-        )
-        exactly_once = isinstance(self._commits, ExactlyOnce)
+        outputs = await open_outputs(
+            "engine", "results", bootstrap=config.bootstrap, group=config.group_id,
+            security=config.security, producer=self._producer,
+            transactions=config.transactions, stall_s=config.stall_s,
+            on_fenced=lambda partition: rejoin(self._consumer, partition),  # the group decides
+            co_partition=True,  # a dead engine's open transaction stalls its partitions only
+            log=log,
+        )  # fmt: skip
+        exactly_once = outputs.exactly_once
+        self._commits = (ExactlyOnce if exactly_once else AtLeastOnce)(outputs, self._book)
         self._control_letters = ControlLetters(config, self._producer, exactly_once)
         rebalances = RevocationListener(self._on_revoked, self._on_assigned)  # `joined`
         self._consumer.subscribe([self.config.topics.relqueries], listener=rebalances)
@@ -279,19 +279,21 @@ class KafkaService:
             await self._dead_letter(work.message, result, stalled)
             return
         relquery = work.relquery
-        key = relquery.id.encode()
         # A result of any size reaches the user: in parts under the request limit.
-        parts = await offloop.result_parts(result, work.result_format)
+        chunks = await offloop.result_parts(result, work.result_format)
         headers = headers_for(work.result_format)
-        sends = [
-            Send(self.config.topics.results, part, key,
-                 f"the result of {relquery.id} (part {index + 1} of {len(parts)})", headers)
-            for index, part in enumerate(parts)
-        ]  # fmt: skip
-        try:
-            await self._commits.publish(work.partition, work.message, sends, stalled)
-        except Refused as exc:
-            await self._dead_letter(work.message, f"its result was refused: {exc}", stalled)
+        refused: list[Refused] = []
+        lost: list[int] = []
+
+        def instead(refusal: Refused) -> list[Part]:  # the whole result: its letter
+            refused.append(refusal)
+            reason = f"its result was refused: {refusal}"
+            return [self._letter_part(work.message, reason, lambda: lost.append(1))]
+
+        parts = result_parts(self.config.topics.results, relquery.id, chunks, headers, instead)
+        await self._commits.publish(work.partition, work.message, parts, stalled)
+        if refused:  # dead-lettered instead
+            (self.metrics.dead_letter_failures if lost else self.metrics.dead_letters).inc()
             return
         metrics = await offloop.metrics_of(result, self.engine_name)
         await self._publish_best_effort(self.config.topics.metrics, relquery.id, metrics)
@@ -361,6 +363,15 @@ class KafkaService:
             self.metrics.dead_letters.inc()
         elif delivered is not None:  # None: its partition moved, the new owner letters it
             self.metrics.dead_letter_failures.inc()
+
+    def _letter_part(self, message, reason: str, on_lost) -> Part:
+        """The dead letter of a relQuery whose result the broker refused for good, in its
+        result's stead."""
+        log.warning(
+            "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
+        )
+        letter, what = dead_letter_of(message, reason)
+        return letter_part(self.config.topics.deadletter, letter, what, on_lost)
 
     async def _publish_best_effort(
         self, topic: str, key: str, payload: Message, fmt: Format = "msgpack"

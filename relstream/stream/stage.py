@@ -15,9 +15,10 @@ Each registration reads with its own consumer group, so registrations over one t
 their own offsets.
 
 Where the broker has transactions (found at start) the above is exactly once instead:
-each rows partition's windows, dead letters and offset commit go in one transaction
-(`transacted`), and a replacement fences a killed worker and resumes from its commit.
-Without them (Tansu) the stage says so once and runs at least once as described.
+each rows partition's windows, dead letters and offset commit go in one transaction, and
+a replacement fences a killed worker and resumes from its commit. Without them (Tansu)
+the stage says so once and runs at least once as described. Both through the one
+delivery layer the engine uses too (`kafka.outputs`, `commits`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
@@ -39,29 +40,18 @@ from relstream.kafka.clients import (
     new_producer,
     portable_session,
 )
-from relstream.kafka.delivery import (
-    Refused,
-    Send,
-    publish_acked,
-    send_dead_letter,
-    send_letter,
-)
+from relstream.kafka.delivery import Refused, Send
+from relstream.kafka.letters import Part
 from relstream.kafka.limits import message_limit
 from relstream.kafka.membership import start_waiting, stop_leaving
+from relstream.kafka.outputs import open_outputs
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import PartitionProducers, rejoin
-from relstream.kafka.txprobe import has_transactions
+from relstream.kafka.transactions import rejoin
 from relstream.placement.book import Demand, demand_of
 from relstream.placement.readers import AsyncLoadReader
+from relstream.stream.commits import WindowCommits, commit_all, row_letters
 from relstream.stream.registrations import QueryRegistration
-from relstream.stream.transacted import (
-    Part,
-    WindowTransactions,
-    commit_all,
-    letter_part,
-    row_letters,
-)
 from relstream.stream.windowing import (
     PartitionWindows,
     RowRejection,
@@ -88,7 +78,7 @@ class StageSettings:
     # relqueries topic's limit, asked of the broker at start (`kafka.limits`).
     message_bytes: int | None = None
     instance_id: str | None = None  # its static member id in the group (None: dynamic)
-    transactions: bool = True  # exactly once where the broker has them (`transacted`)
+    transactions: bool = True  # exactly once where the broker has them (`kafka.outputs`)
 
 
 class WindowStage:
@@ -105,9 +95,9 @@ class WindowStage:
         self._committed: dict[TopicPartition, int] = {}
         # At least once only: per partition, windows published and not yet committed past
         # (`Window.start` -> last offset), kept across a rebalance so a replay cuts them the same
-        # (`windowing`). With transactions nothing uncommitted is visible (`transacted`).
+        # (`windowing`). With transactions nothing uncommitted is visible (`commits`).
         self._published: dict[int, dict[tuple[int, int], int]] = {}
-        self._tx: WindowTransactions | None = None  # exactly once, where the broker can
+        self._commits: WindowCommits  # exactly once or at least once (`_choose_delivery`)
         self._rebalances = RevocationListener(self._forget, self._assigned)
         self.ready = self._rebalances.joined  # set once it has joined its group
 
@@ -145,50 +135,37 @@ class WindowStage:
                 await self._step()
         finally:
             await stop_leaving(self._consumer)  # its partitions move at once
+            await self._commits.outputs.stop()
             await self._producer.stop()
-            if self._tx is not None:
-                await self._tx.producers.close_all()
 
     async def _choose_delivery(self) -> None:
-        """Exactly once (`transacted`) where the broker has transactions, else at least
-        once, said once in the log."""
-        settings, name = self.settings, self.registration.name
-        if not settings.transactions:
-            log.info("query %s: transactions off: at least once (relQueries keyed by id)", name)
-            return
-        ok, why = await has_transactions(settings.bootstrap, settings.group, settings.security)
-        if not ok:
-            log.warning(
-                "query %s: the broker has no transactions (%s): at least once, a window may "
-                "be published twice after a crash (relQueries keyed by window id)", name, why,
-            )  # fmt: skip
-            return
-        producers = PartitionProducers(
-            settings.bootstrap, settings.group, settings.security,
+        """Exactly once where the broker has transactions, else at least once, said once
+        in the log (`kafka.outputs`)."""
+        settings = self.settings
+        outputs = await open_outputs(
+            f"query {self.registration.name}", "windows",
+            bootstrap=settings.bootstrap, group=settings.group, security=settings.security,
+            producer=self._producer, transactions=settings.transactions,
             on_fenced=lambda partition: rejoin(self._consumer, partition),  # zombie: ask again
+            log=log,
         )  # fmt: skip
-        self._tx = WindowTransactions(producers, settings.topics.deadletter)
-        log.info("query %s: exactly once: windows and their offsets in one transaction", name)
+        self._commits = WindowCommits(outputs, settings.topics.deadletter)
 
     async def _step(self) -> None:
         batches = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=BATCH_RECORDS)
-        sends: list[Callable[[Callable[[], None]], Awaitable[object]]] = []
         closed: list[Window] = []
         rejected: list[str] = []
-        tx = self._tx
+        commits = self._commits
         for partition, records in batches.items():
-            if tx is not None and tx.producers.settling(partition):  # sought once fenced
+            if commits.outputs.settling(partition):  # sought once fenced
                 continue
             cutter = self._cutter(partition)
             for record in records:
                 checked = cutter.check(record.value, record.headers)
                 row = size = None
                 if isinstance(checked, RowRejection):
-                    if tx is not None:  # sent with the commit that passes it
-                        tx.hold(partition, record, checked.reason)
-                    else:
-                        sends.append(self._dead_letter(record, checked.reason))
-                    rejected.append(checked.reason)
+                    commits.hold(partition, record, checked.reason)  # sent with the commit
+                    rejected.append(checked.reason)  # that passes it
                 else:
                     row, size = checked
                 stamp = record.timestamp / 1000 if record.timestamp >= 0 else time.time()
@@ -201,23 +178,7 @@ class WindowStage:
             if expired is not None:
                 closed.append(expired)
         self._log_rejected(rejected)
-        if tx is not None:
-            await self._transact(closed)
-            return
-        published = self._published
-        for window in closed:
-            if published.get(window.partition, {}).get(window.start) != window.last_offset:
-                sends.append(await self._publish(window))
-            else:  # a replay of a window already on the broker, cut the same
-                name = f"{self.registration.name}-{window.window_id}"
-                log.info("window %s: replayed as published, not sent again", name)
-        if sends:
-            with self._holding(len(sends)) as stalled:
-                # every relQuery and dead letter is on the broker before the commit
-                await asyncio.gather(*(send(stalled) for send in sends))
-        for window in closed:
-            published.setdefault(window.partition, {})[window.start] = window.last_offset
-        await self._commit()
+        await self._deliver(closed)
 
     async def _read_to_end(self, partition: TopicPartition) -> bool:
         """Whether `partition` was read up to the end its last fetch saw: only then may
@@ -244,36 +205,47 @@ class WindowStage:
                 rejected[0],
             )
 
-    async def _transact(self, closed: list[Window]) -> None:
-        """Per partition, one transaction: its closed windows' relQueries, the held dead
-        letters the commit passes, and the commit (`transacted`)."""
+    async def _deliver(self, closed: list[Window]) -> None:
+        """Per partition, its closed windows' relQueries, the held dead letters the commit
+        passes, and the commit: one transaction, or (at least once) each sent until the
+        broker has it and then the consumer's commit (`commits`)."""
         rows_topic = self.settings.topics.rows(self.registration.table)
+        exactly_once = self._commits.outputs.exactly_once
         windows: dict[TopicPartition, list[Part]] = {}
         for window in closed:
+            sent = self._published.get(window.partition, {}).get(window.start)
+            if not exactly_once and sent == window.last_offset:  # a replay, cut the same
+                name = f"{self.registration.name}-{window.window_id}"
+                log.info("window %s: replayed as published, not sent again", name)
+                continue
             part = await self._window_part(window)
             windows.setdefault(TopicPartition(rows_topic, window.partition), []).append(part)
-        with self._holding(len(closed) + self._tx.held()) as stalled:
-            fenced = await commit_all(self._tx, self._cutters, windows, stalled)
+        with self._holding(len(closed) + self._commits.held()) as stalled:
+            fenced = await commit_all(self._commits, self._cutters, windows, stalled)
         for partition in fenced:
             self._cutters.pop(partition, None)
+        if not exactly_once:
+            for window in closed:
+                self._published.setdefault(window.partition, {})[window.start] = window.last_offset
+            await self._commit()
 
     async def _window_part(self, window: Window) -> Part:
-        """The window's relQuery in a transaction; refused for good, its rows' letters."""
+        """The window's relQuery; refused for good, its rows' letters."""
         send = await self._relquery(window)
         rows_topic = self.settings.topics.rows(self.registration.table)
         topic = self.settings.topics.deadletter
 
         def instead(refusal: Refused) -> list[Part]:
             log.error("%s; its %d rows are dead-lettered", refusal, len(window.rows))
-            letters = row_letters(window, rows_topic, str(refusal))
-            return [letter_part(topic, letter, what) for letter, what in letters]
+            return row_letters(window, rows_topic, topic, str(refusal))
 
         return Part(send, instead)
 
     def _cutter(self, partition: TopicPartition) -> PartitionWindows:
         cutter = self._cutters.get(partition)
         if cutter is None:
-            published = {} if self._tx else self._published.setdefault(partition.partition, {})
+            exactly_once = self._commits.outputs.exactly_once
+            published = {} if exactly_once else self._published.setdefault(partition.partition, {})
             cutter = self._cutters[partition] = PartitionWindows(
                 self.registration, partition.partition, published, self._message_bytes
             )
@@ -290,38 +262,6 @@ class WindowStage:
         partition = None if demand is None else self.placer.place(demand)
         topic, key = self.settings.topics.relqueries, message.id.encode()
         return Send(topic, value, key, f"relQuery {message.id}", partition=partition)
-
-    async def _publish(self, window: Window) -> Callable[[Callable[[], None]], Awaitable[int]]:
-        """The window's relQuery, to send until the broker has it (`publish_acked`)."""
-        s = await self._relquery(window)
-
-        async def send(stalled: Callable[[], None]) -> int:
-            try:
-                return await publish_acked(
-                    self._producer, s.topic, s.value, s.key, s.what, stalled, partition=s.partition
-                )
-            except Refused as exc:  # for good: its rows are dead-lettered, the stage goes on
-                await self._dead_letter_rows(window, str(exc), stalled)
-                return 0
-
-        return send
-
-    async def _dead_letter_rows(self, window: Window, reason: str, stalled) -> None:
-        """A dead letter for each row of a window whose relQuery the broker refused for
-        good, naming the row; its original is the row as decoded, in msgpack."""
-        log.error("%s; its %d rows are dead-lettered", reason, len(window.rows))
-        rows_topic = self.settings.topics.rows(self.registration.table)
-        topic = self.settings.topics.deadletter
-        letters = row_letters(window, rows_topic, reason)
-        await asyncio.gather(
-            *(send_letter(self._producer, topic, letter, what, stalled) for letter, what in letters)
-        )
-
-    def _dead_letter(self, record, reason: str) -> Callable[[Callable[[], None]], Awaitable]:
-        """The row's dead letter, to send until the broker has it (`send_dead_letter`): a
-        bad row never stops the worker."""
-        topic = self.settings.topics.deadletter
-        return lambda stalled: send_dead_letter(self._producer, topic, record, reason, stalled)
 
     @contextlib.contextmanager
     def _holding(self, held: int) -> Iterator[Callable[[], None]]:
@@ -373,16 +313,13 @@ class WindowStage:
         for partition in revoked:
             self._cutters.pop(partition, None)
             self._committed.pop(partition, None)
-            if self._tx is not None:
-                self._tx.forget(partition)
-        if self._tx is not None:
-            await self._tx.producers.close(revoked)
+            self._commits.forget(partition)
+        await self._commits.outputs.revoked(revoked)
 
     async def _assigned(self, assigned: set) -> None:
         """With transactions: fence the partitions' previous owners, then seek each to its
         committed offset (`PartitionProducers.take_over`)."""
-        if self._tx is not None:
-            await self._tx.producers.take_over(self._consumer, assigned)
+        await self._commits.outputs.assigned(self._consumer, assigned)
 
 
 def _encoded(

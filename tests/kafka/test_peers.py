@@ -18,7 +18,8 @@ from helpers import UnencodableBackend, committed_offsets, relquery, until
 
 from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.kafka.clients import create_topics, new_producer, read_messages
-from relstream.kafka.delivery import publish_acked, publish_best_effort, send_dead_letter
+from relstream.kafka.delivery import publish_acked, publish_best_effort
+from relstream.kafka.letters import LOST_LETTERS, send_dead_letter
 from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
 from relstream.placement.book import Demand
@@ -390,8 +391,6 @@ def test_a_refused_dead_letter_is_sent_without_its_bytes_or_counted_and_logged(
     # A dead-letter topic that takes messages of 2,000 bytes at most: a 5,000-byte row's
     # letter is refused for good, so it goes without the row's bytes (naming where they
     # are). One taking 100 bytes refuses even that: counted by kind, logged at error once.
-    from relstream.kafka import delivery
-
     roomy, tight = f"dl{uuid.uuid4().hex[:6]}", f"dl{uuid.uuid4().hex[:6]}"
     row = record("rows.reviews", b"x" * 5000, 41)
 
@@ -409,7 +408,7 @@ def test_a_refused_dead_letter_is_sent_without_its_bytes_or_counted_and_logged(
         letters = await read_messages(bootstrap, roomy, 1, default_broker.kind)
         return sent, lost, decode(DeadLetterMessage, letters[0].value)
 
-    lost_letters = getattr(delivery, "LOST_LETTERS", {})  # by kind of refusal
+    lost_letters = LOST_LETTERS  # by kind of refusal
     before = sum(lost_letters.values())
     with caplog.at_level(logging.ERROR, logger="relstream.deadletters"):
         sent, lost, letter = asyncio.run(scenario())
