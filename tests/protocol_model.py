@@ -13,7 +13,9 @@ restarts EMPTY (`wipe`: every log, commit and transaction gone, offsets from 0 a
 clock goes on, so ids, which carry the first row's timestamp, differ) or KEEPING its data
 but forgetting which partitions each open transaction wrote (`restart_keeping`, as
 noida-db does: committed after that, the offset commit counts and the records stay
-invisible for good); each restart breaks every producer's connection (`restarts`), and
+invisible for good; a batch resent into such a transaction after the restart gets no
+marker, and holds readers back for good, unless its producer names the partitions again
+before it aborts, `txprobe._announce_again`); each restart breaks every producer's connection (`restarts`), and
 so does a reset after a commit the broker took (its answer lost: the outcome is found out
 from the broker's record, `kafka/outcome.py`, and only records it cannot show are redone);
 re-delivery (a consumer re-reads from the committed offset); consumers killed at any step
@@ -45,6 +47,7 @@ WORKER_GROUP, ENGINE_GROUP = "worker", "engine"  # also their partitions' transa
 class Txn:
     state: str = "open"  # open, committed, aborted
     records: list[Record] = field(default_factory=list)
+    forgotten: bool = False  # a restart forgot which partitions it wrote (noida-db)
 
 
 @dataclass(eq=False)
@@ -52,14 +55,20 @@ class Record:
     value: object
     txn: Txn | None = None  # None: not transactional, visible once appended
     lost: bool = False  # its transaction's partition forgotten by a restart: never visible
+    late: bool = False  # appended to its transaction after a restart forgot it
+    dangling: bool = False  # late, and no marker reached it: pending for good
 
     @property
     def visible(self) -> bool:  # to a read_committed reader
-        return not self.lost and (self.txn is None or self.txn.state == "committed")
+        if self.lost or self.dangling:
+            return False
+        return self.txn is None or self.txn.state == "committed"
 
     @property
     def pending(self) -> bool:  # holds a read_committed reader back (the last stable offset)
-        return not self.lost and self.txn is not None and self.txn.state == "open"
+        if self.lost:
+            return False
+        return self.dangling or (self.txn is not None and self.txn.state == "open")
 
 
 class Kafka:
@@ -89,15 +98,21 @@ class Kafka:
     def restart_keeping(self) -> None:
         self.restarts += 1
         for txn in self.open.values():
+            txn.forgotten = True
             for record in txn.records:
                 record.lost = True
 
-    def init_producer(self, tid: str) -> int:
+    def init_producer(self, tid: str, announced: bool = False) -> int:
         """InitProducerId for `tid`: aborts its open transaction, fences every older
-        producer, returns the new epoch."""
+        producer, returns the new epoch. A record appended after a restart forgot its
+        transaction gets no abort marker (pending for good) unless the producer that
+        wrote it `announced` its partitions again before the abort
+        (`txprobe._announce_again`)."""
         txn = self.open.pop(tid, None)
         if txn is not None:
             txn.state = "aborted"
+            for record in txn.records:
+                record.dangling = record.late and not announced
         self.epochs[tid] += 1
         return self.epochs[tid]
 
@@ -106,7 +121,7 @@ class Kafka:
         return txn
 
     def append(self, log: list[Record], value, txn: Txn | None = None) -> Record:
-        record = Record(value, txn)
+        record = Record(value, txn, late=txn is not None and txn.forgotten)
         log.append(record)
         if txn is not None:
             txn.records.append(record)
@@ -117,6 +132,8 @@ class Kafka:
         self.commits[tid] = mark
         txn.state = "committed"
         self.open.pop(tid, None)
+        for record in txn.records:  # the commit's markers miss them too
+            record.dangling = record.late
 
     def visible(self, log: list[Record]) -> list:
         return [r.value for r in log if r.visible]
@@ -129,8 +146,8 @@ class Worker:
     published: dict[tuple[int, int], int] = field(default_factory=dict)  # `_published[p]`
     cutter: PartitionWindows | None = None  # `_cutters[partition]`; None: not assigned
     position: int = 0
-    # Exactly once (`WindowTransactions`): the partition's producer epoch, the letters
-    # held back (`_held`: offset, identity) and the offset last committed (`_committed`).
+    # `WindowCommits`: the letters held back (`_held`: offset, identity); exactly once,
+    # the partition's producer epoch and the offset last committed (`_committed`).
     producer: int | None = None
     held: list[tuple[int, tuple]] = field(default_factory=list)
     committed: int | None = None
@@ -165,10 +182,14 @@ class Model:
     """The glue: the order of calls the real code makes, over `Kafka`. Flags: the faults
     and defences a state machine turns on or off."""
 
-    TRANSACTIONS = True  # the worker exactly once (`transacted`); False: at least once
+    TRANSACTIONS = True  # the worker exactly once (`Transacted`); False: at least once
     DEFENCE = True  # `_once`'s BrokerLost: a transaction whose connection broke is redone
     ZOMBIES = True  # an engine rebalanced away without knowing it
     KILLED_BEFORE_REDO = False  # killed between a commit a restart cut and its redo
+    # A producer names its transaction's partitions again before it aborts
+    # (`txprobe._announce_again`); False: as before, a batch resent after a restart pins.
+    ANNOUNCE_AGAIN = True
+    KILLED_WITH_A_LATE_BATCH = False  # killed after a batch resent past a restart
     # A window closed by the clock while rows of it are still to be read: the product
     # closes one only once read to the end (stage.py `_read_to_end`); True: as before.
     EXPIRES_BEHIND = False
@@ -220,19 +241,25 @@ class Model:
             self._worker_acked(n, list(outcomes), dies, commit_fails)
 
     def _worker_acked(self, n, outcomes, dies, commit_fails):
-        """At least once: `_step`'s sends, `published`, `_commit`."""
+        """At least once: `_deliver` (`WindowCommits.commit` over `Acked`: the windows
+        and the held letters the commit passes, each sent until acknowledged),
+        `published`, `_commit`."""
         worker, kafka = self.worker, self.kafka
         if worker.cutter is None:  # assigned: read from the group's commit
             worker.position = kafka.commits.get(WORKER_GROUP, (0, ""))[0]
             worker.cutter = PartitionWindows(REGISTRATION, 0, worker.published, MESSAGE_BYTES)
         closed, rejected = self._read(worker, n)
-        letters = [("row", identity) for _, identity in rejected]
+        worker.held += rejected
+        offset, letters = worker.cutter.committable(), []
+        if offset is not None:  # None: nothing read yet, nothing to deliver
+            letters = [("row", identity) for at, identity in worker.held if at < offset]
+            worker.held = [(at, identity) for at, identity in worker.held if at >= offset]
         for window in closed:
             if worker.published.get(window.start) == window.last_offset:
                 continue  # "replayed as published, not sent again"
             relquery = self._relquery(window)
             outcome = (outcomes.pop(0) if outcomes else "ack") if self.faults else "ack"
-            if outcome == "refused":  # `_dead_letter_rows`
+            if outcome == "refused":  # `Part.instead`: its rows' letters
                 letters += [("row", identity) for identity in relquery[1]]
                 continue
             for _ in range(2 if outcome == "dup" else 1):
@@ -244,7 +271,6 @@ class Model:
         if dies:
             self.worker = None
             return
-        offset = worker.cutter.committable()
         if offset is not None and not commit_fails:  # `_commit` (a refusal is logged)
             kafka.commits[WORKER_GROUP] = (offset, "")
             for start in [start for start in worker.published if start[0] < offset]:
@@ -252,7 +278,7 @@ class Model:
 
     def _worker_transacted(self, n, outcomes, dies, cut):
         """Exactly once: `_assigned` (`take_over`), `_step` holding rejected rows' letters
-        (`WindowTransactions.hold`), `_transact`/`commit_all`/`WindowTransactions.commit`
+        (`WindowCommits.hold`), `_deliver`/`commit_all`/`WindowCommits.commit`
         (the windows' parts and the held letters the commit passes, nothing if nothing
         new), then `transact`'s loop around `_once`."""
         worker, kafka = self.worker, self.kafka
@@ -272,26 +298,31 @@ class Model:
         while True:
             txn, before = kafka.begin(WORKER_GROUP), kafka.restarts
             outcome = (outcomes.pop(0) if outcomes else "ack") if self.faults else "ack"
-            for log, value in parts:
+            late = False
+            for i, (log, value) in enumerate(parts):
+                if cut == "mid" and i == 1:  # the rest resent once the broker is back
+                    kafka.restart_keeping()
+                    cut, late = None, True
                 kafka.append(getattr(kafka, log), value, txn)
+            renew = lambda: kafka.init_producer(WORKER_GROUP, self.ANNOUNCE_AGAIN)  # noqa: E731
             refused = [i for i, (log, _) in enumerate(parts) if log == "relqueries"]
-            if outcome == "refused" and refused:  # `Refused`: renewed, `_without`
+            if outcome == "refused" and refused:  # `Refused`: renewed, `replaced`
                 i = refused[0]
                 letters = [("letters", ("row", identity)) for identity in parts[i][1][1]]
                 parts = parts[:i] + letters + parts[i + 1 :]
-                worker.producer = kafka.init_producer(WORKER_GROUP)
+                worker.producer = renew()
                 continue
             if outcome == "dup":  # an ack lost, the transaction timed out: `_renew`d
-                worker.producer = kafka.init_producer(WORKER_GROUP)
+                worker.producer = renew()
                 continue
             if cut == "sending":
                 kafka.restart_keeping()
                 cut = None
-            if dies:  # killed before its commit: the transaction left open
-                self.worker = None
+            if dies and (not late or self.KILLED_WITH_A_LATE_BATCH):  # killed before its
+                self.worker = None  # commit: the transaction left open
                 return
             if self.DEFENCE and kafka.restarts != before:  # BrokerLost before the commit
-                worker.producer = kafka.init_producer(WORKER_GROUP)
+                worker.producer = renew()
                 continue
             if cut == "before":
                 kafka.restart_keeping()
@@ -302,7 +333,7 @@ class Model:
                 if self.KILLED_BEFORE_REDO and self.faults:
                     self.worker = None
                     return
-                worker.producer = kafka.init_producer(WORKER_GROUP)  # `_settle` renews
+                worker.producer = renew()  # `_settle` renews
                 # `find_outcome`: the mark is the group's (the commit landed); only the
                 # records a read_committed reader cannot see are sent again, same mark
                 lost = [part for part, r in zip(parts, txn.records, strict=True) if not r.visible]
@@ -324,8 +355,8 @@ class Model:
         return None if cut in ("after", "reset") else cut
 
     def _forget_worker(self) -> None:
-        """`_forget`: the cutter goes (at least once: `_published` stays; exactly once:
-        `WindowTransactions.forget` and the producer closed)."""
+        """`_forget`: the cutter goes and `WindowCommits.forget` (at least once:
+        `_published` stays; exactly once: the producer closed)."""
         worker = self.worker
         if worker is not None:
             worker.cutter = worker.producer = worker.committed = None
@@ -404,7 +435,7 @@ class Model:
 
     def _fenced(self, engine: Engine, offset: int) -> None:
         """`transact` on ProducerFenced: `_drop`, the work Fenced; a partition still
-        assigned (as the engine believes) makes it ask its group (`ExactlyOnce._fenced`,
+        assigned (as the engine believes) makes it ask its group (`on_fenced`,
         `rejoin`): revoked, then assigned again if the group still has it here (fenced
         anew, read from its commit), so a zombie learns and an owner resumes."""
         engine.producer = None

@@ -12,26 +12,28 @@ rebalances, zombies) are tests/protocol_model.py's docstring.
 
 The glue, the order of calls the real code makes, is re-implemented in `Model`, small:
 - `_worker_transacted` (the default, `Protocol`: the broker has transactions) mirrors
-  `stream/stage.py` `_assigned` (`PartitionProducers.take_over`: fence by opening the
-  producer, read the commit, seek), `_step` with `tx` (rejected rows' letters held,
-  `WindowTransactions.hold`), `_transact`/`commit_all`/`WindowTransactions.commit` (the
-  closed windows' relQueries and the held letters the commit passes, in one transaction
-  with the offset; nothing if nothing is new), `kafka/transactions.py` `transact`/`_once`
-  (`Refused`: renewed, which aborts, and redone with the relQuery's rows' letters instead,
-  `_without`/`Part.instead`; a timeout, or `BrokerLost` before the commit: renewed and
+  `stream/stage.py` `_assigned` (`Transacted.assigned`, `PartitionProducers.take_over`:
+  fence by opening the producer, read the commit, seek), `_step` (rejected rows' letters
+  held, `WindowCommits.hold`), `_deliver`/`commit_all`/`WindowCommits.commit` over
+  `kafka/outputs.py` `Transacted.deliver` (the closed windows' relQueries and the held
+  letters the commit passes, in one transaction with the offset; nothing if nothing is
+  new), `kafka/transactions.py` `transact`/`_once` (`Refused`: renewed, which aborts, and
+  redone with the relQuery's rows' letters instead, `kafka/letters.py`
+  `replaced`/`Part.instead`; a timeout, or `BrokerLost` before the commit: renewed and
   redone; `Unanswered`, a connection broken during the commit: renewed, and only the
   records a read_committed reader cannot see sent again, `outcome.find_outcome`), and
-  `_forget` (`WindowTransactions.forget`, producer closed);
-- `_worker_acked` (`AtLeastOnce`: transactions off, or a broker without them) mirrors
-  `_step` without `tx` (check, add, expire, the "replayed as published" skip, the sends,
-  `published` updated, `_commit`), its `_cutter` (sharing `_published`), `_publish`'s
-  `Refused` branch (`_dead_letter_rows`) and `_forget` (`_published` kept);
+  `_forget` (`WindowCommits.forget`, producer closed);
+- `_worker_acked` (`Acked`: transactions off, or a broker without them) mirrors the same
+  `_step` and `_deliver` over `Acked.deliver` (the "replayed as published" skip, the
+  windows and the held letters the commit passes each sent until acknowledged, a refused
+  relQuery replaced by its rows' letters, `published` updated, `_commit`), its `_cutter`
+  (sharing `_published`) and `_forget` (`_published` kept);
 - `_assign` mirrors `service/commits.py` `ExactlyOnce.assigned` (fence by opening the
   producer, read the commit, seek, `decode_ahead` into the skip set); `_revoke`,
   `service.py` `_on_revoked` with `ExactlyOnce.revoked` (producers closed, skip dropped,
   `book.forget`); `_engine_fetch`, `_poll_once` (`book.start`, a replayed offset
   `book.finish`ed, else served);
-- `_engine_begin`/`_engine_commit` mirror `ExactlyOnce._publish`/`_room`/`_at` and
+- `_engine_begin`/`_engine_commit` mirror `ExactlyOnce.publish`/`_room`/`_at` and
   `PartitionProducers.transact`/`_once`/`_renew` (one transaction per partition at a
   time; `may_finish` before it; `unfinished` and `progress` under the lock when the
   offsets are sent; a timeout or `BrokerLost` before the commit renews the producer under
@@ -63,6 +65,7 @@ STEPS = int(os.environ.get("RELSTREAM_PBT_STEPS", "50"))
 # A restart in a transaction ("sending", "before", "after" the commit) or a connection
 # reset once the broker took the commit ("reset": its answer lost).
 CUTS = [None, None, None, None, "sending", "before", "after", "reset"]
+WORKER_CUTS = [*CUTS, "mid"]  # a restart between a transaction's batches: the rest resent
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +105,7 @@ class Protocol(Model, RuleBasedStateMachine):
         dies=st.booleans(),
         commit_fails=st.booleans(),
         wait=st.sampled_from([0, 0.5, 3.5]),
-        cut=st.sampled_from(CUTS),
+        cut=st.sampled_from(WORKER_CUTS),
     )
     def worker_poll(self, n, sends, dies, commit_fails, wait, cut):
         self.clock += wait  # the worker's clock closes windows past their deadline
@@ -414,6 +417,25 @@ def _a_restarted_worker_recuts_a_window_it_expired_behind(m: Protocol) -> None:
     m._worker_poll(1, [], dies=True)
 
 
+def _a_batch_resent_after_a_restart(m: Protocol) -> None:
+    # Two windows in one transaction; the broker restarts (keeping its data) between
+    # their batches, and the second is resent into the transaction the restart forgot.
+    # `BrokerLost` renews the producer, whose abort must reach that batch: without
+    # `_announce_again` it pinned the relqueries partition for good (the short crash
+    # drill's 30 relQueries never seen).
+    m.produce(["small"] * 6, 0.001)
+    m._worker_poll(6, [], cut="mid")
+
+
+def _killed_after_a_batch_resent_after_a_restart(m: Protocol) -> None:
+    # The same, the worker killed before it renews: its replacement's fencing aborts only
+    # what the broker knows, and the resent batch pins the partition until the broker
+    # restarts again (noida-db; docs/architecture.md, Brokers).
+    m.produce(["small"] * 6, 0.001)
+    m._worker_poll(6, [], dies=True, cut="mid")
+    m.worker_restarted()
+
+
 SEQUENCES = [
     _worker_killed_between_its_send_and_its_commit,
     _a_relquery_sent_twice_after_a_lost_ack,
@@ -422,6 +444,7 @@ SEQUENCES = [
     _commits_a_restart_cut,
     _commits_whose_answers_a_reset_lost,
     _a_restarted_worker_recuts_a_window_it_expired_behind,
+    _a_batch_resent_after_a_restart,
 ]
 
 
@@ -452,6 +475,8 @@ def _the_engine_killed_between_a_cut_commit_and_its_redo(m: Protocol) -> None:
 
 
 _Killed = type("_Killed", (Protocol,), {"KILLED_BEFORE_REDO": True})
+_Unannounced = type("_Unannounced", (Protocol,), {"ANNOUNCE_AGAIN": False})
+_KilledLate = type("_KilledLate", (Protocol,), {"KILLED_WITH_A_LATE_BATCH": True})
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="defects found: docstrings")
@@ -462,6 +487,8 @@ _Killed = type("_Killed", (Protocol,), {"KILLED_BEFORE_REDO": True})
         for machine, sequence in [
             (_Killed, _the_worker_killed_between_a_cut_commit_and_its_redo),
             (_Killed, _the_engine_killed_between_a_cut_commit_and_its_redo),
+            (_Unannounced, _a_batch_resent_after_a_restart),
+            (_KilledLate, _killed_after_a_batch_resent_after_a_restart),
         ]
     ],
 )
