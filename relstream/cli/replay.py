@@ -55,6 +55,7 @@ def replay(
     say otherwise) or seconds since 1970. Replaying a letter twice sends it twice."""
     from relstream.client import RelstreamClient
     from relstream.kafka.clients import produce
+    from relstream.kafka.refetch import refetch
     from relstream.kafka.replay import LetterFilter, plan_replay
 
     try:
@@ -63,6 +64,11 @@ def replay(
         raise click.BadParameter(str(exc), param_hint="--reason") from None
     with RelstreamClient(bootstrap, prefix, security, broker_kind) as client:
         plan = plan_replay(client.dead_letters(follow=False, idle_seconds=0), chosen)
+    gone: list[str] = []
+    if plan.cut:  # their originals, read again where they came from
+        found = asyncio.run(refetch(bootstrap, plan.cut, security, broker_kind))
+        plan.add(found.messages)
+        gone = found.gone
     verb = "would send" if dry_run else "sent"
     if not dry_run:
         for topic, messages in plan.messages.items():
@@ -72,8 +78,14 @@ def replay(
         console.print(f"  {topic}: {count}", markup=False)
     if plan.cut:
         console.print(
-            f"{plan.cut} chosen letters hold only the first bytes of their message "
-            "(too large to keep whole) and cannot be replayed",
+            f"{len(plan.cut) - len(gone)} of them held only the first bytes of their message "
+            "(too large to keep whole): read again from where it came",
+            markup=False,
+        )
+    if gone:
+        console.print(
+            f"{len(gone)} chosen letters cannot go back: their message was too large to "
+            f"keep whole and its topic no longer has it, e.g. {gone[0]}",
             markup=False,
         )
     console.print(f"{plan.skipped} letters not chosen", markup=False)

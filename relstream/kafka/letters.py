@@ -113,9 +113,11 @@ def letter_lost(letter: DeadLetterMessage, refusal: Refused) -> None:
                    refusal, where, letter.reason)  # fmt: skip
 
 
-def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[DeadLetterMessage, str]:
+def dead_letter_of(
+    record: ConsumerRecord, reason: str, row_keys: list[str] | None = None
+) -> tuple[DeadLetterMessage, str]:
     """The dead letter of a consumed `record` (its bytes cut to fit under the request
-    limit), and how log lines name it."""
+    limit; the keys of the rows it held, where known), and how log lines name it."""
     letter = dead_letter_message(
         record.value,
         record.topic,
@@ -124,6 +126,7 @@ def dead_letter_of(record: ConsumerRecord, reason: str) -> tuple[DeadLetterMessa
         reason,
         record.key,
         DEAD_LETTER_ORIGINAL_BYTES,
+        row_keys,
     )
     what = f"the dead letter of {record.topic}[{record.partition}]@{record.offset}"
     return letter, what

@@ -4,9 +4,11 @@ A dead letter keeps the bytes and key of the message relstream could not use, an
 topic it came from (`DeadLetterMessage`). Replaying one produces those bytes again, under
 that key, to that topic, where the worker (rows) or an engine (relQueries) takes them
 as new messages: a row replayed after its query's template was fixed lands in a new
-window with a new id, so it is answered once. Letters whose bytes were cut to fit
-(`truncated`) cannot be replayed and are counted apart. Replaying the same letters twice
-sends them twice: choose them by reason, origin topic and time (`LetterFilter`).
+window with a new id, so it is answered once. A letter whose bytes were cut to fit
+(`truncated`) goes back as its original read again from its topic, partition and offset
+while the topic keeps it (`refetch`); one whose original is gone is counted apart.
+Replaying the same letters twice sends them twice: choose them by reason, origin topic
+and time (`LetterFilter`).
 """
 
 from __future__ import annotations
@@ -69,13 +71,19 @@ class ReplayPlan:
     """The letters chosen, by origin topic, and those that cannot go back."""
 
     messages: dict[str, list[tuple[bytes | None, bytes]]] = field(default_factory=dict)
-    cut: int = 0  # chosen, but their bytes were cut to fit the letter
+    cut: list[DeadLetterMessage] = field(default_factory=list)  # chosen, bytes cut: refetch
     skipped: int = 0  # not chosen by the filter
     by_topic: Counter[str] = field(default_factory=Counter)
 
     @property
     def count(self) -> int:
         return sum(self.by_topic.values())
+
+    def add(self, messages: dict[str, list[tuple[bytes | None, bytes]]]) -> None:
+        """Originals read again for the letters `cut` (`refetch`), to send back too."""
+        for topic, found in messages.items():
+            self.messages.setdefault(topic, []).extend(found)
+            self.by_topic[topic] += len(found)
 
 
 def plan_replay(letters: Iterable[DeadLetterMessage], chosen: LetterFilter) -> ReplayPlan:
@@ -85,7 +93,7 @@ def plan_replay(letters: Iterable[DeadLetterMessage], chosen: LetterFilter) -> R
         if not chosen.matches(letter):
             plan.skipped += 1
         elif letter.truncated:
-            plan.cut += 1
+            plan.cut.append(letter)
         else:
             plan.messages.setdefault(letter.topic, []).append((letter.key, letter.original))
             plan.by_topic[letter.topic] += 1

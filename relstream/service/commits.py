@@ -113,13 +113,15 @@ class ExactlyOnce:
             async with self._moved:
                 self._moved.notify_all()
 
-    async def dead_letter(self, message, topic: str, reason: str, stalled) -> bool | None:
+    async def dead_letter(
+        self, message, topic: str, reason: str, stalled, row_keys=None
+    ) -> bool | None:
         """Dead-letter the relQuery `message` to `topic` in its offset's transaction (or,
         refused, without the original's bytes); False (counted in `LOST_LETTERS`) if the
         broker refuses both for good, its offset then committed without a letter: nothing
         may hold a partition for ever. None if the partition is no longer ours."""
         partition = TopicPartition(message.topic, message.partition)
-        letter, what = dead_letter_of(message, reason)
+        letter, what = dead_letter_of(message, reason, row_keys)
         gone: list[int] = []
         try:
             await self.publish(partition, message, [letter_part(topic, letter, what,
@@ -174,9 +176,9 @@ class AtLeastOnce:
         await self._outputs.deliver(partition, parts, None, stalled)
         self._finished(partition, message)
 
-    async def dead_letter(self, message, topic: str, reason: str, stalled) -> bool:
+    async def dead_letter(self, message, topic: str, reason: str, stalled, row_keys=None) -> bool:
         partition = TopicPartition(message.topic, message.partition)
-        letter, what = dead_letter_of(message, reason)
+        letter, what = dead_letter_of(message, reason, row_keys)
         gone: list[int] = []
         part = letter_part(topic, letter, what, lambda: gone.append(1))
         await self.publish(partition, message, [part], stalled)

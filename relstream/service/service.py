@@ -10,9 +10,9 @@ work. Results are keyed by relQuery id; consumers de-duplicate on it.
   flight (`backlog.RowBudget`), so its scheduler orders the real backlog; while one
   waits for room nothing more is decoded (its partition is sought back and paused), and
   fetches, decoding and dead letters are bounded (`backlog`, docs/operations.md "Bounded memory").
-- **Bad input** (a message that does not decode) is dead-lettered with the reason.
-- **A relQuery whose serving raises** is retried `max_attempts` times, then
-  dead-lettered with the error, so it never blocks its partition.
+- **Bad input** (a message that does not decode) is dead-lettered with the reason; a
+  relQuery whose serving raises is retried `max_attempts` times, then dead-lettered with
+  the error (naming its rows' keys), so it never blocks its partition.
 - **A broker outage loses nothing.** A result or dead letter the broker does not take is
   held, computed once, and re-published with backoff until it is acknowledged
   (`kafka.delivery`); its offset is not committable before. Meanwhile its partition is
@@ -77,6 +77,8 @@ class _Work:
     relquery: RelQuery
     submitted_at: float  # seconds since the epoch, from the message
     result_format: Format  # its result's and partial results' encoding
+
+    keys = property(lambda self: [row.key for row in self.relquery.rows])  # its letter's
 
 
 class KafkaService:
@@ -265,7 +267,8 @@ class KafkaService:
             self._failure = self._failure or exc
         except Exception as exc:  # unforeseen: dead-lettered, never a partition held for good
             log.exception("could not finish %s", work.relquery.id)
-            await self._dead_letter(work.message, f"the engine could not finish it: {exc!r}")
+            reason = f"the engine could not finish it: {exc!r}"
+            await self._dead_letter(work.message, reason, keys=work.keys)
         finally:
             self.budget.release(len(work.relquery.rows))
 
@@ -276,7 +279,7 @@ class KafkaService:
         taken_at = time.time()
         result = await self._serve_with_retries(work)
         if isinstance(result, str):
-            await self._dead_letter(work.message, result, stalled)
+            await self._dead_letter(work.message, result, stalled, work.keys)
             return
         relquery = work.relquery
         # A result of any size reaches the user: in parts under the request limit.
@@ -288,7 +291,7 @@ class KafkaService:
         def instead(refusal: Refused) -> list[Part]:  # the whole result: its letter
             refused.append(refusal)
             reason = f"its result was refused: {refusal}"
-            return [self._letter_part(work.message, reason, lambda: lost.append(1))]
+            return [self._letter_part(work.message, reason, work.keys, lambda: lost.append(1))]
 
         parts = result_parts(self.config.topics.results, relquery.id, chunks, headers, instead)
         await self._commits.publish(work.partition, work.message, parts, stalled)
@@ -345,7 +348,7 @@ class KafkaService:
             log.info("cancelling %s", relquery_id)
             await handle.cancel()
 
-    async def _dead_letter(self, message, reason: str, stalled=lambda: None) -> None:
+    async def _dead_letter(self, message, reason: str, stalled=lambda: None, keys=None) -> None:
         """Dead-letter `message`; returns once the broker has the letter (or refused it
         for good: logged and counted). A relQuery's letter finishes its offset (in one
         transaction, if any), even if the broker refuses the letter."""
@@ -354,7 +357,7 @@ class KafkaService:
         )
         topic = self.config.topics.deadletter
         if message.topic == self.config.topics.relqueries:
-            delivered = await self._commits.dead_letter(message, topic, reason, stalled)
+            delivered = await self._commits.dead_letter(message, topic, reason, stalled, keys)
         elif message.topic == self.config.topics.control:  # once, whoever reads it
             delivered = await self._control_letters.letter(message, topic, reason, stalled)
         else:
@@ -364,13 +367,11 @@ class KafkaService:
         elif delivered is not None:  # None: its partition moved, the new owner letters it
             self.metrics.dead_letter_failures.inc()
 
-    def _letter_part(self, message, reason: str, on_lost) -> Part:
+    def _letter_part(self, message, reason: str, keys: list[str], on_lost) -> Part:
         """The dead letter of a relQuery whose result the broker refused for good, in its
         result's stead."""
-        log.warning(
-            "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
-        )
-        letter, what = dead_letter_of(message, reason)
+        letter, what = dead_letter_of(message, reason, keys)
+        log.warning("%s: %s", what.replace("the dead letter of", "dead-letter"), reason)
         return letter_part(self.config.topics.deadletter, letter, what, on_lost)
 
     async def _publish_best_effort(

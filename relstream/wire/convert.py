@@ -31,6 +31,7 @@ from relstream.wire.messages import OutputSpec as OutputSpecMessage
 
 MAX_REASON_CHARS = 4096  # a reason quoting a huge value is cut: the letter must fit
 MAX_DEAD_LETTER_KEY_BYTES = 1024
+ROW_KEYS_BYTES = 256 * 1024  # a letter names its rows' keys up to this many UTF-8 bytes
 
 
 def relquery_from_message(message: RelQueryMessage) -> RelQuery:
@@ -152,10 +153,14 @@ def dead_letter_message(
     reason: str,
     key: bytes | None,
     max_original_bytes: int,
+    row_keys: list[str] | None = None,
 ) -> DeadLetterMessage:
     """Why a message could not be used, with its bytes up to `max_original_bytes` (the
-    rest stated by size and digest), so the letter itself can always be published."""
+    rest stated by size and digest), so the letter itself can always be published; the
+    keys of the rows it held (`row_keys`: a relQuery's), named up to `ROW_KEYS_BYTES`
+    even where its bytes are cut."""
     data = original if isinstance(original, bytes) else b""
+    keys = row_keys or []
     return DeadLetterMessage(
         original=data[:max_original_bytes],
         original_size=len(data),
@@ -167,7 +172,21 @@ def dead_letter_message(
         offset=offset,
         reason=reason[:MAX_REASON_CHARS],
         at=time.time(),
+        row_keys=_named(keys, ROW_KEYS_BYTES),
+        row_count=len(keys),
     )
+
+
+def _named(keys: list[str], budget: int) -> list[str]:
+    """The first `keys` whose UTF-8 bytes (and a few bytes of framing each) fit in
+    `budget`."""
+    named = []
+    for key in keys:
+        budget -= len(key.encode()) + 5
+        if budget < 0:
+            break
+        named.append(key)
+    return named
 
 
 def metrics_message(result: RelQueryResult, engine: str) -> MetricsMessage:

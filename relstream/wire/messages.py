@@ -310,6 +310,12 @@ class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
     offset: int | None = None
     reason: NonEmpty
     at: Finite
+    row_keys: Annotated[
+        list[str],
+        Meta(description="keys of the rows the original held (a relQuery's), as many as fit "
+                         "in 256 KiB; `row_count` says how many it held"),
+    ] = msgspec.field(default_factory=list)  # fmt: skip
+    row_count: Annotated[int, Meta(ge=0, description="rows the original held; 0: not known")] = 0
 
 
 class ControlMessage(Message, tag=WIRE_VERSION, kw_only=True):

@@ -16,12 +16,18 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from relstream import launch
-from relstream.kafka.clients import create_topics, read_messages
+from relstream.kafka.clients import (
+    DEAD_LETTER_ORIGINAL_BYTES,
+    create_topics,
+    produce,
+    read_messages,
+)
 from relstream.kafka.replay import LetterFilter, parse_time, plan_replay
 from relstream.kafka.topics import Topics
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
-from relstream.wire import DeadLetterMessage, RowMessage, encode, validate
+from relstream.wire import DeadLetterMessage, RowMessage, decode, encode, validate
+from relstream.wire.convert import dead_letter_message
 
 REPO = Path(__file__).resolve().parents[2]
 RELSTREAM = (sys.executable, "-m", "relstream")
@@ -34,7 +40,7 @@ def letter(reason: str, topic: str, at: float, truncated: bool = False) -> DeadL
     )
 
 
-def test_letters_are_chosen_by_reason_origin_and_time_and_cut_ones_stay():
+def test_letters_are_chosen_by_reason_origin_and_time_and_cut_ones_set_apart():
     letters = [
         letter("row 'a': the template names {reveiw}", "r.rows.reviews", 100.0),
         letter("row 'b': the template names {reveiw}", "r.rows.reviews", 200.0),
@@ -43,9 +49,10 @@ def test_letters_are_chosen_by_reason_origin_and_time_and_cut_ones_stay():
         letter("row 'd': the template names {reveiw}", "r.relqueries", 250.0),
     ]
     plan = plan_replay(letters, LetterFilter(reason=r"\{reveiw\}", since=150.0))
-    # a (too early) and the msgpack letter are not chosen; c is chosen but cut.
+    # a (too early) and the msgpack letter are not chosen; c is chosen but cut: its
+    # original is to be read again where it came from (`refetch`).
     assert dict(plan.by_topic) == {"r.rows.reviews": 1, "r.relqueries": 1}
-    assert (plan.count, plan.cut, plan.skipped) == (2, 1, 2)
+    assert (plan.count, len(plan.cut), plan.skipped) == (2, 1, 2)
     assert plan_replay(letters, LetterFilter(topic="r.relqueries", until=260.0)).count == 1
     with pytest.raises(ValueError, match="not a regular expression"):
         LetterFilter(reason="(")
@@ -151,3 +158,47 @@ def test_a_fixed_template_takes_its_dead_letters_back(broker, tmp_path):
         row["output"] for line in sink.read_text().splitlines() for row in json.loads(line)["rows"]
     ]
     assert all(output.startswith("Positive or negative? text") for output in outputs)
+
+
+def test_a_letter_too_large_to_keep_whole_goes_back_read_again_where_it_came(default_broker):
+    # A relQuery of ~700 KB dead-lettered: the letter keeps its first 512 KiB and names
+    # its rows' keys. Replay reads the original again at its offset and sends it back
+    # whole; a letter whose original is no longer there (another message at its offset)
+    # is counted as one that cannot go back.
+    topics = Topics(prefix=f"r{uuid.uuid4().hex[:6]}.")
+    big = b"r" * 700_000
+    keys = [f"row-{i}" for i in range(3)]
+
+    async def setup() -> DeadLetterMessage:
+        bootstrap = default_broker.bootstrap
+        await create_topics(bootstrap, topics.layout())
+        await produce(bootstrap, topics.relqueries, [(b"q-1", big), (b"q-2", b"s")])
+        at = {m.key: (m.partition, m.offset)
+              for m in await read_messages(bootstrap, topics.relqueries, 2, default_broker.kind)}
+        cut = dead_letter_message(big, topics.relqueries, *at[b"q-1"], "the engine failed",
+                                  b"q-1", DEAD_LETTER_ORIGINAL_BYTES, keys)  # fmt: skip
+        moved = dead_letter_message(big, topics.relqueries, *at[b"q-2"], "the engine failed",
+                                    b"q-9", DEAD_LETTER_ORIGINAL_BYTES)  # fmt: skip
+        await produce(bootstrap, topics.deadletter, [(None, encode(cut)), (None, encode(moved))])
+        return cut
+
+    cut = asyncio.run(setup())
+    assert cut.truncated and cut.row_keys == keys and cut.row_count == 3
+    said = " ".join(replay_cli(default_broker, topics).split())
+    assert "sent 1 dead letters back" in said, said
+    assert "1 of them held only the first bytes" in said, said
+    assert "1 chosen letters cannot go back" in said and "(not kept there any more)" in said
+    sent = asyncio.run(read_messages(default_broker.bootstrap, topics.relqueries, 3,
+                                     default_broker.kind))  # fmt: skip
+    assert sorted((m.key, len(m.value)) for m in sent) == [
+        (b"q-1", 700_000), (b"q-1", 700_000), (b"q-2", 1)
+    ]  # fmt: skip
+
+
+def test_a_letter_names_its_rows_keys_within_a_bound():
+    keys = [f"{i:0>60}" for i in range(10_000)]  # 650 KB of keys
+    letter = dead_letter_message(b"q", "rq", 0, 5, "failed", b"q", 100, keys)
+    assert letter.row_count == 10_000 and 3_000 < len(letter.row_keys) < 10_000
+    assert letter.row_keys == keys[: len(letter.row_keys)]
+    assert len(encode(letter)) < 300 * 1024
+    assert decode(DeadLetterMessage, encode(letter)).row_keys == letter.row_keys
