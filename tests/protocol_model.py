@@ -1,5 +1,5 @@
-"""The model of Kafka and the glue that tests/kafka/test_protocol.py drives (its docstring says
-what each part mirrors); imported by that module only.
+"""The model of Kafka and the glue that tests/kafka/test_protocol.py drives (its docstring
+says what each part mirrors); imported by that module only.
 
 `Kafka`: one rows partition, one relqueries partition; a group's committed offset and
 metadata per group; a transactional id per input partition (the worker's, the engine's)
@@ -9,19 +9,19 @@ committed (read_committed: a reader stops at an open one's first record, skips a
 ones). Faults, drawn by the state machine: a message refused for good; a send or
 transaction that times out (a lost ack: appended twice without transactions, relstream's
 plain producers not being idempotent; a transaction renewed and redone); a broker that
-restarts EMPTY (`wipe`: every log, commit and transaction gone, offsets from 0 again; the
-clock goes on, so ids, which carry the first row's timestamp, differ) or KEEPING its data
-but forgetting which partitions each open transaction wrote (`restart_keeping`, as
+restarts EMPTY (`wipe`: every log, commit and transaction gone, offsets from 0 again;
+the clock goes on, so ids, which carry the first row's timestamp, differ) or KEEPING its
+data but forgetting which partitions each open transaction wrote (`restart_keeping`, as
 noida-db does: committed after that, the offset commit counts and the records stay
 invisible for good; a batch resent into such a transaction after the restart gets no
 marker, and holds readers back for good, unless its producer names the partitions again
-before it aborts, `txprobe._announce_again`); each restart breaks every producer's connection (`restarts`), and
-so does a reset after a commit the broker took (its answer lost: the outcome is found out
-from the broker's record, `kafka/outcome.py`, and only records it cannot show are redone);
-re-delivery (a consumer re-reads from the committed offset); consumers killed at any step
-(an open transaction left for the next owner's fencing to abort, work in flight lost) or
-rebalanced to the other engine, knowingly (revoked) or not (a zombie that still believes
-it owns the partition).
+before it aborts, `txprobe._announce_again`); each restart breaks every producer's
+connection (`restarts`), and so does a reset after a commit the broker took (its answer
+lost: the outcome is found out from the broker's record, `kafka/outcome.py`, and only
+records it cannot show are redone); re-delivery (a consumer re-reads from the committed
+offset); consumers killed at any step (an open transaction left for the next owner's
+fencing to abort, work in flight lost) or rebalanced to the other engine, knowingly
+(revoked) or not (a zombie that still believes it owns the partition).
 """
 
 from __future__ import annotations

@@ -97,18 +97,26 @@ async def check_broker(
     bootstrap: str, security: KafkaSecurity = PLAINTEXT, timeout_s: float = BROKER_CHECK_S
 ) -> None:
     """Raise BrokerSilent unless a broker at `bootstrap` answers within `timeout_s`: an
-    engine asks before it loads its model (minutes for a large one), not after."""
-    admin = new_admin(bootstrap, security, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        async with asyncio.timeout(timeout_s):
-            await admin.start()
-    except (TimeoutError, KafkaError, OSError) as exc:
-        raise BrokerSilent(
-            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s ({type(exc).__name__})"
-        ) from None
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+    engine asks before it loads its model (minutes for a large one), not after. A refused
+    connection is tried again until then (a broker restarting takes a few seconds)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        admin = new_admin(bootstrap, security, request_timeout_ms=int(max(left, 0.1) * 1000))
+        try:
+            async with asyncio.timeout(max(left, 0.1)):
+                await admin.start()
+            return
+        except (TimeoutError, KafkaError, OSError) as exc:
+            if asyncio.get_running_loop().time() + 0.5 >= deadline:
+                raise BrokerSilent(
+                    f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
+                    f"({type(exc).__name__})"
+                ) from None
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+        await asyncio.sleep(0.5)
 
 
 async def start_all(*clients: AIOKafkaConsumer | AIOKafkaProducer) -> None:
