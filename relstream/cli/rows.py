@@ -10,6 +10,7 @@ from relstream.cli.common import (
     console,
     prefix_option,
     security_options,
+    show_logs,
     stop_signals,
 )
 from relstream.cli.show import print_result, print_skipped
@@ -41,6 +42,7 @@ def results(
     rows, those that did not answer first."""
     from relstream.client import RelstreamClient
 
+    show_logs("relstream.client")  # an outage said, not waited through in silence
     try:
         with (
             stop_signals() as stop,
@@ -112,6 +114,7 @@ def sink(
         raise click.ClickException(str(exc)) from None
     from relstream.client import ResultsUnavailable
 
+    show_logs("relstream.client")  # an outage said, not waited through in silence
     written = 0
     try:
         with (

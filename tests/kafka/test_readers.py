@@ -3,6 +3,7 @@
 command against a port where no broker listens."""
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -10,13 +11,15 @@ import time
 import uuid
 
 import pytest
-from helpers import stream_bin
+from helpers import stream_bin, wait_until
 
+from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.kafka.clients import BROKER_CHECK_S, create_topics, produce
 from relstream.kafka.topics import Topics
 from relstream.wire import ResultMessage, encode
 from relstream.wire.convert import dead_letter_message
 from relstream.wire.messages import ResultRow
+from relstream_lab.drills.parts import noida_kafka
 
 NO_BROKER = ("--bootstrap", "127.0.0.1:1")  # a port where nothing listens
 
@@ -359,3 +362,38 @@ def test_an_interrupted_produce_says_what_the_broker_has_and_skip_sends_the_rest
         keys += [m.key for batch in reader.poll(timeout_ms=1000).values() for m in batch]
     reader.close()
     assert len(keys) == len(set(keys)) == rows  # each row on the topic once
+
+
+@pytest.mark.slow
+def test_results_follow_says_when_its_broker_is_out_and_back_and_reads_on(tmp_path):
+    # A following reader waits through a broker outage by itself; it says so once when
+    # the broker stops answering and once when it answers again, then prints what came.
+    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker.start()
+    prefix = f"o{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    try:
+        asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+        asyncio.run(produce(broker.bootstrap, topics.results, [result(1)]))
+        command = [sys.executable, "-m", "relstream", "results", "--follow",
+                   "--bootstrap", broker.bootstrap, "--prefix", prefix]  # fmt: skip
+        with out.open("w") as stdout, err.open("w") as stderr:
+            unbuffered = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line as printed
+            reader = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=unbuffered)
+        try:
+            wait_until(lambda: "answer 1" in out.read_text(), 60,
+                       f"the first result printed {out.read_text()!r} {err.read_text()!r}")
+            noida_kafka(broker, "stop")
+            wait_until(lambda: "does not answer" in err.read_text(), 60, "the outage said")
+            noida_kafka(broker, "start")
+            asyncio.run(produce(broker.bootstrap, topics.results, [result(2)]))
+            wait_until(lambda: "answer 2" in out.read_text(), 60, "the next result printed")
+            wait_until(lambda: "answers again" in err.read_text(), 30, "the return said")
+        finally:
+            reader.terminate()
+            reader.wait(30)
+    finally:
+        broker.stop()
+    said = err.read_text()
+    assert said.count("does not answer") == 1 and "Traceback" not in said, said
