@@ -47,6 +47,10 @@ log = logging.getLogger("relstream.kafka.transactions")
 # after this, so its partitions' `read_committed` readers wait at most so long. The
 # default broker never does (co-partitioning bounds the harm there: `co_partition`).
 TRANSACTION_TIMEOUT_MS = 60_000
+# A transactional producer's start (its InitProducerId, which fences the previous owner)
+# not done in this long is given up, logged and tried again with a new producer: aiokafka
+# itself asks for ever, silently, and a take-over waiting on it keeps its partition paused.
+START_S = 30.0
 
 
 def transactional_id(group: str, partition: TopicPartition) -> str:
@@ -160,8 +164,9 @@ class PartitionProducers:
                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             )
             breaks = count_breaks(producer)
-            try:
-                await producer.start()
+            try:  # aiokafka asks InitProducerId until answered: bounded here, said, redone
+                async with asyncio.timeout(START_S):
+                    await producer.start()
             except BaseException as exc:  # cancelled too: never left running
                 await stop_producer(producer)
                 if not isinstance(exc, Exception):

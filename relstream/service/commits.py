@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 
 from aiokafka import TopicPartition
@@ -40,6 +41,14 @@ from relstream.kafka.txfaults import Fenced
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
 
 log = logging.getLogger("relstream.engine")
+
+
+def said_assigned(partitions, took_s: float) -> None:
+    """One line per assignment: which partitions this engine now serves (and how long
+    taking them over took), so a partition nobody serves can be found in the logs."""
+    if partitions:
+        numbers = sorted(p.partition for p in partitions)
+        log.info("partitions assigned: %s (taken over in %.1f s)", numbers, took_s)
 
 
 def result_parts(topic: str, relquery_id: str, chunks: list[bytes], headers, instead) -> list[Part]:
@@ -67,7 +76,9 @@ class ExactlyOnce:
         """Fence the partitions' previous owners and seek each to where they left off
         (`PartitionProducers.take_over`); the offsets finished above a committed offset
         are to be skipped."""
+        began = time.monotonic()
         marks = await self._outputs.assigned(consumer, partitions)
+        said_assigned(partitions, time.monotonic() - began)
         for partition, mark in marks.items():
             self._skip[partition] = decode_ahead(mark.metadata, mark.offset)
             if self._skip[partition]:
@@ -193,7 +204,8 @@ class AtLeastOnce:
         self._published.committed(committed)
 
     async def assigned(self, consumer, partitions) -> None:
-        """Nothing: new partitions start from their committed offsets."""
+        """Nothing but said: new partitions start from their committed offsets."""
+        said_assigned(partitions, 0.0)
 
     def settling(self, partition) -> bool:
         return False

@@ -256,6 +256,49 @@ def test_a_take_over_that_cannot_read_its_offsets_asks_again_and_seeks_them(
     assert asyncio.run(scenario()) == (3, 3, 3)
 
 
+def test_a_take_over_whose_producer_never_starts_says_so_and_starts_another(
+    default_broker, monkeypatch, caplog
+):
+    # aiokafka asks InitProducerId until it is answered, silently: a start that never
+    # ends kept a take-over (in the rebalance callback) waiting with its partition paused
+    # for good, nothing logged (the short crash drill: two relqueries partitions never
+    # served again). The start is bounded (`START_S`), said and tried again.
+    from aiokafka import AIOKafkaProducer
+
+    import relstream.kafka.transactions as transactions
+
+    starts, start = [], AIOKafkaProducer.start
+
+    async def first_never_answered(producer):
+        starts.append(1)
+        if len(starts) == 1:
+            await asyncio.Event().wait()  # as aiokafka's endless InitProducerId loop
+        await start(producer)
+
+    monkeypatch.setattr(transactions, "START_S", 0.5)
+    monkeypatch.setattr(AIOKafkaProducer, "start", first_never_answered)
+
+    async def scenario():
+        topics, group = fresh()
+        partition = TopicPartition(topics.relqueries, 0)
+        await create_topics(default_broker.bootstrap, topics.layout())
+        producers = PartitionProducers(default_broker.bootstrap, group, backoff=Backoff(0.1))
+        consumer = new_consumer(default_broker.bootstrap, group_id=group)
+        await consumer.start()
+        try:
+            consumer.assign([partition])
+            async with asyncio.timeout(20):  # before: never returned
+                await producers.take_over(consumer, [partition])
+            return producers.owns(partition), consumer.paused()
+        finally:
+            await consumer.stop()
+            await producers.close_all()
+
+    with caplog.at_level(logging.WARNING, logger="relstream.kafka.transactions"):
+        assert asyncio.run(scenario()) == (True, set())
+    assert len(starts) == 2 and "not started (TimeoutError" in caplog.text
+
+
 def test_a_dead_writers_open_transaction_holds_back_only_its_own_partitions(default_broker):
     # One engine dies with a transaction open on results partition 0 (the default broker
     # never times it out). Another, co-partitioned as the engine's commits are, answers
