@@ -23,7 +23,7 @@ from relstream.cli.common import (
 from relstream.cli.door import door_limit_options, door_limits, http_door
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
-from relstream.placement.reports import LOAD_REPORT_S
+from relstream.placement.reports import LOAD_HEARTBEAT_S, LOAD_REPORT_S
 from relstream.ready import clear_ready
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 
@@ -183,7 +183,15 @@ _ENGINE_OPTIONS = (
         default=LOAD_REPORT_S,
         show_default=True,
         type=click.FloatRange(min=0.05),
-        help="Seconds between two load reports.",
+        help="Seconds between two looks at this engine's load (a changed one is reported).",
+    ),
+    click.option(
+        "--load-heartbeat-s",
+        default=LOAD_HEARTBEAT_S,
+        show_default=True,
+        type=click.FloatRange(min=1.0),
+        help="Seconds between two reports of an unchanged load (an idle engine's heartbeat: "
+        "the default broker rewrites its store after any write).",
     ),
 )
 
@@ -348,6 +356,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
             answer_topic=opts["answer_cache"] == "topic",
             answer_secret=opts["answer_secret"],
             load_report_s=opts["load_report_s"] if opts["load_reports"] else 0.0,
+            load_heartbeat_s=opts["load_heartbeat_s"],
         )
         service = KafkaService(config, backend)
         doors.append(service.run(stop))  # it says when it serves

@@ -55,6 +55,7 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity, watch: float | 
 
 def show(found, bootstrap: str, names) -> None:
     from relstream.kafka.inspect import STALE_REPORT_S, TAIL_MESSAGES
+    from relstream.placement.choice import IDLE_EXPIRY_S
 
     if not found.topics:
         raise click.ClickException(
@@ -107,7 +108,8 @@ def show(found, bootstrap: str, names) -> None:
             said += f", the last {now - engine.last_answer_at:.0f} s ago"
         if engine.reported_at is not None:
             silent = max(now - engine.reported_at, 0)
-            if silent > STALE_REPORT_S:
+            idle = (engine.outstanding_s or 0.0) <= 0  # its report repeated as a heartbeat
+            if silent > (IDLE_EXPIRY_S if idle else STALE_REPORT_S):
                 said += (
                     f"; STALE: no load report for {silent:.0f} s (stopped, or killed:"
                     " a killed engine's partitions wait for it to start again)"

@@ -28,8 +28,9 @@ M = TypeVar("M", DeadLetterMessage, MetricsMessage, LoadReportMessage)
 TAIL_MESSAGES = 10_000  # the newest metrics and dead letters read, per partition
 STATUS_S = 8.0  # status answers within this (plus the interpreter's start)
 EXAMPLES = 3  # example keys shown per dead-letter cause
-# An engine reports its load every LOAD_REPORT_S while it runs: silent this long, it is
-# stopped or dead (`relstream status` marks it stale).
+# An engine at work reports its load every LOAD_REPORT_S: silent this long, it is stopped
+# or dead (`relstream status` marks it stale). An idle one reports only every
+# LOAD_HEARTBEAT_S: stale after `placement.choice.IDLE_EXPIRY_S`.
 STALE_REPORT_S = 30.0
 HELD_LOOK_S = 1.5  # a partition held this long at one offset is named held
 COUNTED = 10_000  # a group's gap read and its records counted, at most (offsets beyond)

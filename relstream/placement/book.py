@@ -132,7 +132,8 @@ class LoadBook:
         if not report.finite:
             return "work or prices not finite"
         now = self.clock()
-        if not now - self.expiry <= report.at <= now + MAX_SKEW_S:
+        lasts = self._placement.lasts(engine_load(report))  # an idle engine's, longer
+        if not now - lasts <= report.at <= now + MAX_SKEW_S:
             return "expired" if report.at < now else "dated in the future"
         if self.partitions is not None and any(p >= self.partitions for p in report.partitions):
             return "names a partition the topic does not have"

@@ -3,19 +3,21 @@
 Engines in one consumer group each own some partitions of the relqueries topic, so the
 partition a relQuery is written to picks its engine. Each engine reports, every quarter
 second by default, the partitions it owns, its outstanding work in engine seconds (its
-own cost fit) and its unfinished relQueries counted by size class; a report expires
-after `expiry` seconds. The placer estimates each engine's work as its last report plus
-the work the placer itself sent it after that report was measured: a report read late
-does not wipe out what was sent after it, which it cannot hold. Among engines within
-`margin` of the least, one that recently served the same template wins (its prompt
-prefix is cached). Otherwise, among engines within `spread` of the least, the relQuery
-goes where it delays the fewest relQueries: an engine runs small relQueries first, so a
-relQuery placed there delays the ones larger than it, and placing it beside relQueries
-of its own size keeps an engine's large relQueries from being passed by every small one
-that arrives (a burst's tail); then the least work. With no fresh report it falls back
-to the key's hash, as a producer's default partitioner does. The same object places
-relQueries from the Python client, the worker and the HTTP door (`placement/book.py`)
-and among the simulator's engines (`relstream_lab/placement/run.py`).
+own cost fit) and its unfinished relQueries counted by size class, and repeats it
+unchanged only as a heartbeat; a report expires after `expiry` seconds (`idle_expiry`
+for an idle engine's, which changes rarely). The placer estimates each engine's work as
+its last report plus the work the placer itself sent it after that report was measured:
+a report read late does not wipe out what was sent after it, which it cannot hold. Among
+engines within `margin` of the least, one that recently served the same template wins
+(its prompt prefix is cached). Otherwise, among engines within `spread` of the least,
+the relQuery goes where it delays the fewest relQueries: an engine runs small relQueries
+first, so a relQuery placed there delays the ones larger than it, and placing it beside
+relQueries of its own size keeps an engine's large relQueries from being passed by every
+small one that arrives (a burst's tail); then the least work. With no fresh report it
+falls back to the key's hash, as a producer's default partitioner does. The same object
+places relQueries from the Python client, the worker and the HTTP door
+(`placement/book.py`) and among the simulator's engines
+(`relstream_lab/placement/run.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from typing import NamedTuple
 from relstream.placement.load import SIZE_CLASSES, Load, size_class, size_counts
 
 EXPIRY_S = 3.0  # a report older than this is not trusted (twelve default report periods)
+# An idle engine's report (no work left) is repeated only as a heartbeat, every
+# `reports.LOAD_HEARTBEAT_S` (60 s): trusted for two and a half heartbeats.
+IDLE_EXPIRY_S = 150.0
 MARGIN = 0.1  # engines within 10 % of the least count as tied for the template
 SPREAD = 0.5  # engines within 50 % of the least may take a relQuery where it delays fewest
 
@@ -60,6 +65,7 @@ class Placement:
 
     partitions: int
     expiry: float = EXPIRY_S
+    idle_expiry: float = IDLE_EXPIRY_S
     margin: float = MARGIN
     spread: float = SPREAD
     _reports: dict[str, EngineLoad] = field(default_factory=dict)
@@ -98,8 +104,14 @@ class Placement:
         )
 
     def fresh(self, now: float) -> list[EngineLoad]:
-        """Reports young enough to trust, of engines that own partitions."""
-        return [r for r in self._reports.values() if now - r.at <= self.expiry and r.partitions]
+        """Reports young enough to trust (an idle engine's for longer), of engines that
+        own partitions."""
+        return [r for r in self._reports.values() if now - r.at <= self.lasts(r) and r.partitions]
+
+    def lasts(self, report: EngineLoad) -> float:
+        """How long `report` is trusted: an idle engine repeats its report only as a
+        heartbeat."""
+        return self.idle_expiry if report.load.idle else self.expiry
 
     def choose(
         self,

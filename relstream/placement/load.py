@@ -38,6 +38,12 @@ class Load(msgspec.Struct, frozen=True):
     templates: tuple[str, ...] = ()
 
     @property
+    def idle(self) -> bool:
+        """No work left: such a report changes rarely, so its engine repeats it only as a
+        heartbeat (`reports.LOAD_HEARTBEAT_S`) and readers trust it longer."""
+        return self.outstanding_s <= 0 and not any(self.size_counts)
+
+    @property
     def counted(self) -> bool:
         """Whether it counts its relQueries by size: one with work left and no counts
         comes from an engine that does not count them."""

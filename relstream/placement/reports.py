@@ -1,7 +1,10 @@
-"""An engine's load reports, written and signed: every LOAD_REPORT_S seconds, on the metrics
-topic, the relqueries partitions it owns now (its consumer's assignment) and its
-backend's `load()` (`placement/load.py`), so relQueries can be placed by load
-(`placement/book.py` reads them).
+"""An engine's load reports, written and signed: looked at every LOAD_REPORT_S seconds,
+the relqueries partitions it owns now (its consumer's assignment) and its backend's
+`load()` (`placement/load.py`), published on the metrics topic when they changed and
+otherwise every LOAD_HEARTBEAT_S as a heartbeat, so relQueries can be placed by load
+(`placement/book.py` reads them). An engine at work reports at every look (its work left
+changes); an idle one writes nothing between heartbeats: the default broker rewrites its
+whole store after any write, so an idle pipeline's cost hangs on these (issue 49).
 
 A report is best effort: one the broker does not take is dropped, and the next one
 replaces it. A reader trusts each for a few seconds only, so an engine
@@ -29,7 +32,8 @@ from relstream.placement.load import Load
 from relstream.wire import LoadReportMessage, encode
 from relstream.wire.messages import KIND_HEADER
 
-LOAD_REPORT_S = 0.25  # how often an engine reports, by default (docs/benchmarks/placement)
+LOAD_REPORT_S = 0.25  # how often an engine looks at its load (docs/benchmarks/placement)
+LOAD_HEARTBEAT_S = 60.0  # an unchanged report is repeated this often (`IDLE_EXPIRY_S`)
 HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
 SECRET_ENV = "RELSTREAM_ANSWER_SECRET"  # the engines' secret (service/answercache.py)
 MAC_CONTEXT = b"relstream.load_report.v1\0"
@@ -95,12 +99,22 @@ async def report_load(backend: RelQueryBackend, consumer, producer, config, engi
         await supervised("the load reporter", run)
 
 
+def due(report: LoadReportMessage, last: LoadReportMessage | None, heartbeat_s: float) -> bool:
+    """Whether `report` is to be published: it differs from the `last` published (its
+    time aside), or that one is `heartbeat_s` old."""
+    if last is None or report.at - last.at >= heartbeat_s:
+        return True
+    return msgspec.structs.replace(report, at=last.at) != last
+
+
 async def _report_load(backend: RelQueryBackend, consumer, producer, config, engine: str):
     topics = config.topics
     secret = config.answer_secret or engines_secret()
+    last = None
     while True:
         report = load_report(backend, consumer, topics.relqueries, engine)
-        if report is not None:
+        if report is not None and due(report, last, config.load_heartbeat_s):
             value = encode(signed(report, secret))
             await publish_best_effort(producer, topics.metrics, value, engine.encode(), HEADERS)
+            last = report
         await asyncio.sleep(config.load_report_s)

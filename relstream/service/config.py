@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from relstream.kafka.delivery import STALL_S
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
+from relstream.placement.reports import LOAD_HEARTBEAT_S
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 from relstream.wire.formats import Format
 
@@ -32,6 +33,7 @@ class ServiceConfig:
     answer_topic: bool = False  # back the backend's answer cache with the answers topic
     answer_secret: bytes | None = None  # the engines' shared secret, signing answers
     stall_s: float = STALL_S  # a result unacknowledged this long pauses its partition
-    load_report_s: float = 0.0  # > 0: report load this often (placement/reports.py)
+    load_report_s: float = 0.0  # > 0: look at its load this often (placement/reports.py)
+    load_heartbeat_s: float = LOAD_HEARTBEAT_S  # an unchanged report repeated this often
     instance_id: str | None = None  # its static member id in the group (None: dynamic)
     transactions: bool = True  # exactly once where the broker has them (service/commits.py)

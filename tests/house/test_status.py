@@ -302,8 +302,9 @@ def test_status_marks_a_silent_engine_stale_counts_records_and_names_a_held_part
         now = time.time()
         reports = [
             LoadReportMessage(engine=name, topic=topics.relqueries, partitions=[1],
-                              outstanding_s=2.0, at=at)
-            for name, at in (("host:111", now - 45), ("host:222", now))
+                              outstanding_s=work, at=at)
+            for name, work, at in (("host:111", 2.0, now - 45), ("host:222", 2.0, now),
+                                   ("host:333", 0.0, now - 45), ("host:444", 0.0, now - 200))
         ]  # fmt: skip
         headers = [("relstream-kind", b"load_report")]
         producer = new_producer(bootstrap)
@@ -326,6 +327,10 @@ def test_status_marks_a_silent_engine_stale_counts_records_and_names_a_held_part
     assert row_of(shown.stdout, "engines-s")[-1] == f"{topics.relqueries} 0"
     assert re.search(r"engine host:111: .*STALE: no load report for 4\d s", said), said
     assert re.search(r"engine host:222: .* of work outstanding \(reported \d s ago\)", said)
+    # An idle engine repeats its report only as a heartbeat (60 s): silent 45 s it is
+    # not stale; silent past IDLE_EXPIRY_S (150 s) it is.
+    assert re.search(r"engine host:333: .* 0.0 s of work outstanding \(reported 4\d s", said)
+    assert re.search(r"engine host:444: .*STALE: no load report for 20\d s", said), said
     assert f"{topics.results}[0] is held by an open transaction from offset 0" in said, said
 
 

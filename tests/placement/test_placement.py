@@ -146,3 +146,32 @@ def test_an_engine_that_does_not_count_its_relqueries_leaves_the_least_work_to_d
 def test_a_work_no_fit_should_give_falls_in_the_last_class_not_a_crash():
     assert size_class(float("inf")) == size_class(float("nan")) == SIZE_CLASSES - 1
     assert size_class(1e300) == SIZE_CLASSES - 1
+
+
+def test_an_idle_engines_report_is_trusted_for_its_heartbeat_a_busy_ones_for_seconds():
+    # b idle (its report repeated only every 60 s), a busy: at 100 + 60, a's report of
+    # 100 is long expired (3 s) and b's still trusted (150 s); at 100 + 151 neither.
+    room = Placement(partitions=4)
+    room.report(reported("a", (0, 1), 10.0, at=100.0, **PRICES))
+    room.report(reported("b", (2, 3), 0.0, at=100.0, **PRICES))
+    assert [r.engine for r in room.fresh(now=102.0)] == ["a", "b"]
+    assert [r.engine for r in room.fresh(now=160.0)] == ["b"]
+    assert room.choose(b"k", 1000, 200, now=160.0) in (2, 3)
+    assert room.fresh(now=251.0) == []
+
+
+def test_an_engine_publishes_a_changed_report_at_once_and_an_unchanged_one_as_a_heartbeat():
+    from relstream.placement.reports import due
+    from relstream.wire import LoadReportMessage
+
+    def report(at: float, work: float = 0.0, partitions=(0, 1)) -> LoadReportMessage:
+        return LoadReportMessage(engine="e", topic="rq", partitions=list(partitions),
+                                 outstanding_s=work, at=at)  # fmt: skip
+
+    last = report(100.0)
+    assert due(report(100.25), None, 60.0)  # the first
+    assert not due(report(100.25), last, 60.0)  # idle, unchanged: nothing written
+    assert not due(report(159.9), last, 60.0)
+    assert due(report(160.0), last, 60.0)  # the heartbeat
+    assert due(report(100.25, work=3.5), last, 60.0)  # work arrived
+    assert due(report(100.25, partitions=(0,)), last, 60.0)  # a rebalance
