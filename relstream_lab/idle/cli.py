@@ -31,6 +31,13 @@ from relstream_lab.common.options import typed_command
     help="noida-db: `relstream broker`; tansu: `relstream broker --memory`.",
 )
 @click.option(
+    "--rows",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Rows sent through the pipeline (and answered) before the idle spell.",
+)
+@click.option(
     "--report-only",
     is_flag=True,
     help="Rewrite README.md from --out's results.json (and notes.md) without running.",
@@ -41,7 +48,7 @@ from relstream_lab.common.options import typed_command
     default=Path("docs/benchmarks/idle"),
     show_default=True,
 )
-def idle(runs, seconds, settle, brokers, report_only, out):
+def idle(runs, seconds, settle, brokers, rows, report_only, out):
     """The README walkthrough's broker, worker and engine (sim) idle: CPU per process."""
     from relstream_lab.common.report import machine_description
     from relstream_lab.idle.report import markdown, show
@@ -50,7 +57,7 @@ def idle(runs, seconds, settle, brokers, report_only, out):
     if report_only:
         document = json.loads((out / "results.json").read_text())
     else:
-        records = idle_runs(list(brokers), runs, seconds, settle, show)
+        records = idle_runs(list(brokers), runs, seconds, settle, show, rows)
         document = {"command": typed_command(), "machine": machine_description(), "runs": records}
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(document, indent=1))

@@ -13,9 +13,12 @@ NAMES = {"noida-db": "default (`relstream broker`, noida-db)", "tansu": "`--memo
 
 def show(record: dict) -> None:
     cpu = ", ".join(f"{role} {record['cpu'][role]:.1%}" for role in ROLES)
+    written = record.get("written", {}).get("broker", 0.0)
     console.print(
-        f"{record['broker']} run {record['run']}: {cpu}; first row after the idle spell "
-        f"{record['first_row_s']:.2f} s (load {record['load_before']:.1f})"
+        f"{record['broker']} run {record['run']}: {cpu}; broker writes {written:.2f} MB/s, "
+        f"store {record.get('store_mb', 0.0):.0f} MB after {record.get('rows', 0):,} rows; "
+        f"first row after the idle spell {record['first_row_s']:.2f} s "
+        f"(load {record['load_before']:.1f})"
     )
 
 
@@ -58,14 +61,17 @@ def markdown(document: dict) -> list[str]:
         "Every run (share of one core; the machine's 1-minute load average before and "
         "after the spell):",
         "",
-        "| on | run | " + " | ".join(ROLES) + " | first row (s) | load |",
-        "|---|---|" + "---|" * len(ROLES) + "---|---|",
+        "| on | run | " + " | ".join(ROLES) + " | first row (s) | load | rows before | "
+        "broker writes (MB/s) | store (MB) |",
+        "|---|---|" + "---|" * len(ROLES) + "---|---|---|---|---|",
     ]
     for run in runs:
         cells = [f"{run['cpu'][role]:.1%}" for role in ROLES]
         lines.append(
             f"| {run['broker']} | {run['run']} | "
             + " | ".join(cells)
-            + f" | {run['first_row_s']:.2f} | {run['load_before']:.1f}-{run['load_after']:.1f} |"
+            + f" | {run['first_row_s']:.2f} | {run['load_before']:.1f}-{run['load_after']:.1f}"
+            + f" | {run.get('rows', 0):,} | {run.get('written', {}).get('broker', 0.0):.2f}"
+            + f" | {run.get('store_mb', 0.0):.0f} |"
         )
     return [*lines, ""]

@@ -1,7 +1,10 @@
 """The README walkthrough's three processes (broker, worker, engine on `--backend sim`),
-started as a user starts them, left idle, and measured: each process's CPU time (its
-children included) over a spell with no row flowing, then how long the first row produced
-after that spell takes to come back as a result.
+started as a user starts them, left idle, and measured: each process's CPU time and bytes
+written to disk (its children included) over a spell with no row flowing, then how long
+the first row produced after that spell takes to come back as a result. With `rows`, that
+many rows go through the pipeline first (produced, answered, the results read back), so
+the spell measures a pipeline that has held data, as on day one at scale: the default
+broker rewrites its whole store after any write (issue 49).
 
 CPU time, not wall time, is what is measured: on a machine shared with other work a process
 that waits is not charged for the waiting, so the share of a core is its own."""
@@ -23,7 +26,7 @@ from relstream.kafka.brokers import free_port
 from relstream.kafka.clients import assign_all, new_consumer, produce, running
 from relstream.kafka.topics import Topics
 from relstream.launch import relstream_command, spawn_logged, wait_ready
-from relstream.wire import RowMessage, encode
+from relstream.wire import ResultMessage, RowMessage, decode, encode
 
 # The walkthrough's registration (README, "Your own table, step by step").
 QUERIES = """\
@@ -43,6 +46,9 @@ class IdleRun:
     broker: str  # "noida-db" (the default) or "tansu" (--memory)
     seconds: float  # the idle spell measured
     cpu: dict[str, float]  # role -> share of one core over the spell, children included
+    written: dict[str, float]  # role -> MB/s written to disk over the spell, children too
+    rows: int  # rows through the pipeline before the spell
+    store_mb: float  # the broker's data dir after the spell (0 for --memory)
     first_row_s: float  # a row produced after the spell -> its result read back
     load_before: float  # the machine's 1-minute load average as the spell began
     load_after: float
@@ -65,6 +71,53 @@ def cpu_seconds(pid: int) -> dict[int, float]:
             continue
         times[process.pid] = used.user + used.system
     return times
+
+
+def bytes_written(pid: int) -> dict[int, float]:
+    """Bytes written to storage by a process and each of its live descendants, by pid."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    written = {}
+    for process in processes:
+        try:
+            written[process.pid] = float(process.io_counters().write_bytes)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return written
+
+
+def _size_mb(folder: Path) -> float:
+    if not folder.exists():
+        return 0.0
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
+
+
+async def _preload(bootstrap: str, rows: int, timeout: float) -> None:
+    """`rows` rows produced to the walkthrough's table, and waited for until a result
+    holds each (as a user's reader reads them)."""
+    topics = Topics()
+    reader = new_consumer(bootstrap)
+    async with running(reader):
+        await assign_all(reader, topics.results)
+        for start in range(0, rows, 5_000):
+            batch = [
+                (f"pre-{n}".encode(), encode(RowMessage(
+                    table="reviews", key=f"pre-{n}", values={"review": f"Preloaded review {n}."}
+                )))
+                for n in range(start, min(start + 5_000, rows))
+            ]  # fmt: skip
+            await produce(bootstrap, topics.rows("reviews"), batch)
+        answered, deadline = 0, time.monotonic() + timeout
+        while answered < rows:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{answered} of {rows} preloaded rows answered in {timeout:g} s")
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                answered += sum(len(decode(ResultMessage, r.value).rows) for r in records)
 
 
 def spent(before: dict[int, float], after: dict[int, float]) -> float:
@@ -135,8 +188,9 @@ async def _first_row(bootstrap: str, timeout: float) -> float:
     raise RuntimeError(f"no result within {timeout:g} s")
 
 
-def idle_run(broker: str, seconds: float, settle: float, workdir: Path) -> IdleRun:
-    """One run: the three processes started, ready, left to settle, then measured."""
+def idle_run(broker: str, seconds: float, settle: float, workdir: Path, rows: int = 0) -> IdleRun:
+    """One run: the three processes started, ready, `rows` through them, left to settle,
+    then measured."""
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"
     logs = {role: workdir / f"{role}.log" for role in ROLES}
@@ -161,31 +215,40 @@ def idle_run(broker: str, seconds: float, settle: float, workdir: Path) -> IdleR
         )
         ready = [workdir / "worker.ready", workdir / "engine.ready"]
         wait_ready(ready, list(processes.values()), 180)
+        if rows:
+            asyncio.run(_preload(bootstrap, rows, max(300.0, rows / 100)))
         time.sleep(settle)
         load_before = os.getloadavg()[0]
         before = {role: cpu_seconds(p.pid) for role, p in processes.items()}
+        wrote = {role: bytes_written(p.pid) for role, p in processes.items()}
         started = time.monotonic()
         time.sleep(seconds)
         after = {role: cpu_seconds(p.pid) for role, p in processes.items()}
+        wrote_after = {role: bytes_written(p.pid) for role, p in processes.items()}
         elapsed = time.monotonic() - started
         load_after = os.getloadavg()[0]
         for role, process in processes.items():
             if process.poll() is not None:
                 raise RuntimeError(f"the {role} exited while idle; see {logs[role]}")
         cpu = {role: spent(before[role], after[role]) / elapsed for role in ROLES}
+        written = {role: spent(wrote[role], wrote_after[role]) / elapsed / 1e6 for role in ROLES}
+        store_mb = _size_mb(workdir / "data")
         first_row = asyncio.run(_first_row(bootstrap, 60))
-        return IdleRun(broker, elapsed, cpu, first_row, load_before, load_after)
+        return IdleRun(broker, elapsed, cpu, written, rows, store_mb, first_row, load_before,
+                       load_after)  # fmt: skip
     finally:
         _stop_all([processes[role] for role in ("engine", "worker", "broker") if role in processes])
 
 
-def idle_runs(brokers: list[str], runs: int, seconds: float, settle: float, on_run) -> list[dict]:
+def idle_runs(
+    brokers: list[str], runs: int, seconds: float, settle: float, on_run, rows: int = 0
+) -> list[dict]:
     """`runs` runs on each broker, alternating, each in a fresh working dir."""
     records = []
     for number in range(runs):
         for broker in brokers:
             with tempfile.TemporaryDirectory(prefix="relstream-idle-") as workdir:
-                record = asdict(idle_run(broker, seconds, settle, Path(workdir)))
+                record = asdict(idle_run(broker, seconds, settle, Path(workdir), rows))
             record["run"] = number
             on_run(record)
             records.append(record)
