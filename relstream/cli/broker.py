@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from relstream.cli.common import console, prefix_option
 from relstream.extras import require
 from relstream.kafka.brokers import BROKERS, STORED_BROKER
+from relstream.kafka.topics import KEEP_DAYS
 
 
 @click.command()
@@ -37,6 +38,14 @@ from relstream.kafka.brokers import BROKERS, STORED_BROKER
 )
 @prefix_option
 @click.option("--table", "tables", multiple=True, help="Also create the rows topic of TABLE.")
+@click.option(
+    "--keep-days",
+    default=KEEP_DAYS,
+    show_default=True,
+    type=click.FloatRange(min=0.001),
+    help="How long the topics it creates keep rows, relQueries, results and dead letters "
+    "(a sink that was down reads what it missed within this); metrics a day at most.",
+)
 def broker(
     kind: str,
     memory: bool,
@@ -44,6 +53,7 @@ def broker(
     data_dir: Path | None,
     prefix: str,
     tables: tuple[str, ...],
+    keep_days: float,
 ) -> None:
     """Run an embedded Kafka-protocol broker on 127.0.0.1 until Ctrl-C. It keeps its topics
     on disk, so stopping and starting it loses nothing; --memory keeps them in memory."""
@@ -58,12 +68,13 @@ def broker(
     # a thread started before the mask still took the signal's default, killing this
     # process and orphaning the broker; seen once in the test suite.)
     signal.signal(signal.SIGTERM, _interrupt)
-    embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables)
+    embedded = EmbeddedBroker(kind, port, data_dir, Topics(prefix), tables, keep_days)
     bootstrap = embedded.start()  # stops what it started where it fails
     try:
         console.print(f"{kind} ready: [bold]{bootstrap}[/] (topics under {prefix!r} created)")
         if embedded.data_path is not None:
             console.print(f"data in {embedded.data_path.resolve()} (kept when it stops)")
+            console.print(_store_cost(embedded.data_path, keep_days), markup=False)
         else:
             console.print("memory only: every topic is lost when it stops")
         while True:
@@ -73,6 +84,18 @@ def broker(
     finally:
         embedded.stop()
         console.print(f"{kind} stopped")
+
+
+def _store_cost(data: Path, keep_days: float) -> str:
+    """One line on what noida-db's store costs: it keeps every topic in one file, written
+    whole after any write, so its cost grows with what it holds (docs/operations.md)."""
+    store = data / "kafka.json"
+    size = store.stat().st_size / 1e6 if store.exists() else 0.0
+    return (
+        f"store {size:.0f} MB ({store.name}, written whole after any write; topics keep "
+        f"{keep_days:g} days): its cost grows with what it holds; for heavy use, move to "
+        "Kafka (docs/operations.md, The default broker at scale)"
+    )
 
 
 def _interrupt(_signum: int, _frame) -> None:

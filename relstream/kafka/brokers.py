@@ -21,7 +21,7 @@ import platformdirs
 
 from relstream.extras import MissingExtra
 from relstream.kafka.clients import create_topics, metadata_ok
-from relstream.kafka.topics import Topics
+from relstream.kafka.topics import KEEP_DAYS, Topics
 
 log = logging.getLogger("relstream.kafka")
 
@@ -87,6 +87,7 @@ class EmbeddedBroker:
     data_dir: Path | None = None  # noida-db only; default: `default_data_dir()`
     topics: Topics = field(default_factory=Topics)
     tables: tuple[str, ...] = ()
+    keep_days: float = KEEP_DAYS  # its topics' retention (`Topics.retention_ms`)
     _process: subprocess.Popen | None = None
     _log: Path | None = None
 
@@ -123,11 +124,21 @@ class EmbeddedBroker:
             )
         try:
             self._wait_until_ready(timeout)
-            asyncio.run(create_topics(self.bootstrap, self.topics.layout(self.tables)))
+            asyncio.run(self._create_topics())
         except BaseException:
             self.stop()
             raise
         return self.bootstrap
+
+    async def _create_topics(self) -> None:
+        """relstream's topics, each with its retention (a broker that ignores it keeps
+        everything: Tansu, in memory)."""
+        layout = self.topics.layout(self.tables)
+        kept: dict[int, dict[str, int]] = {}
+        for topic, partitions in layout.items():
+            kept.setdefault(self.topics.retention_ms(topic, self.keep_days), {})[topic] = partitions
+        for retention, topics in kept.items():
+            await create_topics(self.bootstrap, topics, configs={"retention.ms": str(retention)})
 
     def _command(self) -> list[str]:
         data = self.data_path

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KEEP_DAYS = 7.0  # rows, relQueries, results, dead letters: a week, as Kafka keeps by default
+SHORT_KEEP_MS = 24 * 3600 * 1000  # metrics (load reports among them), partial results: a day
+
 
 @dataclass(frozen=True)
 class Topics:
@@ -59,3 +62,11 @@ class Topics:
         }
         layout.update({self.rows(table): self.partitions for table in tables})
         return layout
+
+    def retention_ms(self, topic: str, keep_days: float = KEEP_DAYS) -> int:
+        """How long an embedded broker keeps `topic`'s messages (`retention.ms`): what
+        a sink or a restarted worker or engine may still need, `keep_days`; metrics and
+        partial results, which nothing replays, a day."""
+        if topic in (self.metrics, self.partial_results):
+            return min(SHORT_KEEP_MS, int(keep_days * 86_400_000))
+        return int(keep_days * 86_400_000)
