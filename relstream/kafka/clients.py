@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from relstream.kafka.aborts import drop_ended_aborts
 from relstream.kafka.groupjoin import rejoin_on_empty_assignment
 from relstream.kafka.idlefetch import HeldFetchConsumer
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
@@ -45,6 +46,7 @@ def new_consumer(
     messages (what an aborted transaction wrote is never seen). A member the broker
     assigns nothing by mistake joins again (`groupjoin`)."""
     rejoin_on_empty_assignment()
+    drop_ended_aborts()  # noida-db lists aborted transactions that ended before a fetch
     options = {
         "enable_auto_commit": False,
         "isolation_level": "read_committed",
