@@ -167,6 +167,10 @@ class Engine:
     txn: Txn | None = None  # that transaction, once begun
     before: int = 0  # `_once`'s `breaks()` when it began (the broker's restarts)
     answer: str = ""  # what that transaction carries: "result" or "letter"
+    # The group's mark as it last knew it (`PartitionProducers._known`), and whether its
+    # next try checks it first, having renewed its producer after a failure
+    known: tuple | None = None
+    verify: bool = False
     # What each served offset is: the relQuery id read there.
     ids: dict[int, str] = field(default_factory=dict)
 
@@ -190,6 +194,7 @@ class Model:
     # (`txprobe._announce_again`); False: as before, a batch resent after a restart pins.
     ANNOUNCE_AGAIN = True
     KILLED_WITH_A_LATE_BATCH = False  # killed after a batch resent past a restart
+    CHECK_OURS = True  # a renewed producer checks the group's mark first; False: as before
     # A window closed by the clock while rows of it are still to be read: the product
     # closes one only once read to the end (stage.py `_read_to_end`); True: as before.
     EXPIRES_BEHIND = False
@@ -379,7 +384,8 @@ class Model:
         kafka = self.kafka
         engine.owns = True
         engine.producer = kafka.init_producer(ENGINE_GROUP)
-        mark = kafka.commits.get(ENGINE_GROUP)
+        mark = engine.known = kafka.commits.get(ENGINE_GROUP)
+        engine.verify = False
         if mark is None:
             engine.position, engine.skip = 0, frozenset()
         else:
@@ -425,6 +431,11 @@ class Model:
         if engine.producer != self.kafka.epochs[ENGINE_GROUP]:  # ProducerFenced
             self._fenced(engine, offset)
             return
+        if engine.verify and self.CHECK_OURS:  # `_check_ours`: another owner committed?
+            engine.verify = False
+            if self.kafka.commits.get(ENGINE_GROUP) != engine.known:
+                self._fenced(engine, offset)
+                return
         engine.locked, engine.answer = offset, "letter" if letter else "result"
         engine.txn, engine.before = self.kafka.begin(ENGINE_GROUP), self.kafka.restarts
         relquery_id = engine.ids[offset]
@@ -455,6 +466,7 @@ class Model:
         if (times_out and self.faults) or lost:  # `_renew`: a new producer aborts it
             engine.txn = None  # the lock stays held: `engine_begin` retries it
             engine.producer = kafka.init_producer(ENGINE_GROUP) if engine.owns else None
+            engine.verify = True
             return  # (an outage answers before any fencing can)
         if engine.producer != kafka.epochs[ENGINE_GROUP] or txn.state != "open":
             engine.txn = None
@@ -469,7 +481,8 @@ class Model:
         first, ahead = engine.book.progress(P, offset)
         if cut == "before":
             kafka.restart_keeping()
-        kafka.commit(ENGINE_GROUP, txn, (first, encode_ahead(ahead, first)))
+        engine.known = (first, encode_ahead(ahead, first))
+        kafka.commit(ENGINE_GROUP, txn, engine.known)
         self._after_commit(cut)
         if engine.answer == "result" and txn.records[0].visible:
             kafka.seen_results[engine.ids[offset]] += 1

@@ -34,10 +34,14 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from relstream.kafka.clients import start_all
+
+if TYPE_CHECKING:
+    from aiokafka import TopicPartition
 
 INSTANCE_ID_ENV = "RELSTREAM_INSTANCE_ID"
 SAY_WAITING_AFTER_S = 10.0  # how long a process waits for its group before it says so
@@ -164,3 +168,17 @@ def _say_waiting(logger: logging.Logger, consumer, bootstrap: str, waited_s: flo
         bootstrap,
         getattr(consumer, "_group_instance_id", None),
     )
+
+
+def rejoin(consumer, partition: TopicPartition) -> None:
+    """Ask `consumer`'s group to assign its partitions again: `partition` was fenced
+    while the group still had it here. The rebalance revokes every partition (the
+    engine forgets their work in flight) and assigns them anew (each fenced again and read
+    from its commit). Kafka Streams does the same on a fenced producer; aiokafka has no
+    public call for it."""
+    logging.getLogger("relstream.kafka.transactions").warning(
+        "transactional producer for %s fenced while its partition is assigned here: "
+        "asking the group to assign partitions again",
+        partition,
+    )
+    consumer._coordinator.request_rejoin()

@@ -121,6 +121,14 @@ async def group_marks(bootstrap: str, security: KafkaSecurity, group: str, parti
         await admin.close()
 
 
+async def mark_moved(
+    bootstrap: str, security: KafkaSecurity, group: str, partition: TopicPartition, known
+) -> bool:
+    """Whether the group's mark of `partition` differs from `known` ((offset, metadata),
+    or None for no commit)."""
+    return await _committed_mark(bootstrap, security, group, partition) != known
+
+
 async def _committed_mark(
     bootstrap: str, security: KafkaSecurity, group: str, partition: TopicPartition
 ) -> tuple[int, str] | None:

@@ -5,23 +5,20 @@ An input partition's producer has the transactional id `{group}.{topic}.{partiti
 The owner a rebalance hands the partition to starts a producer with that id, and the
 broker then aborts whatever transaction the previous owner had open and refuses it any
 later one (`ProducerFenced`): a consumer that lost its partitions without knowing it (a
-stalled process, a zombie) cannot commit. This is the fencing: aiokafka's
-`send_offsets_to_transaction` sends the group id but no generation, so the group itself
-would take a zombie's offsets.
+stalled process, a zombie) cannot commit, nor commit after its own renewal what the
+owner committed (`_check_ours`). aiokafka's `send_offsets_to_transaction` sends no
+generation, so the group itself would take a zombie's offsets.
 
-One transaction at a time per partition (a lock): the caller computes its offset commit
-under the lock (`Transact.offsets`), so each commit's offset and metadata extend the
-previous one's. A transaction the broker does not take (an outage) is retried with the
-same messages, by a new producer under the same id (starting it aborts the open one),
-for as long as the partition stays assigned; a message the broker refuses for good
-aborts it as `Refused`. A transaction during which the producer lost its connection
-before the commit is redone (`BrokerLost`): noida-db, the default broker, forgets at a
-restart which partitions an open transaction wrote. A commit whose answer was lost (it
-raised, or a connection broke while it ran) has an unknown outcome: it is found out from
-the broker's own record (`kafka.outcome`) and only what did not land is done again, so a
-commit the broker acknowledged is never redone. Brokers without transactions (Tansu
-refuses `InitProducerId`) are found at start by `txprobe.has_transactions`, and the
-caller runs at least once instead.
+One transaction at a time per partition (a lock), its offset commit computed under it
+(`offsets`), so each extends the previous one's. A transaction the broker does not take
+(an outage) is retried with the same messages, by a new producer under the same id
+(starting it aborts the open one), for as long as the partition stays assigned; a
+message the broker refuses for good aborts it as `Refused`. A transaction during which
+the producer lost its connection before the commit is redone (`BrokerLost`): noida-db,
+the default broker, forgets at a restart which partitions an open transaction wrote. A
+commit whose answer was lost has an unknown outcome: found out from the broker's record
+(`kafka.outcome`), only what did not land is done again. Without transactions (Tansu,
+found at start: `txprobe.has_transactions`) the caller runs at least once.
 """
 
 from __future__ import annotations
@@ -36,20 +33,18 @@ from aiokafka.errors import ProducerFenced
 
 from relstream.kafka.clients import new_producer
 from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send
-from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome, group_marks
+from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome, group_marks, mark_moved
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.txfaults import BrokerLost, Fenced, Unanswered, count_breaks, refusal
 from relstream.kafka.txprobe import STOP_S, stop_producer
 
 log = logging.getLogger("relstream.kafka.transactions")
 
-# A broker that times transactions out (Apache Kafka) aborts a dead writer's open one
-# after this, so its partitions' `read_committed` readers wait at most so long. The
-# default broker never does (co-partitioning bounds the harm there: `co_partition`).
+# Kafka aborts a dead writer's open transaction after this (readers wait at most so
+# long); noida-db never does (co-partitioning bounds the harm there: `co_partition`).
 TRANSACTION_TIMEOUT_MS = 60_000
-# A transactional producer's start (its InitProducerId, which fences the previous owner)
-# not done in this long is given up, logged and tried again with a new producer: aiokafka
-# itself asks for ever, silently, and a take-over waiting on it keeps its partition paused.
+# A producer's start (InitProducerId) not done in this long is given up, said and tried
+# anew: aiokafka asks for ever, silently, its take-over's partition paused meanwhile.
 START_S = 30.0
 
 
@@ -90,6 +85,9 @@ class PartitionProducers:
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._settling: set[TopicPartition] = set()  # assigned, their position not yet set
         self._attempts: dict[TopicPartition, asyncio.Future] = {}  # a try in flight
+        # The group's mark of each partition as this owner last knew it (read at the
+        # take-over, then its own commits): a renewal checks it (`_check_ours`).
+        self._known: dict[TopicPartition, tuple[int, str] | None] = {}
 
     async def take_over(self, consumer, partitions) -> dict:
         """Fence newly assigned `partitions`' previous owners (`open`), then seek each to
@@ -109,7 +107,9 @@ class PartitionProducers:
             marks = {}
             for partition in set(partitions) & consumer.assignment():  # not revoked since
                 mark = committed.get(partition)
-                if mark is None or mark.offset < 0:
+                known = None if mark is None or mark.offset < 0 else mark
+                self._known[partition] = known and (known.offset, known.metadata or "")
+                if known is None:
                     await consumer.seek_to_beginning(partition)
                     continue
                 consumer.seek(partition, mark.offset)
@@ -226,7 +226,7 @@ class PartitionProducers:
         if lock is None:
             raise Fenced(f"{partition} is not assigned here")
         timer = asyncio.get_running_loop().call_later(self._stall_s, stalled)
-        tries = 0
+        tries, verify = 0, False
         try:
             async with lock:
                 while True:
@@ -237,6 +237,9 @@ class PartitionProducers:
                         raise Fenced(f"{partition} was revoked")
                     tries += 1
                     try:
+                        if verify:  # renewed after a failure: is the partition still ours?
+                            await self._check_ours(partition, lock)
+                            verify = False
                         await self._cancellable(
                             partition, self._once(producer, partition, sends, offsets)
                         )
@@ -262,6 +265,7 @@ class PartitionProducers:
                             partition, self._settle(partition, producer, lock, cut)
                         )
                         if outcome.landed and not outcome.missing:
+                            self._known[partition] = cut.mark
                             return
                         if outcome.landed:  # only what it lost, under the same mark
                             sends, offsets = list(outcome.missing), lambda m=cut.mark: m
@@ -277,8 +281,22 @@ class PartitionProducers:
                         )  # fmt: skip
                         await self._renew(partition, producer, lock)
                         await asyncio.sleep(wait)
+                        verify = True
         finally:
             timer.cancel()
+
+    async def _check_ours(self, partition, lock) -> None:
+        """After a renewal: a process rebalanced away unknowingly (a zombie) renews too,
+        fencing the owner, and would commit what the owner committed. A group mark moved
+        since this one's last: dropped, the group asked (`rejoin`), `Fenced`."""
+        known = self._known.get(partition, False)
+        moved = known is not False and self._locks.get(partition) is lock and await mark_moved(
+            self._bootstrap, self._security, self._group, partition, known)  # fmt: skip
+        if moved:
+            if (current := self._producers.get(partition)) is not None:
+                await self._drop(partition, current)
+            self._on_fenced(partition)
+            raise Fenced(f"{partition}: another owner committed since this one's last commit")
 
     async def _cancellable(self, partition, work):
         """`work` (a try, `_once`, or finding out its outcome, `_settle`) as a task
@@ -331,6 +349,7 @@ class PartitionProducers:
             raise
         except Exception as exc:  # sent, no answer: outcome unknown
             raise Unanswered(f"the commit raised {exc!r}", mark, written) from exc
+        self._known[partition] = tuple(mark)
         if breaks() != before:  # the broker answered: the commit is its, the messages?
             raise Unanswered("its connection broke during the commit", mark, written, answered=True)
 
@@ -379,17 +398,3 @@ class PartitionProducers:
             del self._producers[partition]
         self._breaks.pop(producer, None)
         await stop_producer(producer)
-
-
-def rejoin(consumer, partition: TopicPartition) -> None:
-    """Ask `consumer`'s group to assign its partitions again: `partition` was fenced
-    while the group still had it here. The rebalance revokes every partition (the
-    engine forgets their work in flight) and assigns them anew (each fenced again and read
-    from its commit). Kafka Streams does the same on a fenced producer; aiokafka has no
-    public call for it."""
-    log.warning(
-        "transactional producer for %s fenced while its partition is assigned here: "
-        "asking the group to assign partitions again",
-        partition,
-    )
-    consumer._coordinator.request_rejoin()

@@ -41,9 +41,8 @@ from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
 from relstream.kafka.clients import RevocationListener, new_consumer, new_producer
 from relstream.kafka.delivery import Refused, publish_best_effort
 from relstream.kafka.letters import Part, dead_letter_of, letter_part, send_dead_letter
-from relstream.kafka.membership import start_waiting, stop_leaving
+from relstream.kafka.membership import rejoin, start_waiting, stop_leaving
 from relstream.kafka.outputs import open_outputs
-from relstream.kafka.transactions import rejoin
 from relstream.model import RelQuery, RelQueryResult, with_queued
 from relstream.placement.reports import report_load
 from relstream.ready import mark_ready_when

@@ -43,11 +43,10 @@ from relstream.kafka.clients import (
 from relstream.kafka.delivery import Refused, Send
 from relstream.kafka.letters import Part
 from relstream.kafka.limits import message_limit
-from relstream.kafka.membership import start_waiting, stop_leaving
+from relstream.kafka.membership import rejoin, start_waiting, stop_leaving
 from relstream.kafka.outputs import open_outputs
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import rejoin
 from relstream.placement.book import Demand, demand_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.stream.commits import WindowCommits, commit_all, row_letters

@@ -417,6 +417,24 @@ def _a_restarted_worker_recuts_a_window_it_expired_behind(m: Protocol) -> None:
     m._worker_poll(1, [], dies=True)
 
 
+def _a_zombie_renews_after_the_owner_committed(m: Protocol) -> None:
+    # Found in the short crash drill (a relQuery answered twice), then by hand here: the
+    # owner answers the relQuery; the zombie's transaction of the same one times out, its
+    # renewal fences the owner, and its retry committed the same answer again. Now a
+    # renewed producer checks the group's mark first (`_check_ours`): moved, it is fenced.
+    m.produce(["small"] * 3, 0.001)
+    m._worker_poll(3, [])
+    m._engine_fetch(0, 4)
+    m._engine_begin(0, 0, False)
+    m.rebalance(1, zombie=True)
+    m._engine_fetch(1, 4)
+    m._engine_begin(1, 0, False)
+    m._engine_commit(1, False)
+    m._engine_commit(0, times_out=True)
+    m._engine_begin(0, 0, False)
+    m._engine_commit(0, False)
+
+
 def _a_batch_resent_after_a_restart(m: Protocol) -> None:
     # Two windows in one transaction; the broker restarts (keeping its data) between
     # their batches, and the second is resent into the transaction the restart forgot.
@@ -445,6 +463,7 @@ SEQUENCES = [
     _commits_whose_answers_a_reset_lost,
     _a_restarted_worker_recuts_a_window_it_expired_behind,
     _a_batch_resent_after_a_restart,
+    _a_zombie_renews_after_the_owner_committed,
 ]
 
 
@@ -477,6 +496,7 @@ def _the_engine_killed_between_a_cut_commit_and_its_redo(m: Protocol) -> None:
 _Killed = type("_Killed", (Protocol,), {"KILLED_BEFORE_REDO": True})
 _Unannounced = type("_Unannounced", (Protocol,), {"ANNOUNCE_AGAIN": False})
 _KilledLate = type("_KilledLate", (Protocol,), {"KILLED_WITH_A_LATE_BATCH": True})
+_Unchecked = type("_Unchecked", (Protocol,), {"CHECK_OURS": False})
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="defects found: docstrings")
@@ -489,6 +509,7 @@ _KilledLate = type("_KilledLate", (Protocol,), {"KILLED_WITH_A_LATE_BATCH": True
             (_Killed, _the_engine_killed_between_a_cut_commit_and_its_redo),
             (_Unannounced, _a_batch_resent_after_a_restart),
             (_KilledLate, _killed_after_a_batch_resent_after_a_restart),
+            (_Unchecked, _a_zombie_renews_after_the_owner_committed),
         ]
     ],
 )

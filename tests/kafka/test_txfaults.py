@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError, OutOfOrderSequenceNumber
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from helpers import read_all
 
 from relstream.kafka.clients import create_topics, new_admin, new_consumer
@@ -374,3 +374,54 @@ def test_a_bad_control_message_is_dead_lettered_once_by_two_engines_and_a_restar
         return await letters()
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_a_zombie_that_renews_its_producer_does_not_commit_what_the_owner_did(default_broker):
+    # The zombie's commit hangs (its process stalled), the partition's new owner fences it
+    # and commits the answer; the zombie's try then fails, it renews its producer (which
+    # fences the owner in turn) and tried again: the answer committed twice for
+    # read_committed readers (the short crash drill, one run in twelve). The renewed
+    # producer checks the group's mark first: moved, the zombie is fenced, asks its group.
+    async def scenario():
+        topics, group = fresh()
+        partition = TopicPartition(topics.relqueries, 0)
+        await create_topics(default_broker.bootstrap, topics.layout())
+        asked = []
+        zombie = PartitionProducers(default_broker.bootstrap, group, stall_s=60.0,
+                                    backoff=Backoff(0.1), on_fenced=asked.append)  # fmt: skip
+        owner = PartitionProducers(default_broker.bootstrap, group, stall_s=60.0)
+        consumers = [new_consumer(default_broker.bootstrap, group_id=group) for _ in range(2)]
+        owner_committed = asyncio.Event()
+        once, tried = zombie._once, []
+
+        async def stalled_first(producer, part, sends, offsets):
+            if not tried:
+                tried.append(1)
+                await owner_committed.wait()
+                raise KafkaTimeoutError()
+            return await once(producer, part, sends, offsets)
+
+        zombie._once = stalled_first
+        for consumer in consumers:
+            await consumer.start()
+            consumer.assign([partition])
+        try:
+            await zombie.take_over(consumers[0], [partition])
+            answer = [Send(topics.results, b"answer", b"q", "the answer", partition=0)]
+            attempt = asyncio.create_task(zombie.transact(partition, answer, lambda: (1, "")))
+            await asyncio.sleep(0)
+            await owner.take_over(consumers[1], [partition])  # fences the zombie
+            await owner.transact(partition, answer, lambda: (1, ""))
+            owner_committed.set()
+            with pytest.raises(Fenced, match="another owner committed"):
+                await attempt
+        finally:
+            for consumer in consumers:
+                await consumer.stop()
+            await zombie.close_all()
+            await owner.close_all()
+        seen = await read_all(default_broker.bootstrap, topics.results, "read_committed")
+        return [m.value for m in seen], asked
+
+    seen, asked = asyncio.run(scenario())
+    assert seen == [b"answer"] and len(asked) == 1
