@@ -179,7 +179,10 @@ async def _first_row(bootstrap: str, timeout: float) -> float:
     row = RowMessage(table="reviews", key="idle-1", values={"review": "Dry after the rain."})
     reader = new_consumer(bootstrap)
     async with running(reader):
-        await assign_all(reader, topics.results)  # empty while idle: reads from its start
+        partitions = await assign_all(reader, topics.results)
+        await reader.seek_to_end(*partitions)  # past what a preload left there
+        for partition in partitions:
+            await reader.position(partition)
         started = time.monotonic()
         await produce(bootstrap, topics.rows("reviews"), [(b"idle-1", encode(row))])
         while time.monotonic() - started < timeout:
