@@ -222,3 +222,26 @@ def stop_signals() -> Iterator[Callable[[], bool]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# multiprocessing's resource tracker (a process of its own) warns at exit of semaphores
+# vLLM's libraries leave it: five lines a stop, nothing a user can act on.
+_TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def quiet_resource_tracker() -> None:
+    """The resource tracker's leak warnings off, for the tracker a real engine starts
+    (it takes its interpreter's warning filters from the environment)."""
+    filters = [f for f in os.environ.get("PYTHONWARNINGS", "").split(",") if f]
+    if _TRACKER_QUIET not in filters:
+        os.environ["PYTHONWARNINGS"] = ",".join([*filters, _TRACKER_QUIET])
+
+
+def exit_quietly() -> None:
+    """End a real engine that stopped cleanly (Ctrl-C, SIGTERM) without the interpreter's
+    teardown, where nanobind extensions vLLM loads print ~30 lines of "leaked" objects:
+    its logs flushed, its work committed, nothing is left to run."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

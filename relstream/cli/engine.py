@@ -15,8 +15,10 @@ import click
 
 from relstream.cli.common import (
     broker_kind_option,
+    exit_quietly,
     policy_option,
     prefix_option,
+    quiet_resource_tracker,
     security_options,
     show_logs,
 )
@@ -232,6 +234,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
     opts["answer_secret"] = _answer_secret(opts)  # refused before the engine loads
     if opts["backend"] == "vllm":
         require("engine")
+        quiet_resource_tracker()  # before the re-exec, which keeps the environment
         reexec_with_tcmalloc()
     elif opts["backend"] == "sim":
         _sim_tokenizer_present()
@@ -240,6 +243,9 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
     clear_ready(opts["ready_file"])  # a restarted container keeps the last run's file
     try:
         asyncio.run(_serve(opts, http))
+        if opts["backend"] == "vllm":
+            clear_ready(opts["ready_file"])  # as the `finally` below would
+            exit_quietly()
     except EngineFailure as exc:
         raise click.ClickException(
             f"engine failed: {exc}. Nothing was committed past the relQueries it was "
