@@ -54,8 +54,8 @@ class IdleRun:
     load_after: float
 
 
-def cpu_seconds(pid: int) -> dict[int, float]:
-    """CPU time (user + system) of a process and each of its live descendants, by pid."""
+def _each_process(pid: int, read) -> dict[int, float]:
+    """`read(process)` of a process and each of its live descendants, by pid."""
     import psutil
 
     try:
@@ -63,32 +63,23 @@ def cpu_seconds(pid: int) -> dict[int, float]:
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return {}
-    times = {}
+    found = {}
     for process in processes:
         try:
-            used = process.cpu_times()
-        except psutil.NoSuchProcess:
+            found[process.pid] = float(read(process))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        times[process.pid] = used.user + used.system
-    return times
+    return found
+
+
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU time (user + system) of a process and each of its live descendants, by pid."""
+    return _each_process(pid, lambda p: p.cpu_times().user + p.cpu_times().system)
 
 
 def bytes_written(pid: int) -> dict[int, float]:
     """Bytes written to storage by a process and each of its live descendants, by pid."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return {}
-    written = {}
-    for process in processes:
-        try:
-            written[process.pid] = float(process.io_counters().write_bytes)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return written
+    return _each_process(pid, lambda p: p.io_counters().write_bytes)
 
 
 def _size_mb(folder: Path) -> float:

@@ -373,14 +373,20 @@ def _a_zombie_renews_its_producer_and_fences_the_owner(m: Protocol) -> None:
     # fences the owner, engine 1, whose ProducerFenced left every later relQuery "to its
     # new owner", itself: the partition stopped. Now an owner fenced while still assigned
     # asks its group (`rejoin`): assigned again, fenced anew, it resumes from the commit.
+    _a_zombie_and_its_owner_with_one_relquery(m)
+    m._engine_commit(0, times_out=True)
+    m._engine_begin(1, 0, False)
+
+
+def _a_zombie_and_its_owner_with_one_relquery(m: Protocol) -> None:
+    """Engine 0 began a relQuery's transaction; the partition went to engine 1, which
+    engine 0 does not know yet, and which read the relQuery too."""
     m.produce(["small"] * 3, 0.001)
     m._worker_poll(3, [])
     m._engine_fetch(0, 4)
     m._engine_begin(0, 0, False)
     m.rebalance(1, zombie=True)
     m._engine_fetch(1, 4)
-    m._engine_commit(0, times_out=True)
-    m._engine_begin(1, 0, False)
 
 
 def _commits_a_restart_cut(m: Protocol) -> None:
@@ -422,12 +428,7 @@ def _a_zombie_renews_after_the_owner_committed(m: Protocol) -> None:
     # owner answers the relQuery; the zombie's transaction of the same one times out, its
     # renewal fences the owner, and its retry committed the same answer again. Now a
     # renewed producer checks the group's mark first (`_check_ours`): moved, it is fenced.
-    m.produce(["small"] * 3, 0.001)
-    m._worker_poll(3, [])
-    m._engine_fetch(0, 4)
-    m._engine_begin(0, 0, False)
-    m.rebalance(1, zombie=True)
-    m._engine_fetch(1, 4)
+    _a_zombie_and_its_owner_with_one_relquery(m)
     m._engine_begin(1, 0, False)
     m._engine_commit(1, False)
     m._engine_commit(0, times_out=True)
