@@ -141,11 +141,12 @@ async def publish_sends(
     stalled: Callable[[], None] = lambda: None,
     stall_s: float = STALL_S,
 ) -> None:
-    """`publish_acked` each of `sends`, in order."""
+    """`publish_acked` each of `sends`, in order, each to its own partition if it names
+    one (a relQuery placed by load)."""
     for send in sends:
         await publish_acked(
             producer, send.topic, send.value, send.key, send.what, stalled, stall_s,
-            headers=send.headers,
+            headers=send.headers, partition=send.partition,
         )  # fmt: skip
 
 

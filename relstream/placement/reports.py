@@ -1,10 +1,10 @@
 """An engine's load reports, written and signed: looked at every LOAD_REPORT_S seconds,
 the relqueries partitions it owns now (its consumer's assignment) and its backend's
-`load()` (`placement/load.py`), published on the metrics topic when they changed and
-otherwise every LOAD_HEARTBEAT_S as a heartbeat, so relQueries can be placed by load
-(`placement/book.py` reads them). An engine at work reports at every look (its work left
-changes); an idle one writes nothing between heartbeats: the default broker rewrites its
-whole store after any write, so an idle pipeline's cost hangs on these (issue 49).
+`load()` (`placement/load.py`), published on the metrics topic at every look while it
+has work (a busy report is trusted for `EXPIRY_S` only), and once idle only when that
+changes or every LOAD_HEARTBEAT_S as a heartbeat, so relQueries can be placed by load
+(`placement/book.py` reads them). The default broker rewrites its whole store after any
+write, so an idle pipeline's cost hangs on these (issue 49).
 
 A report is best effort: one the broker does not take is dropped, and the next one
 replaces it. A reader trusts each for a few seconds only, so an engine
@@ -100,9 +100,11 @@ async def report_load(backend: RelQueryBackend, consumer, producer, config, engi
 
 
 def due(report: LoadReportMessage, last: LoadReportMessage | None, heartbeat_s: float) -> bool:
-    """Whether `report` is to be published: it differs from the `last` published (its
-    time aside), or that one is `heartbeat_s` old."""
-    if last is None or report.at - last.at >= heartbeat_s:
+    """Whether `report` is to be published: the engine has work (a reader trusts a busy
+    report seconds only), or it differs from the `last` published (its time aside), or
+    that one is `heartbeat_s` old."""
+    busy = report.outstanding_s > 0 or any(report.size_counts)
+    if busy or last is None or report.at - last.at >= heartbeat_s:
         return True
     return msgspec.structs.replace(report, at=last.at) != last
 

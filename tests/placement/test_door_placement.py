@@ -22,7 +22,7 @@ from relstream.kafka.delivery import publish_acked
 from relstream.kafka.security import PLAINTEXT
 from relstream.kafka.topics import Topics
 from relstream.placement.readers import LoadReader
-from relstream.placement.reports import HEADERS, LOAD_REPORT_S
+from relstream.placement.reports import HEADERS
 from relstream.service.doorlimits import DoorLimits
 from relstream.service.forward import DoorPlacement, ResultFollower
 from relstream.service.http import build_http_app
@@ -42,9 +42,6 @@ from relstream.wire.parts import split_result
 PARTITIONS = 4  # two for each engine
 COUNT = 30
 EVERY_S = 0.2  # between two POSTs
-# Idle reports this many report periods after the last answer, before relying on the
-# door having read one: its reader follows the same topic as the test's, a poll behind.
-LAG_REPORTS = 4
 IN_FLIGHT = "relstream_rows_in_flight"
 
 
@@ -100,16 +97,17 @@ def test_a_slow_engines_door_sends_most_relqueries_to_the_other_engine(tmp_path)
             settled = wait_for(lambda: len(reader.engines()) == 2 and listening(ports[1]), 120)
             assert settled, f"engines reporting: {reader.engines()}\n{log.read_text()[-3000:]}"
             with ThreadPoolExecutor(COUNT) as pool:
-                posts = []
+                began, posts = time.time(), []
                 for index in range(COUNT):
                     posts.append(pool.submit(httpx.post, door, json=payload(index), timeout=120))
                     time.sleep(EVERY_S)
                 responses = [post.result() for post in posts]
                 # Once both report being idle, the slow door keeps a relQuery (no needless
                 # hop), so the next goes to the other engine, where a DELETE to the door
-                # stops it.
-                since = time.time() + LAG_REPORTS * LOAD_REPORT_S
-                idle = wait_for(lambda: reporting_idle(reader, since), 60)
+                # stops it. An engine reports at every look while at work, and going idle
+                # once (then only as a heartbeat): a latest report that is idle and
+                # measured after the posts began was measured once its work was done.
+                idle = wait_for(lambda: reporting_idle(reader, began), 60)
                 assert idle, f"the engines never reported being idle\n{log.read_text()[-3000:]}"
                 kept = pool.submit(httpx.post, door, json=payload("kept", 256), timeout=120)
                 asyncio.run(door_serving(ports[1]))  # kept: counted there before the next

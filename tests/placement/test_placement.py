@@ -175,3 +175,5 @@ def test_an_engine_publishes_a_changed_report_at_once_and_an_unchanged_one_as_a_
     assert due(report(160.0), last, 60.0)  # the heartbeat
     assert due(report(100.25, work=3.5), last, 60.0)  # work arrived
     assert due(report(100.25, partitions=(0,)), last, 60.0)  # a rebalance
+    busy = report(100.0, work=3.5)
+    assert due(report(100.25, work=3.5), busy, 60.0)  # at work: every look, changed or not
