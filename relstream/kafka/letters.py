@@ -58,12 +58,13 @@ def replaced(parts: list[Part], refusal: Refused) -> list[Part]:
         return [new for part in parts for new in part.instead(refusal)]
     refused = parts[named[0]]
     log.error("%s; replaced", refusal)
-    kept = [
-        part for part in parts
-        if part is not refused and (refused.whole is None or part.whole != refused.whole)
-    ]  # fmt: skip
-    at = sum(1 for part in parts[: named[0]] if any(part is k for k in kept))
-    return kept[:at] + refused.instead(refusal) + kept[at:]
+    out: list[Part] = []
+    for part in parts:
+        if part is refused:
+            out += refused.instead(refusal)
+        elif refused.whole is None or part.whole != refused.whole:
+            out.append(part)
+    return out
 
 
 async def deliver_parts(
@@ -94,6 +95,20 @@ def letter_part(
 
     bare_part = Part(Send(topic, encode(bare), bare.key, bare_what), gone)
     return Part(Send(topic, encode(full), full.key, what), lambda refusal: [bare_part])
+
+
+async def deliver_letter(
+    topic: str,
+    letter: DeadLetterMessage,
+    what: str,
+    deliver: Callable[[list[Part]], Awaitable[object]],
+) -> bool:
+    """`letter` delivered by `deliver([part])` (a transaction with its offset, or a
+    producer's sends; `letter_part`): True once delivered, False if it was lost, the step
+    gone on without it."""
+    gone: list[int] = []
+    await deliver([letter_part(topic, letter, what, lambda: gone.append(1))])
+    return not gone
 
 
 def letter_tries(letter: DeadLetterMessage, what: str) -> list[tuple[DeadLetterMessage, str]]:
@@ -140,11 +155,12 @@ async def send_letter(
     stalled: Callable[[], None] = lambda: None,
 ) -> bool:
     """`letter` sent to `topic` until the broker has it (`publish_acked`): True then;
-    False if it was lost (`letter_part`)."""
-    gone = []
-    part = letter_part(topic, letter, what, lambda: gone.append(1))
-    await deliver_parts([part], lambda sends: publish_sends(producer, sends, stalled))
-    return not gone
+    False if it was lost (`deliver_letter`)."""
+
+    async def deliver(parts: list[Part]) -> None:
+        await deliver_parts(parts, lambda sends: publish_sends(producer, sends, stalled))
+
+    return await deliver_letter(topic, letter, what, deliver)
 
 
 async def send_dead_letter(

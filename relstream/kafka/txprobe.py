@@ -51,7 +51,7 @@ def _announce_again(producer: AIOKafkaProducer) -> None:
     wrote that partition. Neither this producer's abort nor a later owner's fencing puts
     a marker after it: the partition's last stable offset stays there, and every
     `read_committed` reader of the partition waits, until the broker restarts again
-    (reproduced in the crash drill and in tests/kafka/test_txfaults.py). Added again,
+    (reproduced in the crash drill and in tests/kafka/test_exactly_once.py). Added again,
     the partitions get the abort's markers. On a broker that remembers them (Apache
     Kafka) adding a partition twice changes nothing. aiokafka has no public call for
     this: its transaction manager adds the partitions it holds as pending before the

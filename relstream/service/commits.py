@@ -35,7 +35,7 @@ from aiokafka import TopicPartition
 
 from relstream.kafka.clients import commit_assigned
 from relstream.kafka.delivery import Send
-from relstream.kafka.letters import Part, dead_letter_of, letter_part
+from relstream.kafka.letters import Part, dead_letter_of, deliver_letter
 from relstream.kafka.outputs import Acked, Transacted
 from relstream.kafka.txfaults import Fenced
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
@@ -133,15 +133,13 @@ class ExactlyOnce:
         may hold a partition for ever. None if the partition is no longer ours."""
         partition = TopicPartition(message.topic, message.partition)
         letter, what = dead_letter_of(message, reason, row_keys)
-        gone: list[int] = []
         try:
-            await self.publish(partition, message, [letter_part(topic, letter, what,
-                                                                lambda: gone.append(1))],
-                               stalled)  # fmt: skip
+            return await deliver_letter(
+                topic, letter, what, lambda parts: self.publish(partition, message, parts, stalled)
+            )
         except Fenced as exc:
             log.info("left %s to its partition's new owner (%s)", what, exc)
             return None
-        return not gone
 
     async def _room(self, partition, offset: int) -> bool:
         """Wait while `offset` would be the `MAX_AHEAD`-th finished above its prefix;
@@ -190,10 +188,9 @@ class AtLeastOnce:
     async def dead_letter(self, message, topic: str, reason: str, stalled, row_keys=None) -> bool:
         partition = TopicPartition(message.topic, message.partition)
         letter, what = dead_letter_of(message, reason, row_keys)
-        gone: list[int] = []
-        part = letter_part(topic, letter, what, lambda: gone.append(1))
-        await self.publish(partition, message, [part], stalled)
-        return not gone
+        return await deliver_letter(
+            topic, letter, what, lambda parts: self.publish(partition, message, parts, stalled)
+        )
 
     def _finished(self, partition, message) -> None:
         self._book.finish(partition, message.offset)

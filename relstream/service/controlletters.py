@@ -22,7 +22,7 @@ import logging
 from aiokafka import TopicPartition
 
 from relstream.kafka.delivery import Backoff
-from relstream.kafka.letters import dead_letter_of, letter_part, send_dead_letter
+from relstream.kafka.letters import dead_letter_of, deliver_letter, send_dead_letter
 from relstream.kafka.outputs import Transacted
 from relstream.kafka.transactions import PartitionProducers
 from relstream.kafka.txfaults import Fenced
@@ -65,10 +65,11 @@ class ControlLetters:
             if mark is not None and mark.offset > message.offset:
                 return None
             letter, what = dead_letter_of(message, reason)
-            gone: list[int] = []  # refused for good: the offset goes on without it
-            part = letter_part(topic, letter, what, lambda: gone.append(1))
-            next_offset = (message.offset + 1, "")
-            await Transacted(producers).deliver(partition, [part], lambda: next_offset, stalled)
-            return not gone
+            next_offset = (message.offset + 1, "")  # lost, the offset goes on without it
+
+            async def deliver(parts) -> None:
+                await Transacted(producers).deliver(partition, parts, lambda: next_offset, stalled)
+
+            return await deliver_letter(topic, letter, what, deliver)
         finally:
             await producers.close_all()
