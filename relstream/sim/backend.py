@@ -256,9 +256,13 @@ class SimRelQueryBackend:
         return backlog_rows_for(self.profile.limits.kv_capacity_tokens)
 
     def shutdown(self) -> None:
-        """Stop the simulating children, dropping what they have not begun."""
+        """Stop the simulating children, dropping what they have not begun, and wait
+        for the pool's manager thread: left running into interpreter exit, it closes its
+        wake-up pipe while `concurrent.futures` writes to it (CPython 3.11), a traceback
+        on stderr. The wait is no longer than the process's own: a thread blocked on a
+        job in progress holds the exit as long."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def load(self) -> Load:
         """Engine seconds its relQueries in flight have yet to take, each and together,
