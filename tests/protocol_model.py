@@ -14,8 +14,9 @@ the clock goes on, so ids, which carry the first row's timestamp, differ) or KEE
 data but forgetting which partitions each open transaction wrote (`restart_keeping`, as
 noida-db does: committed after that, the offset commit counts and the records stay
 invisible for good; a batch resent into such a transaction after the restart gets no
-marker, and holds readers back for good, unless its producer names the partitions again
-before it aborts, `txprobe._announce_again`); each restart breaks every producer's
+marker, and holds readers back until the broker's look for hanging transactions aborts
+it, `kafka/hanging.py`, unless its producer names the partitions again before it aborts,
+`txprobe._announce_again`); each restart breaks every producer's
 connection (`restarts`), and so does a reset after a commit the broker took (its answer
 lost: the outcome is found out from the broker's record, `kafka/outcome.py`, and only
 records it cannot show are redone); re-delivery (a consumer re-reads from the committed
@@ -57,16 +58,17 @@ class Record:
     lost: bool = False  # its transaction's partition forgotten by a restart: never visible
     late: bool = False  # appended to its transaction after a restart forgot it
     dangling: bool = False  # late, and no marker reached it: pending for good
+    ended: bool = False  # late, aborted by the broker's look for hanging ones
 
     @property
     def visible(self) -> bool:  # to a read_committed reader
-        if self.lost or self.dangling:
+        if self.lost or self.dangling or self.ended:
             return False
         return self.txn is None or self.txn.state == "committed"
 
     @property
     def pending(self) -> bool:  # holds a read_committed reader back (the last stable offset)
-        if self.lost:
+        if self.lost or self.ended:
             return False
         return self.dangling or (self.txn is not None and self.txn.state == "open")
 
@@ -135,6 +137,15 @@ class Kafka:
         for record in txn.records:  # the commit's markers miss them too
             record.dangling = record.late
 
+    def end_hanging(self) -> None:
+        """The embedded broker's look (`kafka/hanging.py`): a record that holds readers
+        back in a transaction no coordinator knows (late: appended after a restart forgot
+        its transaction) is aborted, whoever wrote it."""
+        for log in (self.rows, self.relqueries, self.results, self.letters):
+            for record in log:
+                if record.late and record.pending:
+                    record.dangling, record.ended = False, True
+
     def visible(self, log: list[Record]) -> list:
         return [r.value for r in log if r.visible]
 
@@ -193,7 +204,10 @@ class Model:
     # A producer names its transaction's partitions again before it aborts
     # (`txprobe._announce_again`); False: as before, a batch resent after a restart pins.
     ANNOUNCE_AGAIN = True
-    KILLED_WITH_A_LATE_BATCH = False  # killed after a batch resent past a restart
+    KILLED_WITH_A_LATE_BATCH = True  # killed after a batch resent past a restart
+    # The embedded broker aborts transactions no coordinator knows (`kafka/hanging.py`);
+    # False: as before, a batch resent after a restart by a writer then killed pins.
+    END_HANGING = True
     CHECK_OURS = True  # a renewed producer checks the group's mark first; False: as before
     # A window closed by the clock while rows of it are still to be read: the product
     # closes one only once read to the end (stage.py `_read_to_end`); True: as before.

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from relstream.cli.common import console, prefix_option
+from relstream.cli.common import console, prefix_option, show_logs
 from relstream.extras import require
 from relstream.kafka.brokers import BROKERS, STORED_BROKER
 from relstream.kafka.topics import KEEP_DAYS
@@ -62,6 +62,7 @@ def broker(
 
     kind = _broker_kind(kind, memory, data_dir)
     require("broker")
+    show_logs("relstream.kafka")  # a hanging transaction it aborts is said (kafka.hanging)
 
     # A Python handler, set before the broker starts, so SIGTERM unwinds through the
     # `finally` that stops it. (Blocking SIGTERM and sigwait-ing for it was not enough:

@@ -21,6 +21,7 @@ import platformdirs
 
 from relstream.extras import MissingExtra
 from relstream.kafka.clients import create_topics, metadata_ok
+from relstream.kafka.hanging import HangingTransactions
 from relstream.kafka.topics import KEEP_DAYS, Topics
 
 log = logging.getLogger("relstream.kafka")
@@ -88,7 +89,11 @@ class EmbeddedBroker:
     topics: Topics = field(default_factory=Topics)
     tables: tuple[str, ...] = ()
     keep_days: float = KEEP_DAYS  # its topics' retention (`Topics.retention_ms`)
+    # noida-db: abort transactions no coordinator will end (`kafka.hanging`), as Kafka's
+    # transaction timeout would
+    end_hanging: bool = True
     _process: subprocess.Popen | None = None
+    _hanging: HangingTransactions | None = None
     _log: Path | None = None
 
     def __post_init__(self) -> None:
@@ -125,6 +130,9 @@ class EmbeddedBroker:
         try:
             self._wait_until_ready(timeout)
             asyncio.run(self._create_topics())
+            if self.end_hanging and self.data_path is not None:
+                self._hanging = HangingTransactions(self.bootstrap)
+                self._hanging.start()
         except BaseException:
             self.stop()
             raise
@@ -193,6 +201,9 @@ class EmbeddedBroker:
         """Stop the broker. noida-db is first asked to stop its Kafka broker, which saves
         what it acknowledged: killed by SIGTERM, noida-db 0.2.3 lost 50-200 of ~20,000
         acknowledged messages in 3 of 4 tries (docs/drills/outage.md)."""
+        hanging, self._hanging = self._hanging, None
+        if hanging is not None:
+            hanging.stop()
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return

@@ -88,6 +88,13 @@ def new_admin(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: An
     return AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_options(), **options)
 
 
+def new_client(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any):
+    """A bare client, for requests aiokafka's consumer and producer do not make."""
+    from aiokafka import AIOKafkaClient
+
+    return AIOKafkaClient(bootstrap_servers=bootstrap, **security.client_options(), **options)
+
+
 BROKER_CHECK_S = 10.0  # how long an engine waits for its broker before loading a model
 
 

@@ -41,7 +41,7 @@ def test_every_kafka_client_is_made_in_one_place():
 
     package = Path(relstream.__file__).parent
     makers = {
-        "kafka/clients.py": re.compile(r"\bAIOKafka(Consumer|Producer|AdminClient)\("),
+        "kafka/clients.py": re.compile(r"\bAIOKafka(Client|Consumer|Producer|AdminClient)\("),
         "kafka/sync.py": re.compile(r"\bKafka(Consumer|Producer|AdminClient)\b"),
     }
     offenders = sorted(
