@@ -129,6 +129,13 @@ class Kafka:
             txn.records.append(record)
         return record
 
+    def abort(self, tid: str, txn: Txn) -> None:
+        """EndTxn(abort): the transaction's records are never visible."""
+        txn.state = "aborted"
+        self.open.pop(tid, None)
+        for record in txn.records:  # the abort's markers miss them too
+            record.dangling = record.late
+
     def commit(self, tid: str, txn: Txn, mark: tuple[int, str]) -> None:
         """The transaction's offset commit (its group is its id) and its records."""
         self.commits[tid] = mark
@@ -200,7 +207,10 @@ class Model:
     TRANSACTIONS = True  # the worker exactly once (`Transacted`); False: at least once
     DEFENCE = True  # `_once`'s BrokerLost: a transaction whose connection broke is redone
     ZOMBIES = True  # an engine rebalanced away without knowing it
-    KILLED_BEFORE_REDO = False  # killed between a commit a restart cut and its redo
+    KILLED_BEFORE_REDO = True  # killed between a commit a restart cut and its redo
+    # A commit sent once a connection broke goes as an abort (`txfaults.Breaks`); False:
+    # as before, committed by the restarted broker with its records lost.
+    COMMIT_UNBROKEN = True
     # A producer names its transaction's partitions again before it aborts
     # (`txprobe._announce_again`); False: as before, a batch resent after a restart pins.
     ANNOUNCE_AGAIN = True
@@ -346,6 +356,13 @@ class Model:
             if cut == "before":
                 kafka.restart_keeping()
                 cut = None
+                if self.COMMIT_UNBROKEN:  # sent as an abort; found out: redone whole
+                    kafka.abort(WORKER_GROUP, txn)
+                    if self.KILLED_BEFORE_REDO and self.faults:
+                        self.worker = None
+                        return
+                    worker.producer = renew()
+                    continue
             kafka.commit(WORKER_GROUP, txn, (offset, ""))
             cut = self._after_commit(cut)
             if self.DEFENCE and kafka.restarts != before:  # `Unanswered`: found out
@@ -495,6 +512,14 @@ class Model:
         first, ahead = engine.book.progress(P, offset)
         if cut == "before":
             kafka.restart_keeping()
+            if self.COMMIT_UNBROKEN:  # sent as an abort; found out: redone whole
+                kafka.abort(ENGINE_GROUP, txn)
+                engine.txn = None  # the lock stays held: `engine_begin` redoes it
+                if self.KILLED_BEFORE_REDO and self.faults:
+                    self.engines[which] = None
+                    return
+                engine.producer = kafka.init_producer(ENGINE_GROUP)  # `_settle` renews
+                return
         engine.known = (first, encode_ahead(ahead, first))
         kafka.commit(ENGINE_GROUP, txn, engine.known)
         self._after_commit(cut)

@@ -15,10 +15,12 @@ One transaction at a time per partition (a lock), its offset commit computed und
 (starting it aborts the open one), for as long as the partition stays assigned; a
 message the broker refuses for good aborts it as `Refused`. A transaction during which
 the producer lost its connection before the commit is redone (`BrokerLost`): noida-db,
-the default broker, forgets at a restart which partitions an open transaction wrote. A
-commit whose answer was lost has an unknown outcome: found out from the broker's record
-(`kafka.outcome`), only what did not land is done again. Without transactions (Tansu,
-found at start: `txprobe.has_transactions`) the caller runs at least once.
+the default broker, forgets at a restart which partitions an open transaction wrote; a
+commit is sent only over the connections its transaction began with, else as an abort
+(`txfaults.Breaks`). A commit whose answer was lost has an unknown outcome: found out
+from the broker's record (`kafka.outcome`), only what did not land is done again.
+Without transactions (Tansu, found at start: `txprobe.has_transactions`) the caller runs
+at least once.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from relstream.kafka.clients import new_producer
 from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send
 from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome, group_marks, mark_moved
 from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.txfaults import BrokerLost, Fenced, Unanswered, count_breaks, refusal
+from relstream.kafka.txfaults import Breaks, BrokerLost, Fenced, Unanswered, refusal
 from relstream.kafka.txprobe import STOP_S, stop_producer
 
 log = logging.getLogger("relstream.kafka.transactions")
@@ -81,7 +83,7 @@ class PartitionProducers:
         self._stall_s = stall_s
         self._backoff = backoff or Backoff()
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
-        self._breaks: dict[AIOKafkaProducer, Callable[[], int]] = {}  # `count_breaks`
+        self._breaks: dict[AIOKafkaProducer, Breaks] = {}  # its broken connections
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._settling: set[TopicPartition] = set()  # assigned, their position not yet set
         self._attempts: dict[TopicPartition, asyncio.Future] = {}  # a try in flight
@@ -134,12 +136,10 @@ class PartitionProducers:
             except Exception as exc:  # the broker did not answer: the partitions stay paused
                 if not set(partitions) & assigned():
                     return {}
-                tries += 1
+                tries, parts = tries + 1, sorted(p.partition for p in partitions)
                 wait = self._backoff.after(tries)
-                log.warning(
-                    "committed offsets of %s not read (%r): paused, asked again in %.1f s",
-                    sorted(p.partition for p in partitions), exc, wait,
-                )  # fmt: skip
+                log.warning("committed offsets of %s not read (%r): paused, asked again in "
+                            "%.1f s", parts, exc, wait)  # fmt: skip
                 await asyncio.sleep(wait)
 
     async def open(self, partitions) -> None:
@@ -163,7 +163,7 @@ class PartitionProducers:
                 transactional_id=transactional_id(self._group, partition),
                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             )
-            breaks = count_breaks(producer)
+            breaks = Breaks(producer)
             try:  # aiokafka asks InitProducerId until answered: bounded here, said, redone
                 async with asyncio.timeout(START_S):
                     await producer.start()
@@ -250,12 +250,10 @@ class PartitionProducers:
                             self._on_fenced(partition)
                         raise Fenced(f"{partition}: {exc}") from exc
                     except Refused:
-                        # Aborted by replacing the producer, not by `abort_transaction`:
-                        # after a batch the broker refused, an idempotent producer's
-                        # sequence numbers no longer match the broker's, and its next
-                        # transaction failed on every message (`OutOfOrderSequenceNumber`
-                        # after a `MessageSizeTooLarge`); a new producer under the same id
-                        # aborts the transaction and starts its sequences anew.
+                        # Aborted by a new producer under the id, not `abort_transaction`:
+                        # after a refused batch the sequence numbers no longer match the
+                        # broker's, and the next transaction failed on every message
+                        # (`OutOfOrderSequenceNumber` after a `MessageSizeTooLarge`).
                         await self._renew(partition, producer, lock)
                         raise
                     except Fenced:  # `offsets` found the partition forgotten
@@ -304,8 +302,7 @@ class PartitionProducers:
         is looked up, is not held for ever: after `STOP_S` the work is cancelled and
         `Fenced` raised, so its caller releases it. Its outcome is then the next owner's
         to settle: that owner's producer fences this one and aborts what is open, and it
-        reads the committed offset (a commit that landed without some of its messages,
-        on a restarted noida-db, is the open gap: docs/architecture.md)."""
+        reads the committed offset."""
         attempt = asyncio.ensure_future(work)
         self._attempts[partition] = attempt
         try:
@@ -344,11 +341,14 @@ class PartitionProducers:
         if breaks() != before:
             raise BrokerLost("its connection broke before the commit")
         try:
-            await producer.commit_transaction()
+            with breaks.commit_unbroken(before):
+                await producer.commit_transaction()
         except ProducerFenced:
             raise
         except Exception as exc:  # sent, no answer: outcome unknown
             raise Unanswered(f"the commit raised {exc!r}", mark, written) from exc
+        if breaks.turned:  # a connection broke: sent again as an abort; the first?
+            raise Unanswered("its connection broke: the commit ended as an abort", mark, written)
         self._known[partition] = tuple(mark)
         if breaks() != before:  # the broker answered: the commit is its, the messages?
             raise Unanswered("its connection broke during the commit", mark, written, answered=True)

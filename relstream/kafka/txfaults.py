@@ -7,7 +7,6 @@ was lost.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.conn import CloseReason
@@ -23,6 +22,8 @@ from aiokafka.errors import (
     ProducerFenced,
     UnknownProducerId,
 )
+from aiokafka.producer.sender import EndTxnHandler
+from aiokafka.protocol.transaction import EndTxnRequest
 
 from relstream.kafka.delivery import Refused, Send, unavailable
 from relstream.kafka.outcome import Written
@@ -46,22 +47,65 @@ class Unanswered(Exception):
         self.answered = answered  # the commit returned: only its messages are in doubt
 
 
-def count_breaks(producer: AIOKafkaProducer) -> Callable[[], int]:
-    """How many of `producer`'s broker connections have broken so far (not idle or
-    closed by us): a broker restart breaks them all. aiokafka has no public hook; its
-    client calls `_on_connection_closed` for each closed connection."""
-    client = producer.client
-    closed = client._on_connection_closed
-    breaks = 0
+class Breaks:
+    """How many of a producer's broker connections have broken so far (not idle or closed
+    by us): a broker restart breaks them all. aiokafka has no public hook; its client
+    calls `_on_connection_closed` for each closed connection.
 
-    def on_closed(conn, reason) -> None:
-        nonlocal breaks
-        if reason not in (CloseReason.IDLE_DROP, CloseReason.SHUTDOWN):
-            breaks += 1
-        closed(conn, reason)
+    It also keeps the producer's commit to the connections a transaction began with
+    (`commit_unbroken`). aiokafka sends a commit again on a new connection when one breaks
+    under it; reaching noida-db after a restart, which forgot the transaction's
+    partitions, that commit counts the offsets and the messages never show (issue 48:
+    a writer killed before it found that out and sent them again lost rows or a
+    relQuery's answer). Once a connection broke since the transaction began, the request
+    goes as an abort instead (`turned`), and the caller finds out what landed."""
 
-    client._on_connection_closed = on_closed
-    return lambda: breaks
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.count = 0
+        self._since: int | None = None  # armed: the count when the transaction began
+        self.turned = False  # its commit was sent as an abort
+        client = producer.client
+        closed = client._on_connection_closed
+
+        def on_closed(conn, reason) -> None:
+            if reason not in (CloseReason.IDLE_DROP, CloseReason.SHUTDOWN):
+                self.count += 1
+            closed(conn, reason)
+
+        client._on_connection_closed = on_closed
+        producer._sender._relstream_breaks = self  # read by `_commit_or_abort`
+
+    def __call__(self) -> int:
+        return self.count
+
+    @contextlib.contextmanager
+    def commit_unbroken(self, since: int):
+        """Within: a commit request made once a connection broke since `since` is an
+        abort."""
+        self._since, self.turned = since, False
+        try:
+            yield
+        finally:
+            self._since = None
+
+    def broken(self) -> bool:
+        return self._since is not None and self.count != self._since
+
+
+def _commit_or_abort(handler) -> EndTxnRequest:
+    """aiokafka's EndTxn request, made at each try: an abort where the producer's
+    `Breaks` says a connection broke since its transaction began."""
+    request = _make_end_txn(handler)
+    breaks = getattr(handler._sender, "_relstream_breaks", None)
+    if not handler._commit_result or breaks is None or not breaks.broken():
+        return request
+    breaks.turned = True
+    txn = handler._sender._txn_manager
+    return EndTxnRequest(txn.transactional_id, txn.producer_id, txn.producer_epoch, False)
+
+
+_make_end_txn = EndTxnHandler.create_request
+EndTxnHandler.create_request = _commit_or_abort
 
 
 class Fenced(Exception):

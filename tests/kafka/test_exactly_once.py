@@ -18,11 +18,11 @@ from engines import engine_process, wait_for
 from helpers import committed_offsets, read_all, relquery, wait_until
 
 from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import create_topics, new_admin, produce
+from relstream.kafka.clients import create_topics, new_admin, new_producer, produce
 from relstream.kafka.delivery import Send
 from relstream.kafka.topics import Topics
 from relstream.kafka.transactions import PartitionProducers
-from relstream.kafka.txfaults import Fenced
+from relstream.kafka.txfaults import Breaks, Fenced
 from relstream.kafka.txprobe import has_transactions
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
 from relstream.service.service import KafkaService, ServiceConfig
@@ -193,6 +193,46 @@ def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
     finally:
         broker.stop()
 
+
+
+def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(tmp_path):
+    # noida-db commits, after a restart, the offsets a transaction sent the new broker and
+    # none of its messages (measured: offset 7 committed, 0 of 1 messages readable). A
+    # commit sent once a connection broke goes as an abort (`txfaults.Breaks`): nothing
+    # counts, and the writer finds out and redoes it; killed first, its successor does.
+    group, partition = "cut", TopicPartition("in", 0)
+    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker.start()
+
+    async def scenario():
+        await create_topics(broker.bootstrap, {"in": 1, "out": 1})
+        producer = new_producer(broker.bootstrap, transactional_id="cut")
+        breaks = Breaks(producer)
+        await producer.start()
+        try:
+            before = breaks()
+            await producer.begin_transaction()
+            await (await producer.send("out", b"answer", partition=0))
+            noida_kafka(broker, "stop")  # blocks the loop: the offsets and the commit
+            noida_kafka(broker, "start")  # reach the restarted broker
+            await producer.send_offsets_to_transaction({partition: (7, "")}, group)
+            with breaks.commit_unbroken(before):
+                await producer.commit_transaction()
+        finally:
+            await producer.stop()
+        admin = new_admin(broker.bootstrap)
+        await admin.start()
+        try:
+            marks = await admin.list_consumer_group_offsets(group)
+        finally:
+            await admin.close()
+        seen = await read_all(broker.bootstrap, "out", "read_committed", idle_s=1.5)
+        return breaks.turned, marks, [m.value for m in seen]
+
+    try:
+        assert asyncio.run(scenario()) == (True, {}, [])
+    finally:
+        broker.stop()
 
 
 def test_a_batch_sent_again_after_a_restart_does_not_hold_readers_back(tmp_path):
