@@ -301,8 +301,7 @@ class PartitionProducers:
         `close` can cut: a partition revoked while its commit hangs, or while its outcome
         is looked up, is not held for ever: after `STOP_S` the work is cancelled and
         `Fenced` raised, so its caller releases it. Its outcome is then the next owner's
-        to settle: that owner's producer fences this one and aborts what is open, and it
-        reads the committed offset."""
+        to settle (its producer fences this one; it reads the committed offset)."""
         attempt = asyncio.ensure_future(work)
         self._attempts[partition] = attempt
         try:
@@ -316,10 +315,13 @@ class PartitionProducers:
                 del self._attempts[partition]
 
     async def _once(self, producer, partition, sends: list[Send], offsets) -> None:
-        """One try. A connection that broke before the commit: aborted and redone (the
-        caller renews the producer). A commit whose answer was lost: `Unanswered`."""
+        """One try. A connection that broke before the commit, or since the producer
+        started (noida-db forgets its fencing when it restarts: a zombie's old producer
+        committed): `BrokerLost`, renewed and redone. A commit whose answer was lost:
+        `Unanswered`."""
         breaks = self._breaks[producer]
-        before = breaks()
+        if before := breaks():
+            raise BrokerLost("its connection broke since its producer started")
         # Asked first: `Fenced` from it (the work is no longer this owner's) must not
         # leave a transaction open on a producer that stays, holding back every
         # `read_committed` reader of the partitions it wrote until the next try renews it.
@@ -363,10 +365,8 @@ class PartitionProducers:
 
     async def _settle(self, partition, producer, lock, cut: Unanswered) -> Outcome:
         """After `Unanswered`: what became of the transaction, from the broker's record
-        (`find_outcome`). The producer is renewed first: a new one under the id waits
-        for the cut transaction to end (its markers, the offset commit's among them,
-        written) or aborts it, so the record read after is final, and no transaction of
-        ours holds the partitions the messages are looked up in."""
+        (`find_outcome`). The producer is renewed first: the new one waits for the cut
+        transaction to end or aborts it, so the record read after is final."""
         log.warning("transaction for %s: %s; finding out whether it landed", partition, cut)
         await self._renew(partition, producer, lock)
         try:

@@ -8,6 +8,7 @@ transactions on the default broker (noida-db), which has them."""
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import uuid
@@ -18,8 +19,8 @@ from engines import engine_process, wait_for
 from helpers import committed_offsets, read_all, relquery, wait_until
 
 from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import create_topics, new_admin, new_producer, produce
-from relstream.kafka.delivery import Send
+from relstream.kafka.clients import create_topics, new_admin, new_consumer, new_producer, produce
+from relstream.kafka.delivery import Backoff, Send
 from relstream.kafka.topics import Topics
 from relstream.kafka.transactions import PartitionProducers
 from relstream.kafka.txfaults import Breaks, Fenced
@@ -231,6 +232,62 @@ def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(tmp
 
     try:
         assert asyncio.run(scenario()) == (True, {}, [])
+    finally:
+        broker.stop()
+
+
+def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twice(tmp_path):
+    # noida-db forgets, when it restarts, the epoch that fences a transactional id whose
+    # transaction is open: the zombie's old producer committed after the restart, and its
+    # marker (one producer id for every epoch of the id) also committed the owner's
+    # pending batch: two results for one relQuery (the short crash drill, one run in
+    # twelve). A producer whose connection broke is renewed before its next transaction
+    # (a new producer id after a restart), and the owner's renewal aborts its batch.
+    topics, group = fresh_topics(), "zombie"
+    partition = TopicPartition(topics.relqueries, 0)
+    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker.start()
+
+    async def scenario():
+        await create_topics(broker.bootstrap, topics.layout())
+        zombie = PartitionProducers(broker.bootstrap, group, stall_s=60.0, backoff=Backoff(0.1))
+        owner = PartitionProducers(broker.bootstrap, group, stall_s=60.0, backoff=Backoff(0.1))
+        consumers = [new_consumer(broker.bootstrap, group_id=group) for _ in range(2)]
+        for consumer in consumers:
+            await consumer.start()
+            consumer.assign([partition])
+        answer = [Send(topics.results, b"answer", b"q", "the answer", partition=0)]
+        try:
+            await zombie.take_over(consumers[0], [partition])
+            await owner.take_over(consumers[1], [partition])  # fences the zombie
+            producer = owner._producers[partition]
+            send_offsets = producer.send_offsets_to_transaction
+
+            async def restart_then_the_zombie(offsets, group_id):
+                # The owner's transaction is open: the broker restarts, the owner's answer
+                # is sent again into the transaction it forgot, and the zombie answers the
+                # same relQuery.
+                noida_kafka(broker, "stop")
+                noida_kafka(broker, "start")
+                await asyncio.sleep(2.0)  # both clients see their connections broken
+                await (await producer.send(topics.results, b"answer", b"q", partition=0))
+                with contextlib.suppress(Fenced):
+                    await zombie.transact(partition, answer, lambda: (1, ""))
+                return await send_offsets(offsets, group_id)
+
+            producer.send_offsets_to_transaction = restart_then_the_zombie
+            with contextlib.suppress(Fenced):
+                await owner.transact(partition, answer, lambda: (1, ""))
+        finally:
+            for consumer in consumers:
+                await consumer.stop()
+            await zombie.close_all()
+            await owner.close_all()
+        seen = await read_all(broker.bootstrap, topics.results, "read_committed")
+        return [m.value for m in seen]
+
+    try:
+        assert asyncio.run(scenario()) == [b"answer"]
     finally:
         broker.stop()
 
