@@ -109,7 +109,12 @@ def show(found, bootstrap: str, names) -> None:
         if engine.reported_at is not None:
             silent = max(now - engine.reported_at, 0)
             idle = (engine.outstanding_s or 0.0) <= 0  # its report repeated as a heartbeat
-            if silent > (IDLE_EXPIRY_S if idle else STALE_REPORT_S):
+            if engine.listening is False:
+                said += (
+                    f"; STALE: its metrics endpoint {engine.metrics} refuses connections"
+                    f" (stopped, or killed; last load report {silent:.0f} s ago)"
+                )
+            elif silent > (IDLE_EXPIRY_S if idle else STALE_REPORT_S):
                 said += (
                     f"; STALE: no load report for {silent:.0f} s (stopped, or killed:"
                     " a killed engine's partitions wait for it to start again)"

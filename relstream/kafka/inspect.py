@@ -11,10 +11,12 @@ goes quiet, so reading "until idle" never returns. No consumer group is joined.
 from __future__ import annotations
 
 import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from relstream.kafka.bounds import Extent, Span, extents, partitions
@@ -33,6 +35,8 @@ EXAMPLES = 3  # example keys shown per dead-letter cause
 # LOAD_HEARTBEAT_S: stale after `placement.choice.IDLE_EXPIRY_S`.
 STALE_REPORT_S = 30.0
 HELD_LOOK_S = 1.5  # a partition held this long at one offset is named held
+PROBE_S = 1.0  # an engine's metrics endpoint not answering in this long: not known
+PROBES = 16  # engines probed at once
 COUNTED = 10_000  # a group's gap read and its records counted, at most (offsets beyond)
 
 
@@ -68,6 +72,10 @@ class EngineSeen:
     last_answer_at: float | None  # wall time of its newest answer (None: none read)
     outstanding_s: float | None = None  # the work its newest load report left it
     reported_at: float | None = None  # wall time of that report (None: none read)
+    metrics: str | None = None  # where that report says its metrics endpoint listens
+    # whether something listens there now: False, refused (stopped or killed); None, not
+    # known (no endpoint, or no answer within PROBE_S)
+    listening: bool | None = None
 
 
 @dataclass
@@ -314,16 +322,29 @@ def _engines(
     for report in reports:
         if report.engine not in loads or loads[report.engine].at < report.at:
             loads[report.engine] = report
-    return [
-        EngineSeen(
-            name,
-            answered[name],
-            newest.get(name),
-            loads[name].outstanding_s if name in loads else None,
-            loads[name].at if name in loads else None,
-        )
-        for name in sorted(set(answered) | set(loads))
-    ]
+    seen = []
+    for name in sorted(set(answered) | set(loads)):
+        load = loads.get(name)
+        report = () if load is None else (load.outstanding_s, load.at, load.metrics)
+        seen.append(EngineSeen(name, answered[name], newest.get(name), *report))
+    with ThreadPoolExecutor(max_workers=PROBES) as pool:
+        probed = list(pool.map(_listening, seen))
+    return [replace(e, listening=listening) for e, listening in zip(seen, probed, strict=True)]
+
+
+def _listening(engine: EngineSeen) -> bool | None:
+    """Whether something listens at the engine's metrics endpoint: a refused connection
+    says the engine is gone at once, where its idle reports come minutes apart."""
+    if engine.metrics is None:
+        return None
+    host, _, port = engine.metrics.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except ConnectionRefusedError:
+        return False
+    except (OSError, ValueError):
+        return None
+    return True
 
 
 def _decoded(kind: type[M], records: Iterable) -> Iterator[M]:

@@ -30,8 +30,12 @@ from relstream.placement.load import SIZE_CLASSES, Load, size_class, size_counts
 
 EXPIRY_S = 3.0  # a report older than this is not trusted (twelve default report periods)
 # An idle engine's report (no work left) is repeated only as a heartbeat, every
-# `reports.LOAD_HEARTBEAT_S` (60 s): trusted for two and a half heartbeats.
-IDLE_EXPIRY_S = 150.0
+# `reports.LOAD_HEARTBEAT_S` (300 s): trusted for two and a half heartbeats, until work
+# is sent to it: an engine at work reports every quarter second, so one silent this long
+# after the first relQuery sent to it is taken for stopped (a dead idle engine takes
+# relQueries for seconds, not for minutes).
+IDLE_EXPIRY_S = 750.0
+SILENT_AFTER_WORK_S = 10.0
 MARGIN = 0.1  # engines within 10 % of the least count as tied for the template
 SPREAD = 0.5  # engines within 50 % of the least may take a relQuery where it delays fewest
 
@@ -66,6 +70,7 @@ class Placement:
     partitions: int
     expiry: float = EXPIRY_S
     idle_expiry: float = IDLE_EXPIRY_S
+    silent_after_work: float = SILENT_AFTER_WORK_S
     margin: float = MARGIN
     spread: float = SPREAD
     _reports: dict[str, EngineLoad] = field(default_factory=dict)
@@ -104,9 +109,15 @@ class Placement:
         )
 
     def fresh(self, now: float) -> list[EngineLoad]:
-        """Reports young enough to trust (an idle engine's for longer), of engines that
-        own partitions."""
-        return [r for r in self._reports.values() if now - r.at <= self.lasts(r) and r.partitions]
+        """Reports young enough to trust (an idle engine's for longer, until it is silent
+        `silent_after_work` after work was sent to it), of engines that own partitions."""
+        return [r for r in self._reports.values() if r.partitions and self._trusted(r, now)]
+
+    def _trusted(self, report: EngineLoad, now: float) -> bool:
+        if now - report.at > self.lasts(report):
+            return False
+        sent = self._sent.get(report.engine)  # only what was sent after the report
+        return not (report.load.idle and sent and now - sent[0][0] > self.silent_after_work)
 
     def lasts(self, report: EngineLoad) -> float:
         """How long `report` is trusted: an idle engine repeats its report only as a

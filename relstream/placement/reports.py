@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import hmac
 import os
+import socket
 import time
 
 import msgspec
@@ -33,7 +34,7 @@ from relstream.wire import LoadReportMessage, encode
 from relstream.wire.messages import KIND_HEADER
 
 LOAD_REPORT_S = 0.25  # how often an engine looks at its load (docs/benchmarks/placement)
-LOAD_HEARTBEAT_S = 60.0  # an unchanged report is repeated this often (`IDLE_EXPIRY_S`)
+LOAD_HEARTBEAT_S = 300.0  # an unchanged report is repeated this often (`IDLE_EXPIRY_S`)
 HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
 SECRET_ENV = "RELSTREAM_ANSWER_SECRET"  # the engines' secret (service/answercache.py)
 MAC_CONTEXT = b"relstream.load_report.v1\0"
@@ -57,6 +58,15 @@ def signed(report: LoadReportMessage, secret: bytes | None) -> LoadReportMessage
     return msgspec.structs.replace(report, mac=report_mac(secret, report))
 
 
+def metrics_address(host: str, port: int | None) -> str | None:
+    """host:port where the engine's metrics endpoint is reached (a wildcard host: this
+    machine's name); None without one."""
+    if not port:
+        return None
+    host = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def engine_load(report: LoadReportMessage) -> EngineLoad:
     """A report as the placer keeps it."""
     load = Load(
@@ -69,9 +79,12 @@ def engine_load(report: LoadReportMessage) -> EngineLoad:
     return EngineLoad(report.engine, tuple(report.partitions), load, report.at)
 
 
-def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
+def load_report(
+    backend: RelQueryBackend, consumer, topic: str, engine: str, metrics: str | None = None
+):
     """The engine's report now, or None where its backend cannot tell its load yet (or at
-    all: a backend without `load`), or tells one that is not finite."""
+    all: a backend without `load`), or tells one that is not finite. `metrics`: where its
+    Prometheus endpoint listens, if anywhere."""
     load = backend.load() if hasattr(backend, "load") else None
     if load is None:
         return None
@@ -86,6 +99,7 @@ def load_report(backend: RelQueryBackend, consumer, topic: str, engine: str):
         templates=list(load.templates),
         size_counts=list(load.size_counts),
         at=time.time(),
+        metrics=metrics,
     )
     return report if report.finite else None
 
@@ -112,9 +126,10 @@ def due(report: LoadReportMessage, last: LoadReportMessage | None, heartbeat_s: 
 async def _report_load(backend: RelQueryBackend, consumer, producer, config, engine: str):
     topics = config.topics
     secret = config.answer_secret or engines_secret()
+    metrics = metrics_address(config.metrics_host, config.metrics_port)
     last = None
     while True:
-        report = load_report(backend, consumer, topics.relqueries, engine)
+        report = load_report(backend, consumer, topics.relqueries, engine, metrics)
         if report is not None and due(report, last, config.load_heartbeat_s):
             value = encode(signed(report, secret))
             await publish_best_effort(producer, topics.metrics, value, engine.encode(), HEADERS)

@@ -6,6 +6,7 @@ the readers that only look leave no consumer group behind."""
 import asyncio
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -302,9 +303,12 @@ def test_status_marks_a_silent_engine_stale_counts_records_and_names_a_held_part
         now = time.time()
         reports = [
             LoadReportMessage(engine=name, topic=topics.relqueries, partitions=[1],
-                              outstanding_s=work, at=at)
-            for name, work, at in (("host:111", 2.0, now - 45), ("host:222", 2.0, now),
-                                   ("host:333", 0.0, now - 45), ("host:444", 0.0, now - 200))
+                              outstanding_s=work, at=at, metrics=metrics)
+            for name, work, at, metrics in (
+                ("host:111", 2.0, now - 45, None), ("host:222", 2.0, now, None),
+                ("host:333", 0.0, now - 45, listening), ("host:444", 0.0, now - 800, None),
+                ("host:555", 0.0, now - 10, refusing),
+            )
         ]  # fmt: skip
         headers = [("relstream-kind", b"load_report")]
         producer = new_producer(bootstrap)
@@ -320,18 +324,50 @@ def test_status_marks_a_silent_engine_stale_counts_records_and_names_a_held_part
         await (await dead.send(topics.results, b"never", b"k", partition=0))
         await dead.client.close()  # killed: its transaction stays open
 
-    asyncio.run(pipeline())
-    shown = relstream("status", "--bootstrap", bootstrap, "--prefix", prefix)
+    with socket.socket() as gone, socket.create_server(("127.0.0.1", 0)) as server:
+        gone.bind(("127.0.0.1", 0))  # a port nothing listens on: a killed engine's
+        refusing = f"127.0.0.1:{gone.getsockname()[1]}"
+        listening = f"127.0.0.1:{server.getsockname()[1]}"
+        asyncio.run(pipeline())
+        shown = relstream("status", "--bootstrap", bootstrap, "--prefix", prefix)
     assert shown.returncode == 0, shown.stderr
     said = " ".join(shown.stdout.split())
     assert row_of(shown.stdout, "engines-s")[-1] == f"{topics.relqueries} 0"
     assert re.search(r"engine host:111: .*STALE: no load report for 4\d s", said), said
     assert re.search(r"engine host:222: .* of work outstanding \(reported \d s ago\)", said)
-    # An idle engine repeats its report only as a heartbeat (60 s): silent 45 s it is
-    # not stale; silent past IDLE_EXPIRY_S (150 s) it is.
+    # An idle engine repeats its report only as a heartbeat (300 s): silent 45 s, its
+    # metrics endpoint listening, it is not stale; silent past IDLE_EXPIRY_S (750 s) it
+    # is; its endpoint refusing connections, it is at once.
     assert re.search(r"engine host:333: .* 0.0 s of work outstanding \(reported 4\d s", said)
-    assert re.search(r"engine host:444: .*STALE: no load report for 20\d s", said), said
+    assert re.search(r"engine host:444: .*STALE: no load report for 80\d s", said), said
+    assert re.search(r"engine host:555: .*STALE: its metrics endpoint 127.0.0.1:\d+ refuses", said)
     assert f"{topics.results}[0] is held by an open transaction from offset 0" in said, said
+
+
+def test_status_marks_a_sigkilled_idle_engine_stale_at_once(default_broker, tmp_path):
+    # An idle engine reports its load every 300 s only (the default broker rewrites its
+    # store after any write): its report says where its metrics endpoint listens, and
+    # status finds it refusing connections right after the SIGKILL (issue 49: within 60 s).
+    from relstream.kafka.brokers import free_port
+
+    topics = Topics(prefix=f"k{uuid.uuid4().hex[:6]}.")
+    asyncio.run(create_topics(default_broker.bootstrap, topics.layout()))
+    ready, port, group = tmp_path / "engine.ready", free_port(), f"e-{uuid.uuid4().hex[:6]}"
+    engine = engine_process(default_broker, topics, group, tmp_path / "engine.log",
+                            metrics_port=port, ready_file=ready)  # fmt: skip
+    try:
+        launch.wait_ready([ready], [engine], 120)
+        wait_until(lambda: records_in(default_broker.bootstrap, topics.metrics) >= 1, 30,
+                   "its first load report")  # fmt: skip
+    finally:
+        engine.kill()
+        engine.wait(30)
+    killed = time.monotonic()
+    shown = relstream("status", "--bootstrap", default_broker.bootstrap, "--prefix", topics.prefix)
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert re.search(rf"STALE: its metrics endpoint 127.0.0.1:{port} refuses connections", said)
+    assert time.monotonic() - killed < 60
 
 
 def test_a_sink_that_ended_is_not_counted_as_a_member(default_broker, tmp_path):

@@ -149,15 +149,27 @@ def test_a_work_no_fit_should_give_falls_in_the_last_class_not_a_crash():
 
 
 def test_an_idle_engines_report_is_trusted_for_its_heartbeat_a_busy_ones_for_seconds():
-    # b idle (its report repeated only every 60 s), a busy: at 100 + 60, a's report of
-    # 100 is long expired (3 s) and b's still trusted (150 s); at 100 + 151 neither.
+    # b idle (its report repeated only every 300 s), a busy: at 100 + 60, a's report of
+    # 100 is long expired (3 s) and b's still trusted (750 s); at 100 + 751 neither.
     room = Placement(partitions=4)
     room.report(reported("a", (0, 1), 10.0, at=100.0, **PRICES))
     room.report(reported("b", (2, 3), 0.0, at=100.0, **PRICES))
     assert [r.engine for r in room.fresh(now=102.0)] == ["a", "b"]
     assert [r.engine for r in room.fresh(now=160.0)] == ["b"]
-    assert room.choose(b"k", 1000, 200, now=160.0) in (2, 3)
-    assert room.fresh(now=251.0) == []
+    assert room.fresh(now=851.0) == []
+
+
+def test_an_idle_engine_silent_after_work_was_sent_to_it_is_taken_for_stopped():
+    # b idle since 100; a relQuery sent to it at 400. Alive, it would report at work
+    # within a quarter second; silent 10 s after that send (at 410.5) it is no longer
+    # chosen, though its idle report is 750 s good. A report after the send trusts it again.
+    room = Placement(partitions=4)
+    room.report(reported("b", (2, 3), 0.0, at=100.0, **PRICES))
+    assert room.choose(b"k", 1000, 200, now=400.0) in (2, 3)
+    assert [r.engine for r in room.fresh(now=409.0)] == ["b"]
+    assert room.fresh(now=410.5) == []
+    room.report(reported("b", (2, 3), 3.0, at=400.2, **PRICES))  # it took the work
+    assert [r.engine for r in room.fresh(now=403.0)] == ["b"]
 
 
 def test_an_engine_publishes_a_changed_report_at_once_and_an_unchanged_one_as_a_heartbeat():
@@ -169,7 +181,7 @@ def test_an_engine_publishes_a_changed_report_at_once_and_an_unchanged_one_as_a_
                                  outstanding_s=work, at=at)  # fmt: skip
 
     last = report(100.0)
-    assert due(report(100.25), None, 60.0)  # the first
+    assert due(report(100.25), None, 60.0)  # the first (a 60 s heartbeat here)
     assert not due(report(100.25), last, 60.0)  # idle, unchanged: nothing written
     assert not due(report(159.9), last, 60.0)
     assert due(report(160.0), last, 60.0)  # the heartbeat

@@ -49,12 +49,12 @@ def book():
 def test_no_fresh_report_leaves_the_hash(book):
     assert book.partition_for(relquery()) is None
     assert not book.take(report("a", [0], 1.0, at=NOW - 3.5), HEADERS)  # busy, over 3 s
-    assert not book.take(report("a", [0], 0.0, at=NOW - 151), HEADERS)  # idle, over 150 s
+    assert not book.take(report("a", [0], 0.0, at=NOW - 751), HEADERS)  # idle, over 750 s
     assert book.partition_for(relquery()) is None
     assert book.take(report("a", [], 0.0), HEADERS)  # owns no partition (yet)
     assert book.partition_for(relquery()) is None
-    # An idle engine repeats its report only every 60 s: trusted 150 s.
-    assert book.take(report("c", [1], 0.0, at=NOW - 100), HEADERS)
+    # An idle engine repeats its report only every 300 s: trusted 750 s.
+    assert book.take(report("c", [1], 0.0, at=NOW - 400), HEADERS)
     assert book.partition_for(relquery()) == 1
 
 
