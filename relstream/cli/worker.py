@@ -77,7 +77,7 @@ def worker(
     security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
-    from relstream.kafka.clients import create_topics
+    from relstream.kafka.clients import BrokerSilent
     from relstream.kafka.membership import member_slot
     from relstream.kafka.topics import Topics
     from relstream.stream.registrations import RegistrationError, load_registrations
@@ -94,7 +94,10 @@ def worker(
         raise MissingExtra(["stream"]) from None
     topics = Topics(prefix)
     tables = tuple({r.table for r in registrations})
-    asyncio.run(create_topics(bootstrap, topics.layout(tables), security))
+    try:  # a broker restarting is waited for, as by the engine (`check_broker`)
+        asyncio.run(_topics_made(bootstrap, topics.layout(tables), security))
+    except BrokerSilent as exc:
+        raise click.ClickException(str(exc)) from None
     clear_ready(ready_file)  # a restarted container keeps the last run's file
     app = build_app(
         bootstrap, registrations, topics, app_id, broker_kind, security, ready_file, data_dir,
@@ -118,3 +121,10 @@ def worker(
         faust_worker.execute_from_commandline()
     finally:
         clear_ready(ready_file)
+
+
+async def _topics_made(bootstrap: str, layout: dict[str, int], security: KafkaSecurity) -> None:
+    from relstream.kafka.clients import check_broker, create_topics
+
+    await check_broker(bootstrap, security)
+    await create_topics(bootstrap, layout, security)

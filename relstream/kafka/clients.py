@@ -16,7 +16,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+)
 
 from relstream.kafka.aborts import drop_ended_aborts
 from relstream.kafka.groupjoin import rejoin_on_empty_assignment
@@ -95,6 +100,7 @@ def new_client(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: A
     return AIOKafkaClient(bootstrap_servers=bootstrap, **security.client_options(), **options)
 
 
+START_RETRY_S = 1.0  # between a service's starts no broker answered
 BROKER_CHECK_S = 10.0  # how long an engine waits for its broker before loading a model
 
 
@@ -128,13 +134,26 @@ async def check_broker(
         await asyncio.sleep(0.5)
 
 
-async def start_all(*clients: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+async def start_all(
+    *clients: AIOKafkaConsumer | AIOKafkaProducer,
+    waiting: Callable[[Exception], None] | None = None,
+) -> None:
     """Start the clients in order; if one fails (no broker answered), stop them all before
     raising, so that none is left for the garbage collector to report as unclosed beside
-    the one-line error."""
+    the one-line error. With `waiting` (a service, which waits out an outage at its
+    start, where a one-shot command fails at once), a start no broker answered is tried
+    again every START_RETRY_S, `waiting` told each time."""
     try:
         for client in clients:
-            await client.start()
+            while True:
+                try:
+                    await client.start()
+                    break
+                except KafkaConnectionError as exc:  # bootstrap: nothing started yet
+                    if waiting is None:
+                        raise
+                    waiting(exc)
+                    await asyncio.sleep(START_RETRY_S)
     except BaseException:
         for client in clients:
             await client.stop()

@@ -133,8 +133,17 @@ async def start_waiting(
     group has given it partitions (for good where a dead member holds them), unless `stop`
     is set first: then the start is abandoned (its clients get `STOP_S` to stop) and False
     is returned. Once it has waited `after_s`, it says once what it waits for (the group,
-    its topic, the broker, its instance id), and later after how long it joined."""
-    start = asyncio.ensure_future(start_all(*clients))
+    its topic, the broker, its instance id), and later after how long it joined. A broker
+    that does not answer (restarting) is waited for, said every `after_s`."""
+    said: list[float] = []  # when it last said the broker does not answer
+
+    def waiting(exc: Exception) -> None:
+        if not said or time.monotonic() - said[-1] >= after_s:
+            said.append(time.monotonic())
+            logger.warning("no broker answers at %s yet (%s): waiting for it; Ctrl-C stops "
+                           "this", bootstrap, exc)  # fmt: skip
+
+    start = asyncio.ensure_future(start_all(*clients, waiting=waiting))
     stopped = asyncio.ensure_future(stop.wait() if stop is not None else asyncio.Event().wait())
     began = time.monotonic()
     try:

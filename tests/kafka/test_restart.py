@@ -194,3 +194,63 @@ def test_a_broker_restart_loses_no_row_and_repeats_no_id(tmp_path, memory):
     assert keys == ["a1", "a2", "b1", "b2"]  # every row's result, once
     if memory:  # offsets started over: only the timestamp tells the windows apart
         assert sorted(i.split("@")[0] for i in ids) == ["q-0-0", "q-0-0", "q-0-1", "q-0-1"]
+
+
+def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
+    # An engine SIGKILLed and restarted just before a broker restart passed its broker
+    # check, then found no broker when its clients started, and exited (the short crash
+    # drill, one run in twelve). A service's clients wait for the broker, saying so.
+    import logging
+
+    from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
+    from relstream.kafka.clients import new_consumer, new_producer
+    from relstream.kafka.membership import start_waiting
+
+    port = free_port()
+    broker = EmbeddedBroker(STORED_BROKER, port=port, data_dir=tmp_path / "broker")
+    caplog.set_level(logging.WARNING, logger="test.service")
+
+    async def scenario():
+        producer = new_producer(f"127.0.0.1:{port}")
+        consumer = new_consumer(f"127.0.0.1:{port}", group_id="waits")
+        consumer.subscribe(["waits"])
+        started = asyncio.ensure_future(start_waiting(
+            None, logging.getLogger("test.service"), f"127.0.0.1:{port}", producer, consumer
+        ))  # fmt: skip
+        await asyncio.sleep(2.0)
+        assert not started.done()
+        await asyncio.to_thread(broker.start)
+        try:
+            assert await asyncio.wait_for(started, 60)
+        finally:
+            await producer.stop()
+            await consumer.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        broker.stop()
+    assert any("no broker answers at 127.0.0.1" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_started_while_the_broker_restarts_waits_for_it(tmp_path):
+    # A worker SIGKILLed and restarted as the broker restarted found no broker and exited
+    # (the short crash drill, one run in twelve). It waits, as an engine does.
+    from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
+
+    port = free_port()
+    broker = EmbeddedBroker(STORED_BROKER, port=port, data_dir=tmp_path / "broker")
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n')
+    ready = tmp_path / "worker.ready"
+    worker = launch.start_worker([str(stream_bin() / "relstream")], broker, config,
+                                 tmp_path / "worker.log", Topics(), "waits", ready)  # fmt: skip
+    try:
+        time.sleep(3.0)
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+        broker.start()
+        launch.wait_ready([ready], [worker], 120)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        broker.stop()
