@@ -73,3 +73,14 @@ def default_broker(tmp_path_factory):
     embedded.start()
     yield embedded
     embedded.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """A default broker of the test's own, for a test that restarts it (`noida_kafka`)."""
+    from relstream.kafka.brokers import STORED_BROKER
+
+    embedded = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    embedded.start()
+    yield embedded
+    embedded.stop()

@@ -196,14 +196,13 @@ def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
 
 
 
-def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(tmp_path):
+def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(own_broker):
     # noida-db commits, after a restart, the offsets a transaction sent the new broker and
     # none of its messages (measured: offset 7 committed, 0 of 1 messages readable). A
     # commit sent once a connection broke goes as an abort (`txfaults.Breaks`): nothing
     # counts, and the writer finds out and redoes it; killed first, its successor does.
     group, partition = "cut", TopicPartition("in", 0)
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
-    broker.start()
+    broker = own_broker
 
     async def scenario():
         await create_topics(broker.bootstrap, {"in": 1, "out": 1})
@@ -230,13 +229,10 @@ def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(tmp
         seen = await read_all(broker.bootstrap, "out", "read_committed", idle_s=1.5)
         return breaks.turned, marks, [m.value for m in seen]
 
-    try:
-        assert asyncio.run(scenario()) == (True, {}, [])
-    finally:
-        broker.stop()
+    assert asyncio.run(scenario()) == (True, {}, [])
 
 
-def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twice(tmp_path):
+def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twice(own_broker):
     # noida-db forgets, when it restarts, the epoch that fences a transactional id whose
     # transaction is open: the zombie's old producer committed after the restart, and its
     # marker (one producer id for every epoch of the id) also committed the owner's
@@ -245,8 +241,7 @@ def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twic
     # (a new producer id after a restart), and the owner's renewal aborts its batch.
     topics, group = fresh_topics(), "zombie"
     partition = TopicPartition(topics.relqueries, 0)
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
-    broker.start()
+    broker = own_broker
 
     async def scenario():
         await create_topics(broker.bootstrap, topics.layout())
@@ -286,10 +281,7 @@ def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twic
         seen = await read_all(broker.bootstrap, topics.results, "read_committed")
         return [m.value for m in seen]
 
-    try:
-        assert asyncio.run(scenario()) == [b"answer"]
-    finally:
-        broker.stop()
+    assert asyncio.run(scenario()) == [b"answer"]
 
 
 def test_a_batch_sent_again_after_a_restart_does_not_hold_readers_back(tmp_path):
