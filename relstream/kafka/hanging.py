@@ -10,15 +10,17 @@ Every `read_committed` reader of the partition then waits at that batch (the wor
 case stalls every relQuery partition), until the broker restarts again.
 
 A partition is hanging when its last stable offset stands at one offset in two looks
-`ROUND_S` apart and the producer of the batch there is in no open transaction the
-broker lists (ListTransactions) between the two: that batch was open throughout, so a
-coordinator that knew it would have listed it. Such a batch is aborted under its own
-producer id and epoch (AddPartitionsToTxn, then EndTxn, under a transactional id of its
-own), which writes the ABORT marker Kafka's coordinator writes for a transaction past
-its timeout; its writer was gone, and its successor redoes the work (its input offsets
-were not committed). A producer the broker lists is left alone: its writer, or the next
-owner's fencing, ends it. Nothing is guessed: a broker that cannot list transactions,
-or a batch that is not an open transactional one, is left as it is.
+`ROUND_S` apart and, asked then, the broker lists (ListTransactions) the producer of the
+batch there in no open transaction, the offset read again after its answer: that batch
+was open throughout, so a coordinator that knew it would have listed it. Such a batch is
+aborted under its own producer id and epoch (AddPartitionsToTxn, then EndTxn, under a
+transactional id of its own), which writes the ABORT marker Kafka's coordinator writes
+for a transaction past its timeout; its writer was gone, and its successor redoes the
+work (its input offsets were not committed). An idle broker is only read: noida-db
+rewrites its whole store on ListTransactions, so it is asked only about a held
+partition. A producer the broker lists is left alone: its writer, or the next owner's
+fencing, ends it. Nothing is guessed: a broker that cannot list transactions, or a batch
+that is not an open transactional one, is left as it is.
 """
 
 from __future__ import annotations
@@ -152,18 +154,15 @@ class HangingTransactions:
                 await client.close()
 
     async def look(self, client: AIOKafkaClient) -> list[Hanging]:
-        """One round: the hanging transactions found since the last look, aborted."""
+        """One round: the hanging transactions found since the last look, aborted. The
+        broker is asked for its transactions only when a partition is held across two
+        looks (noida-db rewrites its whole store on ListTransactions), and the held
+        offsets are read again after its answer, so the listing falls between two reads
+        that saw the same batch open."""
         if not client.cluster.brokers():
             await client.bootstrap()
         await client.force_metadata_update()
         node = next(iter(client.cluster.brokers())).nodeId
-        listed = await client.send(node, ListTransactionsRequest())
-        if listed.error_code != 0:  # a broker that cannot list them: nothing is guessed
-            self._held.clear()
-            return []
-        open_producers = {
-            producer for _, producer, state, _ in listed.transaction_states if state not in ENDED
-        }  # fmt: skip
         parts = [
             TopicPartition(topic, p)
             for topic in client.cluster.topics()
@@ -175,8 +174,19 @@ class HangingTransactions:
         held = {p: at for p, at in stable.items() if at < ends.get(p, at)}
         again = {p: at for p, at in held.items() if self._held.get(p) == at}
         self._held = held
+        if not again:
+            return []
+        listed = await client.send(node, ListTransactionsRequest())
+        if listed.error_code != 0:  # a broker that cannot list them: nothing is guessed
+            return []
+        open_producers = {
+            producer for _, producer, state, _ in listed.transaction_states if state not in ENDED
+        }  # fmt: skip
+        still = await _ends(client, node, list(again), READ_COMMITTED)
         found = []
         for partition, offset in sorted(again.items()):
+            if still.get(partition) != offset:
+                continue  # ended meanwhile
             batch = await _first_batch(client, node, partition, offset)
             if batch is not None and batch[0] not in open_producers:
                 found.append(Hanging(partition, offset, *batch))
