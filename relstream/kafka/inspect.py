@@ -10,6 +10,7 @@ goes quiet, so reading "until idle" never returns. No consumer group is joined.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import time
@@ -334,10 +335,15 @@ def _engines(
 
 def _listening(engine: EngineSeen) -> bool | None:
     """Whether something listens at the engine's metrics endpoint: a refused connection
-    says the engine is gone at once, where its idle reports come minutes apart."""
+    says the engine is gone at once, where its idle reports come minutes apart. A
+    loopback address is another machine's unless the engine (`host:pid`) runs on this
+    one: not known."""
     if engine.metrics is None:
         return None
     host, _, port = engine.metrics.rpartition(":")
+    here = engine.name.rpartition(":")[0] == socket.gethostname()
+    if not here and ipaddress.ip_address(_resolved(host.strip("[]"))).is_loopback:
+        return None
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
     except ConnectionRefusedError:
@@ -345,6 +351,14 @@ def _listening(engine: EngineSeen) -> bool | None:
     except (OSError, ValueError):
         return None
     return True
+
+
+def _resolved(host: str) -> str:
+    """An address of `host` (itself where it is one; 0.0.0.0 where it does not resolve)."""
+    try:
+        return socket.getaddrinfo(host, None)[0][4][0]
+    except OSError:
+        return "0.0.0.0"
 
 
 def _decoded(kind: type[M], records: Iterable) -> Iterator[M]:
