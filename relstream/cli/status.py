@@ -111,7 +111,7 @@ def show(found, bootstrap: str, names) -> None:
             idle = (engine.outstanding_s or 0.0) <= 0  # its report repeated as a heartbeat
             if engine.listening is False:
                 said += (
-                    f"; STALE: its metrics endpoint {engine.metrics} refuses connections"
+                    f"; STALE: nothing listens at {engine.listens}, where it said it does"
                     f" (stopped, or killed; last load report {silent:.0f} s ago)"
                 )
             elif silent > (IDLE_EXPIRY_S if idle else STALE_REPORT_S):

@@ -73,9 +73,9 @@ class EngineSeen:
     last_answer_at: float | None  # wall time of its newest answer (None: none read)
     outstanding_s: float | None = None  # the work its newest load report left it
     reported_at: float | None = None  # wall time of that report (None: none read)
-    metrics: str | None = None  # where that report says its metrics endpoint listens
+    listens: str | None = None  # where that report says it listens while it runs
     # whether something listens there now: False, refused (stopped or killed); None, not
-    # known (no endpoint, or no answer within PROBE_S)
+    # known (no address, another machine's loopback, or no answer within PROBE_S)
     listening: bool | None = None
 
 
@@ -326,7 +326,7 @@ def _engines(
     seen = []
     for name in sorted(set(answered) | set(loads)):
         load = loads.get(name)
-        report = () if load is None else (load.outstanding_s, load.at, load.metrics)
+        report = () if load is None else (load.outstanding_s, load.at, load.listens)
         seen.append(EngineSeen(name, answered[name], newest.get(name), *report))
     with ThreadPoolExecutor(max_workers=PROBES) as pool:
         probed = list(pool.map(_listening, seen))
@@ -334,13 +334,13 @@ def _engines(
 
 
 def _listening(engine: EngineSeen) -> bool | None:
-    """Whether something listens at the engine's metrics endpoint: a refused connection
-    says the engine is gone at once, where its idle reports come minutes apart. A
+    """Whether something listens where the engine's report says it does: a refused
+    connection says the engine is gone at once, where its idle reports come minutes apart. A
     loopback address is another machine's unless the engine (`host:pid`) runs on this
     one: not known."""
-    if engine.metrics is None:
+    if engine.listens is None:
         return None
-    host, _, port = engine.metrics.rpartition(":")
+    host, _, port = engine.listens.rpartition(":")
     here = engine.name.rpartition(":")[0] == socket.gethostname()
     if not here and ipaddress.ip_address(_resolved(host.strip("[]"))).is_loopback:
         return None

@@ -17,11 +17,13 @@ each report is signed with it, and readers with that secret take only signed one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 
@@ -58,13 +60,30 @@ def signed(report: LoadReportMessage, secret: bytes | None) -> LoadReportMessage
     return msgspec.structs.replace(report, mac=report_mac(secret, report))
 
 
-def metrics_address(host: str, port: int | None) -> str | None:
-    """host:port where the engine's metrics endpoint is reached (a wildcard host: this
-    machine's name); None without one."""
-    if not port:
-        return None
+def address(host: str, port: int) -> str:
+    """host:port as another process reaches it (a wildcard host: this machine's name)."""
     host = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def listening(host: str, metrics_port: int | None) -> AsyncIterator[str]:
+    """A port this engine listens on while it reports, named in its reports so that
+    `relstream status` tells a killed engine (the connection refused) from an idle one,
+    which reports only every few minutes: its metrics endpoint where it serves one, else
+    a port of its own that accepts and hangs up."""
+    if metrics_port:
+        yield address(host, metrics_port)
+        return
+    server = await asyncio.start_server(_hang_up, host, 0)
+    try:
+        yield address(host, server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+
+
+async def _hang_up(_reader, writer) -> None:
+    writer.close()
 
 
 def engine_load(report: LoadReportMessage) -> EngineLoad:
@@ -80,11 +99,11 @@ def engine_load(report: LoadReportMessage) -> EngineLoad:
 
 
 def load_report(
-    backend: RelQueryBackend, consumer, topic: str, engine: str, metrics: str | None = None
+    backend: RelQueryBackend, consumer, topic: str, engine: str, listens: str | None = None
 ):
     """The engine's report now, or None where its backend cannot tell its load yet (or at
-    all: a backend without `load`), or tells one that is not finite. `metrics`: where its
-    Prometheus endpoint listens, if anywhere."""
+    all: a backend without `load`), or tells one that is not finite. `listens`: a port the
+    engine listens on while it runs (`listening`)."""
     load = backend.load() if hasattr(backend, "load") else None
     if load is None:
         return None
@@ -99,7 +118,7 @@ def load_report(
         templates=list(load.templates),
         size_counts=list(load.size_counts),
         at=time.time(),
-        metrics=metrics,
+        listens=listens,
     )
     return report if report.finite else None
 
@@ -126,12 +145,13 @@ def due(report: LoadReportMessage, last: LoadReportMessage | None, heartbeat_s: 
 async def _report_load(backend: RelQueryBackend, consumer, producer, config, engine: str):
     topics = config.topics
     secret = config.answer_secret or engines_secret()
-    metrics = metrics_address(config.metrics_host, config.metrics_port)
     last = None
-    while True:
-        report = load_report(backend, consumer, topics.relqueries, engine, metrics)
-        if report is not None and due(report, last, config.load_heartbeat_s):
-            value = encode(signed(report, secret))
-            await publish_best_effort(producer, topics.metrics, value, engine.encode(), HEADERS)
-            last = report
-        await asyncio.sleep(config.load_report_s)
+    async with listening(config.metrics_host, config.metrics_port) as listens:
+        while True:
+            report = load_report(backend, consumer, topics.relqueries, engine, listens)
+            if report is not None and due(report, last, config.load_heartbeat_s):
+                value = encode(signed(report, secret))
+                await publish_best_effort(producer, topics.metrics, value, engine.encode(),
+                                          HEADERS)  # fmt: skip
+                last = report
+            await asyncio.sleep(config.load_report_s)

@@ -283,9 +283,9 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     at: Annotated[Finite, Meta(description="seconds since the epoch")]
     # HMAC-SHA256 with the engines' secret, where one is set (placement/reports.py, report_mac)
     mac: Annotated[bytes, Meta(min_length=32, max_length=32)] | None = None
-    # host:port of its Prometheus endpoint, where it serves one: `relstream status` asks
-    # whether it still listens (an idle engine reports only every few minutes)
-    metrics: Annotated[str, Meta(max_length=300)] | None = None
+    # host:port it listens on while it runs (its Prometheus endpoint where it serves one):
+    # `relstream status` asks whether it still does (an idle engine reports every 300 s)
+    listens: Annotated[str, Meta(max_length=300)] | None = None
 
     @property
     def finite(self) -> bool:
