@@ -20,6 +20,8 @@ from relstream.extras import MissingExtra
 from relstream.kafka.security import KafkaSecurity
 from relstream.ready import clear_ready
 
+TOPICS_TRIES = 60  # a second apart: the worker's topics made in a broker's restarts
+
 
 @click.command()
 @bootstrap_option
@@ -124,7 +126,18 @@ def worker(
 
 
 async def _topics_made(bootstrap: str, layout: dict[str, int], security: KafkaSecurity) -> None:
+    """The worker's topics made, a broker restarting waited for: refused connections are
+    tried again for `BROKER_CHECK_S` (then one line, `BrokerSilent`), and a request a
+    restart cut after that is tried again with them."""
     from relstream.kafka.clients import check_broker, create_topics
+    from relstream.kafka.delivery import unavailable
 
-    await check_broker(bootstrap, security)
-    await create_topics(bootstrap, layout, security)
+    for tries in range(TOPICS_TRIES, 0, -1):
+        await check_broker(bootstrap, security)
+        try:
+            await create_topics(bootstrap, layout, security)
+            return
+        except Exception as exc:
+            if not unavailable(exc) or tries == 1:
+                raise
+        await asyncio.sleep(1.0)
