@@ -116,35 +116,25 @@ def test_a_dead_writers_forgotten_transaction_is_aborted_and_a_listed_one_left(t
 
 
 @pytest.mark.slow
-def test_the_embedded_broker_ends_a_hanging_transaction_within_two_rounds(tmp_path):
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
-    broker.start()
-    try:
-        asyncio.run(create_topics(broker.bootstrap, {TOPIC: 2}))
-        _writer_killed_after_a_restart(broker)
-        asyncio.run(_commit(broker.bootstrap, "writer", b"next"))
-        wait_until(
-            lambda: asyncio.run(_committed(broker.bootstrap)) == [b"next"],
-            within_s=30.0, what="the successor's commit readable", every_s=1.0,
-        )  # fmt: skip
-        assert [h.offset for h in broker._hanging.aborted] == [2]
-    finally:
-        broker.stop()
+def test_the_embedded_broker_ends_a_hanging_transaction_within_two_rounds(own_broker):
+    asyncio.run(create_topics(own_broker.bootstrap, {TOPIC: 2}))
+    _writer_killed_after_a_restart(own_broker)
+    asyncio.run(_commit(own_broker.bootstrap, "writer", b"next"))
+    wait_until(
+        lambda: asyncio.run(_committed(own_broker.bootstrap)) == [b"next"],
+        within_s=30.0, what="the successor's commit readable", every_s=1.0,
+    )  # fmt: skip
+    assert [h.offset for h in own_broker._hanging.aborted] == [2]
 
 
 @pytest.mark.slow
-def test_the_looks_leave_an_idle_brokers_store_unwritten(tmp_path):
+def test_the_looks_leave_an_idle_brokers_store_unwritten(own_broker):
     # noida-db rewrites its whole store (103 MB after 100,000 rows) on ListTransactions:
     # asked every round, the idle broker wrote 20.9 MB/s. It is asked about held
     # partitions only.
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
-    broker.start()
-    try:
-        asyncio.run(create_topics(broker.bootstrap, {TOPIC: 2}))
-        store = tmp_path / "broker" / "kafka.json"
-        time.sleep(4.0)  # the topics' own write done
-        before = store.stat().st_mtime_ns
-        time.sleep(3 * 5.0)  # three looks
-        assert store.stat().st_mtime_ns == before
-    finally:
-        broker.stop()
+    asyncio.run(create_topics(own_broker.bootstrap, {TOPIC: 2}))
+    store = own_broker.data_path / "kafka.json"
+    time.sleep(4.0)  # the topics' own write done
+    before = store.stat().st_mtime_ns
+    time.sleep(3 * 5.0)  # three looks
+    assert store.stat().st_mtime_ns == before
