@@ -320,7 +320,7 @@ class PartitionProducers:
         committed): `BrokerLost`, renewed and redone. A commit whose answer was lost:
         `Unanswered`."""
         breaks = self._breaks[producer]
-        if before := breaks():
+        if breaks():  # so, from here, any break is one during this transaction
             raise BrokerLost("its connection broke since its producer started")
         # Asked first: `Fenced` from it (the work is no longer this owner's) must not
         # leave a transaction open on a producer that stays, holding back every
@@ -340,10 +340,10 @@ class PartitionProducers:
                 at = await future
             written.append(Written(send, TopicPartition(at.topic, at.partition), at.offset))
         await producer.send_offsets_to_transaction({partition: mark}, self._group)
-        if breaks() != before:
+        if breaks():
             raise BrokerLost("its connection broke before the commit")
         try:
-            with breaks.commit_unbroken(before):
+            with breaks.commit_unbroken():
                 await producer.commit_transaction()
         except ProducerFenced:
             raise
@@ -352,7 +352,7 @@ class PartitionProducers:
         if breaks.turned:  # a connection broke: sent again as an abort; the first?
             raise Unanswered("its connection broke: the commit ended as an abort", mark, written)
         self._known[partition] = tuple(mark)
-        if breaks() != before:  # the broker answered: the commit is its, the messages?
+        if breaks():  # the broker answered: the commit is its, the messages?
             raise Unanswered("its connection broke during the commit", mark, written, answered=True)
 
     async def _target(self, producer, send: Send, partition: TopicPartition) -> int | None:

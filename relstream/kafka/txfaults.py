@@ -52,17 +52,19 @@ class Breaks:
     by us): a broker restart breaks them all. aiokafka has no public hook; its client
     calls `_on_connection_closed` for each closed connection.
 
-    It also keeps the producer's commit to the connections a transaction began with
-    (`commit_unbroken`). aiokafka sends a commit again on a new connection when one breaks
-    under it; reaching noida-db after a restart, which forgot the transaction's
-    partitions, that commit counts the offsets and the messages never show (issue 48:
-    a writer killed before it found that out and sent them again lost rows or a
-    relQuery's answer). Once a connection broke since the transaction began, the request
-    goes as an abort instead (`turned`), and the caller finds out what landed."""
+    It also keeps the producer's commit to unbroken connections (`commit_unbroken`): a
+    producer that saw a break is renewed before its next transaction
+    (`PartitionProducers._once`), so any break is one since its transaction began.
+    aiokafka sends a commit again on a new connection when one breaks under it; reaching
+    noida-db after a restart, which forgot the transaction's partitions, that commit
+    counts the offsets and the messages never show (issue 48: a writer killed before it
+    found that out and sent them again lost rows or a relQuery's answer). Once a
+    connection broke, the request goes as an abort instead (`turned`), and the caller
+    finds out what landed."""
 
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.count = 0
-        self._since: int | None = None  # armed: the count when the transaction began
+        self._armed = False  # within `commit_unbroken`
         self.turned = False  # its commit was sent as an abort
         client = producer.client
         closed = client._on_connection_closed
@@ -79,17 +81,16 @@ class Breaks:
         return self.count
 
     @contextlib.contextmanager
-    def commit_unbroken(self, since: int):
-        """Within: a commit request made once a connection broke since `since` is an
-        abort."""
-        self._since, self.turned = since, False
+    def commit_unbroken(self):
+        """Within: a commit request made once a connection broke is an abort."""
+        self._armed, self.turned = True, False
         try:
             yield
         finally:
-            self._since = None
+            self._armed = False
 
     def broken(self) -> bool:
-        return self._since is not None and self.count != self._since
+        return self._armed and self.count > 0
 
 
 def _commit_or_abort(handler) -> EndTxnRequest:

@@ -210,13 +210,12 @@ def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(own
         breaks = Breaks(producer)
         await producer.start()
         try:
-            before = breaks()
             await producer.begin_transaction()
             await (await producer.send("out", b"answer", partition=0))
             noida_kafka(broker, "stop")  # blocks the loop: the offsets and the commit
             noida_kafka(broker, "start")  # reach the restarted broker
             await producer.send_offsets_to_transaction({partition: (7, "")}, group)
-            with breaks.commit_unbroken(before):
+            with breaks.commit_unbroken():
                 await producer.commit_transaction()
         finally:
             await producer.stop()
