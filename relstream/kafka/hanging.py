@@ -190,7 +190,7 @@ class HangingTransactions:
             batch = await _first_batch(client, node, partition, offset)
             if batch is not None and batch[0] not in open_producers:
                 found.append(Hanging(partition, offset, *batch))
-        for hanging in await _abort(client, found):
+        for hanging in await _abort(client, node, found):
             self.aborted.append(hanging)
             self._held.pop(hanging.partition, None)
         return found
@@ -235,7 +235,7 @@ async def _first_batch(client, node: int, partition: TopicPartition, offset: int
     return None
 
 
-async def _abort(client, found: list[Hanging]) -> list[Hanging]:
+async def _abort(client, node: int, found: list[Hanging]) -> list[Hanging]:
     """Abort each producer's hanging batches under its own id and epoch: AddPartitionsToTxn
     names their partitions, EndTxn writes the ABORT markers there."""
     by_producer: dict[tuple[int, int], list[Hanging]] = defaultdict(list)
@@ -244,22 +244,19 @@ async def _abort(client, found: list[Hanging]) -> list[Hanging]:
     ended = []
     for (producer, epoch), held in by_producer.items():
         txn = f"relstream.hanging.{producer}.{epoch}"
-        node = next(iter(client.cluster.brokers())).nodeId
         topics: dict[str, list[int]] = defaultdict(list)
         for hanging in held:
             topics[hanging.partition.topic].append(hanging.partition.partition)
         added = await client.send(
             node, AddPartitionsToTxnRequest(txn, producer, epoch, list(topics.items()))
         )
-        refused = [e for _, errors in added.errors for _, e in errors if e != 0]
-        if refused:
+        error = next((e for _, errors in added.errors for _, e in errors if e != 0), 0)
+        if not error:
+            done = await client.send(node, EndTxnRequest(txn, producer, epoch, False))
+            error = done.error_code
+        if error:
             log.warning("could not abort producer %d's hanging transaction: %s", producer,
-                        for_code(refused[0]).__name__)  # fmt: skip
-            continue
-        done = await client.send(node, EndTxnRequest(txn, producer, epoch, False))
-        if done.error_code != 0:
-            log.warning("could not abort producer %d's hanging transaction: %s", producer,
-                        for_code(done.error_code).__name__)  # fmt: skip
+                        for_code(error).__name__)  # fmt: skip
             continue
         for hanging in held:
             log.warning(

@@ -341,11 +341,12 @@ def _listening(engine: EngineSeen) -> bool | None:
     if engine.listens is None:
         return None
     host, _, port = engine.listens.rpartition(":")
+    host = host.strip("[]")
     here = engine.name.rpartition(":")[0] == socket.gethostname()
-    if not here and ipaddress.ip_address(_resolved(host.strip("[]"))).is_loopback:
+    if not here and ipaddress.ip_address(_resolved(host)).is_loopback:
         return None
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
     except ConnectionRefusedError:
         return False
     except (OSError, ValueError):
