@@ -383,3 +383,26 @@ async def step_logged(step_log: Path, logged, timeout_s: float = 120.0) -> dict:
                 return step
         assert time.monotonic() < deadline, f"no such step in {timeout_s} s: {text[-2000:]}"
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def zombie_and_owner(bootstrap: str, group: str, partition, zombie: dict, owner: dict):
+    """Two processes' producers for one input partition (`PartitionProducers` with the
+    options given each) and a consumer each, assigned it: (zombie, owner, consumers), all
+    stopped on leaving. Which takes the partition over when is the test's to say."""
+    from relstream.kafka.clients import new_consumer
+    from relstream.kafka.transactions import PartitionProducers
+
+    producers = [PartitionProducers(bootstrap, group, stall_s=60.0, **options)
+                 for options in (zombie, owner)]  # fmt: skip
+    consumers = [new_consumer(bootstrap, group_id=group) for _ in range(2)]
+    for consumer in consumers:
+        await consumer.start()
+        consumer.assign([partition])
+    try:
+        yield producers[0], producers[1], consumers
+    finally:
+        for consumer in consumers:
+            await consumer.stop()
+        for producers_of in producers:
+            await producers_of.close_all()

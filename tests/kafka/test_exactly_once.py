@@ -16,10 +16,10 @@ import uuid
 import pytest
 from aiokafka import TopicPartition
 from engines import engine_process, wait_for
-from helpers import committed_offsets, read_all, relquery, wait_until
+from helpers import committed_offsets, read_all, relquery, wait_until, zombie_and_owner
 
 from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import create_topics, new_admin, new_consumer, new_producer, produce
+from relstream.kafka.clients import create_topics, new_admin, new_producer, produce
 from relstream.kafka.delivery import Backoff, Send
 from relstream.kafka.topics import Topics
 from relstream.kafka.transactions import PartitionProducers
@@ -244,14 +244,11 @@ def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twic
 
     async def scenario():
         await create_topics(broker.bootstrap, topics.layout())
-        zombie = PartitionProducers(broker.bootstrap, group, stall_s=60.0, backoff=Backoff(0.1))
-        owner = PartitionProducers(broker.bootstrap, group, stall_s=60.0, backoff=Backoff(0.1))
-        consumers = [new_consumer(broker.bootstrap, group_id=group) for _ in range(2)]
-        for consumer in consumers:
-            await consumer.start()
-            consumer.assign([partition])
         answer = [Send(topics.results, b"answer", b"q", "the answer", partition=0)]
-        try:
+        retry = {"backoff": Backoff(0.1)}
+        async with zombie_and_owner(broker.bootstrap, group, partition, retry, retry) as (
+            zombie, owner, consumers,
+        ):  # fmt: skip
             await zombie.take_over(consumers[0], [partition])
             await owner.take_over(consumers[1], [partition])  # fences the zombie
             producer = owner._producers[partition]
@@ -272,11 +269,6 @@ def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twic
             producer.send_offsets_to_transaction = restart_then_the_zombie
             with contextlib.suppress(Fenced):
                 await owner.transact(partition, answer, lambda: (1, ""))
-        finally:
-            for consumer in consumers:
-                await consumer.stop()
-            await zombie.close_all()
-            await owner.close_all()
         seen = await read_all(broker.bootstrap, topics.results, "read_committed")
         return [m.value for m in seen]
 

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, OutOfOrderSequenceNumber
-from helpers import read_all
+from helpers import read_all, zombie_and_owner
 
 from relstream.kafka.clients import create_topics, new_admin, new_consumer
 from relstream.kafka.delivery import Backoff, Send
@@ -387,25 +387,20 @@ def test_a_zombie_that_renews_its_producer_does_not_commit_what_the_owner_did(de
         partition = TopicPartition(topics.relqueries, 0)
         await create_topics(default_broker.bootstrap, topics.layout())
         asked = []
-        zombie = PartitionProducers(default_broker.bootstrap, group, stall_s=60.0,
-                                    backoff=Backoff(0.1), on_fenced=asked.append)  # fmt: skip
-        owner = PartitionProducers(default_broker.bootstrap, group, stall_s=60.0)
-        consumers = [new_consumer(default_broker.bootstrap, group_id=group) for _ in range(2)]
-        owner_committed = asyncio.Event()
-        once, tried = zombie._once, []
+        zombie_options = {"backoff": Backoff(0.1), "on_fenced": asked.append}
+        async with zombie_and_owner(default_broker.bootstrap, group, partition,
+                                    zombie_options, {}) as (zombie, owner, consumers):  # fmt: skip
+            owner_committed = asyncio.Event()
+            once, tried = zombie._once, []
 
-        async def stalled_first(producer, part, sends, offsets):
-            if not tried:
-                tried.append(1)
-                await owner_committed.wait()
-                raise KafkaTimeoutError()
-            return await once(producer, part, sends, offsets)
+            async def stalled_first(producer, part, sends, offsets):
+                if not tried:
+                    tried.append(1)
+                    await owner_committed.wait()
+                    raise KafkaTimeoutError()
+                return await once(producer, part, sends, offsets)
 
-        zombie._once = stalled_first
-        for consumer in consumers:
-            await consumer.start()
-            consumer.assign([partition])
-        try:
+            zombie._once = stalled_first
             await zombie.take_over(consumers[0], [partition])
             answer = [Send(topics.results, b"answer", b"q", "the answer", partition=0)]
             attempt = asyncio.create_task(zombie.transact(partition, answer, lambda: (1, "")))
@@ -415,11 +410,6 @@ def test_a_zombie_that_renews_its_producer_does_not_commit_what_the_owner_did(de
             owner_committed.set()
             with pytest.raises(Fenced, match="another owner committed"):
                 await attempt
-        finally:
-            for consumer in consumers:
-                await consumer.stop()
-            await zombie.close_all()
-            await owner.close_all()
         seen = await read_all(default_broker.bootstrap, topics.results, "read_committed")
         return [m.value for m in seen], asked
 
