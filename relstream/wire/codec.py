@@ -213,19 +213,25 @@ def _explain(data: bytes, exc: Exception) -> str:
     shape."""
     try:
         msgspec.msgpack.decode(data)
-    except UnicodeDecodeError as bad_text:
-        return f"a string is not valid UTF-8 ({bad_text.reason})"
-    except msgspec.DecodeError as malformed:
-        return f"not valid msgpack ({malformed})"
+    except (UnicodeDecodeError, msgspec.DecodeError) as malformed:
+        return _bad_text(malformed) or f"not valid msgpack ({malformed})"
     return _field_reason(str(exc))
 
 
 def _explain_json(exc: Exception) -> str:
-    if isinstance(exc, UnicodeDecodeError):
-        return f"a string is not valid UTF-8 ({exc.reason})"
     if isinstance(exc, msgspec.ValidationError):
         return _field_reason(str(exc))
-    return f"not valid JSON ({exc})"
+    return _bad_text(exc) or f"not valid JSON ({exc})"
+
+
+def _bad_text(exc: Exception) -> str | None:
+    """A string that is not UTF-8, as msgspec says it: a UnicodeDecodeError up to 0.22,
+    a DecodeError naming UTF-8 from 0.23 on."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a string is not valid UTF-8 ({exc.reason})"
+    if isinstance(exc, msgspec.DecodeError) and "UTF-8" in str(exc):
+        return "a string is not valid UTF-8"
+    return None
 
 
 def _check_ints(kind: str, values: Mapping[str, Any], path: str) -> None:
