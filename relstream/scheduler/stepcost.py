@@ -12,6 +12,9 @@ The fit is least squares over the last `window` steps, redone every `refit_every
 rather than recursive least squares with forgetting: that one's covariance winds up
 through long runs of similar decode steps and its coefficients swing, flipping the
 regime (docs/architecture.md, "Step costs on this CPU with SmolLM2").
+A step that stalled (the process descheduled beside other work) is left out of the fit:
+the few prompt steps of a window set the per-token price, and one of them slowed tenfold
+would price every prompt token tenfold.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from relstream.scheduler.view import StepFeedback
 
 MIN_STEPS = 32  # below this many steps the prior stands
 PIN_WEIGHT = 4.0  # how many steps' worth of evidence holds each coefficient to its last fit
+STALL_SPREADS = 6.0  # a stalled step: this many spreads (1.4826 MAD) over its fitted time,
+# and at least twice that time
 
 
 def nonnegative_lstsq(
@@ -52,6 +57,16 @@ def nonnegative_lstsq(
     coefficients = np.zeros(design.shape[1])
     coefficients[kept] = fitted
     return coefficients
+
+
+def stalled(design: np.ndarray, durations: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    """The steps that took far longer than the line says, in its own spread: a step is
+    never much faster than its work, but a process descheduled mid-step is slower by
+    whatever else ran."""
+    predicted = design @ fitted
+    excess = durations - predicted
+    spread = 1.4826 * float(np.median(np.abs(excess)))
+    return excess > np.maximum(STALL_SPREADS * spread, predicted)
 
 
 @dataclass
@@ -95,6 +110,9 @@ class OnlineStepCost:
             durations = np.array([duration for _, duration in self._steps])
             previous = np.array(self.coefficients())
             fitted = nonnegative_lstsq(design, durations, previous)
+            kept = ~stalled(design, durations, fitted)
+            if not kept.all():
+                fitted = nonnegative_lstsq(design[kept], durations[kept], previous)
             self.base, self.per_token, self.per_decode, self.per_context = (
                 float(c) for c in fitted
             )

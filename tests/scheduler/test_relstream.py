@@ -61,6 +61,21 @@ def test_the_step_cost_learns_a_line_from_mixed_steps():
     assert cost.coefficients() == pytest.approx((0.025, 0.001, 0.002, 0.000005), rel=0.02)
 
 
+def test_a_stalled_prompt_step_does_not_price_every_prompt_token():
+    # Decode steps of 10-40 requests, every eighth a 100-token prompt step among them; two
+    # prompt steps stall 2 s (the process descheduled). Taken at face value they would add
+    # 2 × 2 s / (64 prompt steps × 100 tokens) = 0.6 ms to every token's 1 ms.
+    cost = OnlineStepCost(base=0.025, per_token=0.001, per_decode=0.002, per_context=0.000005)
+    for step in range(512):
+        tokens, decodes = (100 if step % 8 == 0 else 0), 10 + step % 31
+        duration = true_step(tokens, decodes, decodes * 200)
+        if step in (200, 400):
+            duration += 2.0
+        kind = StepKind.of(bool(tokens), bool(decodes))
+        cost.observe(StepFeedback(kind, tokens, decodes, duration, decodes * 200))
+    assert cost.coefficients() == pytest.approx((0.025, 0.001, 0.002, 0.000005), rel=0.02)
+
+
 def test_steps_that_cannot_tell_costs_apart_leave_the_fit_alone():
     cost = OnlineStepCost(base=0.025, per_token=0.001, per_decode=0.002, per_context=0.000005)
     for step in range(600):  # one batch size, one context: base and per-decode collinear
