@@ -161,7 +161,7 @@ class Simulator(EngineView):
             started = time.perf_counter()
             plan = self.policy.plan(self)
             decisions.append(time.perf_counter() - started)
-            if plan.kind is StepKind.IDLE:
+            if plan.kind is StepKind.IDLE and not plan.preempt:  # evictions alone are a step
                 if next_arrival == len(pending) and not self._unfinished:
                     break  # the last arrivals were answered without a step
                 if next_arrival == len(pending):

@@ -5,6 +5,8 @@ import random
 import pytest
 
 from relstream.scheduler import POLICIES, make_policy
+from relstream.scheduler.stock_v1 import V1Fcfs
+from relstream.scheduler.view import StepPlan
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.sharing import Sharing
@@ -134,6 +136,25 @@ def test_decodes_that_outgrow_the_cache_preempt_the_newest_and_still_finish():
     run = engine.run(relqueries)
     assert run.preemptions > 0
     assert len(run.outcomes) == 3
+
+
+def test_a_step_that_only_preempts_is_carried_out_not_taken_for_idle():
+    # V1 0.32's priority queue can pick the first running request as its own victim: the
+    # pass ends there and the step runs nothing but that eviction (seen at load 0.75 with
+    # 512-token outputs: "v1-priority idles with 591 requests waiting").
+    class EvictsOnceAlone(V1Fcfs):
+        evicted = False
+
+        def plan_step(self, view):
+            running = list(view.tracker.running)
+            if running and not self.evicted:
+                self.evicted = True
+                return StepPlan(preempt=(running[0],))
+            return super().plan_step(view)
+
+    policy = EvictsOnceAlone(PROFILE.prior())
+    run = Simulator(PROFILE, policy).run([relquery("q", 0.0, rows=3, max_tokens=5)])
+    assert policy.evicted and run.preemptions == 1 and len(run.outcomes) == 1
 
 
 def test_only_sp_evict_evicts_running_requests_for_a_better_ranked_newcomer():
