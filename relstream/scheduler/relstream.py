@@ -65,6 +65,7 @@ from relstream.scheduler.lengths import OutputLengths
 from relstream.scheduler.policies import Policy, load_batch
 from relstream.scheduler.ranking import RankedQueue, WorkRanking
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
+from relstream.scheduler.reserve import ReserveShare
 from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.steprecord import StepDecision
@@ -112,6 +113,7 @@ class Relstream(Policy):
         )  # fmt: skip
         self._last: Coefficients | None = None  # the last step's prices
         self._lengths: OutputLengths | None = None  # the engine's finished rows' outputs
+        self.reserve_share = ReserveShare()  # KV kept for unproven rows' budgets
 
     def observe(self, feedback: StepFeedback) -> None:
         """Only the step cost learns: relstream reads no other cost model. The step's
@@ -170,8 +172,12 @@ class Relstream(Policy):
         weighed by the pressure; KV is kept for what running requests will still
         generate. `ranked`: the running relQueries with their ranks, best first."""
         active = [info for _, info in ranked]
-        step = StepAdmission.for_step(view, reserve=1.0, oracle=self.oracle)
+        step = StepAdmission.for_step(
+            view, reserve=1.0, oracle=self.oracle, guess=self.reserve_share.value
+        )
         step.decode(active)
+        if step.scheduled or step.preempted:  # a step of running rows: the share learns
+            self.reserve_share.stepped(bool(step.preempted))
         if step.preempted:
             for info in active:
                 step.continue_prompts(info)
