@@ -10,6 +10,7 @@ from relstream.extras import require
 from relstream_lab.campaign.cli import campaign, ceiling, frontier, repeats
 from relstream_lab.drills.cli import drill
 from relstream_lab.idle.cli import idle
+from relstream_lab.kvbound.cli import kv_bound
 from relstream_lab.paper.cli import paper, scheduler_cost
 from relstream_lab.placement.cli import placement
 from relstream_lab.prefix.cli import prefix
@@ -32,6 +33,7 @@ def bench() -> None:
 
 for command in (
     paper,
+    kv_bound,
     scheduler_cost,
     campaign,
     ceiling,

@@ -127,7 +127,7 @@ def linear_from_document(document: dict[str, Any]) -> LinearProfile:
 
 
 _READERS = {"roofline": roofline_from_document, "linear": linear_from_document}
-PROFILE_NAMES = ("a100-opt13b", "cpu-smollm2")
+PROFILE_NAMES = ("a100-opt13b", "h100-llama8b", "cpu-smollm2")
 
 
 def profile_document(name: str) -> dict[str, Any]:

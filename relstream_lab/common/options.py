@@ -24,7 +24,7 @@ datasets_option = click.option(
 )
 
 
-def _policies(
+def policies(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> tuple[str, ...] | None:
     if value is None:
@@ -49,7 +49,7 @@ def trace_options(size: int):
     """The paper's trace (`size` relQueries of 1-`size` rows by default), the policies and
     the out folder: the options `bench paper`, `bench campaign` and `bench streaming` share."""
     options = (
-        click.option("--policies", default=None, callback=_policies, help="Comma-separated."),
+        click.option("--policies", default=None, callback=policies, help="Comma-separated."),
         click.option("--relqueries", default=size, show_default=True, type=click.IntRange(1)),
         click.option("--max-rows", default=size, show_default=True, type=click.IntRange(1)),
         click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson"),

@@ -34,6 +34,9 @@ class TraceConfig:
     burstiness: float = 1.0  # gamma arrivals: coefficient of variation of the gaps
     eos_per_token: float = 0.02  # chance a request ends at each output token
     seed: int = 0
+    # (shortest, longest): every relQuery's budget is `longest` and each row's output is
+    # drawn uniformly between the two (long answers, e.g. summaries), not by `eos_per_token`
+    outputs: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.max_rows:
@@ -42,6 +45,8 @@ class TraceConfig:
             raise ValueError(f"arrival must be 'poisson' or 'gamma', not {self.arrival!r}")
         if not 0.0 <= self.eos_per_token < 1.0:
             raise ValueError("eos_per_token must be in [0, 1)")
+        if self.outputs is not None and not 1 <= self.outputs[0] <= self.outputs[1]:
+            raise ValueError(f"outputs range {self.outputs} is empty")
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ def generate_relqueries(config: TraceConfig, datasets: Sequence[LoadedDataset]) 
             id=f"rq{index:03d}-{dataset.spec.name}-{query_type}",
             template=Template(dataset.spec.templates[query_type]),
             rows=rows,
-            max_output_tokens=MAX_TOKENS[query_type],
+            max_output_tokens=config.outputs[1] if config.outputs else MAX_TOKENS[query_type],
             arrival_time=clock,
         )
         entries.append(TraceEntry(relquery, dataset.spec.name, query_type))
@@ -175,10 +180,7 @@ def tokenize_trace(
         prompts = [chatml_prompt(r.prompt, relquery.system_prompt) for r in requests]
         token_ids[relquery.id] = encode_batch(prompts)
         keys[relquery.id] = [answer_key(relquery, ids) for ids in token_ids[relquery.id]]
-        sampled = [
-            _sample_output_length(rng, relquery.max_output_tokens, config.eos_per_token)
-            for _ in requests
-        ]
+        sampled = [_sample_output_length(rng, relquery.max_output_tokens, config) for _ in requests]
         if output_tokens is not None:
             real = output_tokens[relquery.id]
             sampled = [min(max(real[r.row_index], 1), relquery.max_output_tokens) for r in requests]
@@ -186,8 +188,10 @@ def tokenize_trace(
     return TokenizedTrace(entries, token_ids, lengths, keys)
 
 
-def _sample_output_length(rng: random.Random, max_tokens: int, eos_per_token: float) -> int:
+def _sample_output_length(rng: random.Random, max_tokens: int, config: TraceConfig) -> int:
+    if config.outputs is not None:
+        return rng.randint(*config.outputs)
     length = 1
-    while length < max_tokens and rng.random() >= eos_per_token:
+    while length < max_tokens and rng.random() >= config.eos_per_token:
         length += 1
     return length
