@@ -220,3 +220,36 @@ def test_vllms_priority_queue_is_refused_under_a_policy_that_orders_requests_its
     with pytest.raises(ValueError, match="'v1-priority'"):
         built("relstream")
     assert built("v1-priority").policy_name == "v1-priority"
+
+
+def test_a_kv_connector_is_refused_under_a_policy_the_plug_in_decides():
+    from vllm.config import KVTransferConfig
+
+    connector = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
+    with pytest.raises(ValueError, match=r"kv_transfer_config .* policy 'relstream'"):
+        build_scheduler(
+            "relstream", model_folder=model_dir("smollm2"), kv_transfer_config=connector
+        )
+
+
+@pytest.mark.parametrize("policy", ["relstream", "v1-fcfs"])
+def test_streaming_input_is_aborted_naming_the_policy_unless_vllm_decides(policy, caplog):
+    scheduler = build(False, policy)
+    params = SamplingParams(ignore_eos=True, max_tokens=2)
+    params.update_from_generation_config({}, 2)
+    init_none_hash(sha256)
+    session = Request(
+        request_id="session", prompt_token_ids=[5] * 20, sampling_params=params,
+        pooling_params=None, block_hasher=get_request_block_hasher(BLOCK, sha256),
+        resumable=True,
+    )  # fmt: skip
+    add(scheduler, "row-0", "q", 1, prompt=20, outputs=2)
+    scheduler.add_request(session)
+    if policy == "relstream":  # refused: aborted at once, the rest served
+        assert "streaming input" in caplog.text and "'relstream'" in caplog.text
+        assert "session" not in scheduler.requests
+        drive(scheduler, in_flight=1)
+        assert not scheduler.has_unfinished_requests()
+    else:  # vLLM's own session: scheduled, then waiting for its next input
+        step = scheduler.schedule()
+        assert "session" in step.num_scheduled_tokens

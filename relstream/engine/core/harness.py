@@ -38,6 +38,7 @@ def build_scheduler(
     max_model_len: int = 512,
     long_prefill_token_threshold: int = 0,
     scheduling_policy: str = "fcfs",
+    kv_transfer_config=None,
 ):
     """Stock vLLM V1's scheduler (`policy` None) or relstream's plug-in deciding with
     `policy`, over the model in `model_folder` (its config only: no weights load); the
@@ -59,6 +60,7 @@ def build_scheduler(
         model_config=model,
         cache_config=cache,
         additional_config={SETTINGS_KEY: settings} if policy else {},
+        kv_transfer_config=kv_transfer_config,
     )
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(

@@ -4,23 +4,21 @@ A subclass of vLLM's Scheduler, or of its AsyncScheduler where vLLM schedules ah
 (`relstream_scheduler`), loaded by vLLM in its engine core process from the dotted path
 `tags.PLUGIN_CLASS`; it shares nothing with the service's process but `engine/tags.py`.
 
-vLLM's own `schedule()` still does all the work (KV allocation, prefix caching, chunking,
-preemption); this class only decides *which* requests it may touch each step. A plan is
-enforced by swapping in a running list and a waiting queue holding exactly the planned
-requests, calling `super().schedule()`, and putting everything else back:
+vLLM's `schedule()` still does the work (KV allocation, prefix caching, chunking,
+preemption); this class decides *which* requests it may touch each step, by swapping in
+a running list and a waiting queue of exactly the planned requests around it:
 
   decode-only   running = the planned decodes, waiting = empty
   prefill-only  running = unfinished prefills in the plan, waiting = the planned requests
   mixed         both (sarathi)
 
-Policies that stock vLLM decides itself (`relstream.scheduler.registry`: `v1-fcfs`, and
-`v1-priority` on vLLM's "priority" queue with each request's static priority) are only
-observed.
-Configuration arrives in `additional_config["relstream"]` (`tags.SETTINGS_KEY`): {"policy": name,
-"step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d", "beta_d"},
-"cost_model": "online" (refit from every step) or "fixed" (the prior kept, as the paper
-profiles offline), "load_file": path or None (where it writes its policy's load for the
-engine's load reports, `engine/core/loadwriter.py`)}.
+Policies that stock vLLM decides itself (`registry`: `v1-fcfs`, and `v1-priority` on
+vLLM's priority queue with each request's static priority) are only observed; what the
+others cannot honour is refused (`refusals`). Configuration: `additional_config`'s
+`tags.SETTINGS_KEY`: {"policy": name, "step_log": path or None, "cost_prior": {"alpha_p",
+"beta_p", "alpha_d", "beta_d"}, "cost_model": "online" (refit from every step) or "fixed"
+(the prior kept, as the paper profiles offline), "load_file": path or None (its policy's
+load for the engine's load reports, `loadwriter`)}.
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from relstream.engine.core.loadwriter import LoadWriter
+from relstream.engine.core.refusals import config_conflict, request_conflict
 from relstream.engine.core.waitqueue import IndexedWaitingQueue
 from relstream.engine.tags import EXTRA_ARGS_KEY, SETTINGS_KEY
 from relstream.scheduler import (
@@ -87,10 +86,13 @@ class RelstreamPlugin(EngineView):
     _aside = (0, 0)  # (running, waiting) requests set aside while a plan is enforced
 
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
-        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         settings = dict((vllm_config.additional_config or {}).get(SETTINGS_KEY, {}))
         self.policy_name = settings.get("policy", DEFAULT_POLICY)
         self.decided_by_vllm = policy_spec(self.policy_name).decided_by_vllm is not None
+        refused = None if self.decided_by_vllm else config_conflict(self.policy_name, vllm_config)
+        if refused:
+            raise ValueError(refused)  # before vLLM builds what it names
+        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         conflict = queue_conflict(self.policy_name, self.policy.value)
         if conflict:
             raise ValueError(conflict)
@@ -176,6 +178,11 @@ class RelstreamPlugin(EngineView):
         known = request.request_id in self.requests
         super().add_request(request)
         if known:
+            return
+        refused = None if self.decided_by_vllm else request_conflict(self.policy_name, request)
+        if refused:
+            log.error("%s", refused)
+            self.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
             return
         extra = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
         tags = extra.get(EXTRA_ARGS_KEY, {})
@@ -278,8 +285,8 @@ class RelstreamPlugin(EngineView):
         super().shutdown()
 
     def get_request_counts(self) -> tuple[int, int]:
-        """vLLM's counts, with the requests a plan set aside: vLLM's long-prefill
-        threshold, off for a lone request, then applies as the policy planned it."""
+        """vLLM's counts with the requests a plan set aside, so its long-prefill
+        threshold (off for a lone request) applies as planned."""
         running, waiting = super().get_request_counts()
         return running + self._aside[0], waiting + self._aside[1]
 
@@ -327,10 +334,8 @@ class RelstreamPlugin(EngineView):
     def _evict(self, request_id: str) -> None:
         request = self.requests[request_id]
         self.running.remove(request)
-        # As vLLM's own preemption: a KV connector that must deliver KV drops stale output.
-        self._preempt_request(
-            request, time.monotonic(), drop_stale_output=self.requires_kv_delivery
-        )
+        # As vLLM's own preemption; no KV connector drops stale output here (`refusals`).
+        self._preempt_request(request, time.monotonic())
 
     def _sync_progress(self) -> None:
         for request_id, seq in self.tracker.running.items():
