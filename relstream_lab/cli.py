@@ -8,6 +8,7 @@ import click
 from relstream.cli import Commands
 from relstream.extras import require
 from relstream_lab.campaign.cli import campaign, ceiling, frontier, repeats
+from relstream_lab.device.cli import gpu_steps
 from relstream_lab.drills.cli import drill
 from relstream_lab.idle.cli import idle
 from relstream_lab.kvbound.cli import kv_bound
@@ -34,6 +35,7 @@ def bench() -> None:
 for command in (
     paper,
     kv_bound,
+    gpu_steps,
     scheduler_cost,
     campaign,
     ceiling,

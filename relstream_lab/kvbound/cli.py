@@ -15,10 +15,12 @@ POLICIES = "relstream,v1-fcfs,v1-priority,clairvoyant"
 
 def _profiles(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in value.split(",") if name.strip())
-    unknown = [name for name in names if name not in PROFILE_NAMES]
+    unknown = [name for name in names if name not in PROFILE_NAMES and not Path(name).is_file()]
     if unknown or not names:
         known = ", ".join(PROFILE_NAMES)
-        raise click.BadParameter(f"unknown profile {', '.join(unknown) or '(none)'}; from {known}")
+        raise click.BadParameter(
+            f"unknown profile {', '.join(unknown) or '(none)'}: neither a file nor one of {known}"
+        )
     return names
 
 
@@ -34,7 +36,8 @@ def _outputs(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
 
 @click.command("kv-bound")
 @click.option("--profiles", default="a100-opt13b,h100-llama8b", show_default=True,
-              callback=_profiles, help="Comma-separated simulator profiles.")  # fmt: skip
+              callback=_profiles,
+              help="Comma-separated simulator profiles: names or profile files.")  # fmt: skip
 @click.option("--policies", default=POLICIES, show_default=True, callback=policies)
 @click.option("--loads", default="0.75,1,1.1", show_default=True, callback=rates,
               help="Comma-separated loads, fractions of each trace's capacity.")  # fmt: skip

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from relstream.sim.profiles import get_profile
 from relstream_lab.common.report import machine_description, write_report
 from relstream_lab.common.runner import run_grid, run_pooled
 from relstream_lab.common.workload import (
@@ -26,6 +25,7 @@ from relstream_lab.common.workload import (
     load_datasets,
     tokenize_trace,
 )
+from relstream_lab.sustained.run import load_profile, profile_label
 
 OURS = "relstream"
 STOCK = ("v1-fcfs", "v1-priority")
@@ -38,7 +38,7 @@ MODERATE_MEAN_RATIO = 1.5
 
 @dataclass(frozen=True)
 class KvBoundOptions:
-    profiles: tuple[str, ...]
+    profiles: tuple[str, ...]  # names, or profile files (a fitted profile.json)
     policies: tuple[str, ...]
     loads: tuple[float, ...]
     seeds: tuple[int, ...]
@@ -51,8 +51,8 @@ class KvBoundOptions:
 
 def run_cell(job: tuple[str, int, KvBoundOptions]) -> list[dict]:
     """One profile and seed: the capacity run, then every policy at every load."""
-    name, seed, options = job
-    profile = get_profile(name)
+    spec, seed, options = job
+    profile, name = load_profile(spec), profile_label(spec)
     config = replace(options.trace, seed=seed)
     trace = tokenize_trace(generate_relqueries(config, load_datasets(options.datasets_dir)), config)
     [saturated] = run_grid(trace, profile, ["v1-fcfs"], [ALL_AT_ONCE])
@@ -77,7 +77,7 @@ def run_kv_bound(
         "command": options.command,
         "machine": machine_description(),
         "trace": asdict(options.trace) | {"seeds": list(options.seeds)},
-        "limits": {name: asdict(get_profile(name).limits) for name in options.profiles},
+        "limits": {profile_label(p): asdict(load_profile(p).limits) for p in options.profiles},
         "runs": runs,
         "verdicts": verdicts(runs),
     }
