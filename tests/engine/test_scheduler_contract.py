@@ -253,3 +253,22 @@ def test_streaming_input_is_aborted_naming_the_policy_unless_vllm_decides(policy
     else:  # vLLM's own session: scheduled, then waiting for its next input
         step = scheduler.schedule()
         assert "session" in step.num_scheduled_tokens
+
+
+@pytest.mark.parametrize("policy", ["relstream", "v1-fcfs"])
+def test_max_num_active_seqs_bounds_the_running_set(policy):
+    # vLLM admits none past max_num_active_seqs; the plug-in hides unplanned running
+    # requests from vLLM's count, so the plan itself must count the limit as its seats.
+    scheduler = build_scheduler(
+        policy, model_folder=model_dir("smollm2"), max_num_seqs=8, budget=256,
+        max_num_active_seqs=3,
+    )  # fmt: skip
+    assert scheduler.limits.max_num_seqs == 3  # the seats every plan counts
+    for i in range(6):
+        add(scheduler, f"r-{i}", "q", 6, prompt=20, outputs=30)
+    most = 0
+    for _ in range(40):
+        step = scheduler.schedule()
+        most = max(most, len(scheduler.running))
+        scheduler.update_from_output(step, fake_output(scheduler, step))
+    assert most == 3

@@ -39,6 +39,7 @@ def build_scheduler(
     long_prefill_token_threshold: int = 0,
     scheduling_policy: str = "fcfs",
     kv_transfer_config=None,
+    max_num_active_seqs: int | None = None,
 ):
     """Stock vLLM V1's scheduler (`policy` None) or relstream's plug-in deciding with
     `policy`, over the model in `model_folder` (its config only: no weights load); the
@@ -52,6 +53,7 @@ def build_scheduler(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
         enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
         long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
+        max_num_active_seqs=max_num_active_seqs,
     )  # fmt: skip
     cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     settings = {"policy": policy, "step_log": str(step_log) if step_log else None}

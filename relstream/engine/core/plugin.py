@@ -106,7 +106,7 @@ class RelstreamPlugin(EngineView):
         self.relstream_policy = make_policy(self.policy_name, cost)
         self.tracker = RequestTracker()
         self.limits = EngineLimits(
-            max_num_seqs=self.max_num_running_reqs,
+            max_num_seqs=min(self.max_num_running_reqs, self.max_num_active_reqs),
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             kv_capacity_tokens=kv_cache_config.num_blocks * self.block_size,
             block_size=self.block_size,
