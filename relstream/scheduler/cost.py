@@ -95,6 +95,10 @@ class RecursiveLeastSquares:
     """RLS for y = slope*x + intercept with exponential forgetting.
 
     Starts from a prior line with a covariance that lets a few dozen steps override it.
+    The covariance's trace is held at most at the prior's: forgetting divides it by λ
+    every step, and along a direction the steps never vary (decodes of one batch size
+    for hours, a saturated engine) nothing takes it back, so unbounded it reached inf
+    after ~140,000 such steps and the gain's division failed.
     """
 
     line: Linear
@@ -117,9 +121,11 @@ class RecursiveLeastSquares:
         self.line.intercept += gain[1] * error
         # P ← (P − k·φᵀ·P) / λ; φᵀ·P equals p_phi because P is symmetric
         lam = self.forgetting
-        self.covariance = [
-            [(p[i][j] - gain[i] * p_phi[j]) / lam for j in range(2)] for i in range(2)
-        ]
+        covariance = [[(p[i][j] - gain[i] * p_phi[j]) / lam for j in range(2)] for i in range(2)]
+        trace, bound = covariance[0][0] + covariance[1][1], 2 * self.prior_variance
+        if trace > bound:
+            covariance = [[value * bound / trace for value in row] for row in covariance]
+        self.covariance = covariance
         self.samples += 1
 
 

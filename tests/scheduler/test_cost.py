@@ -1,3 +1,4 @@
+import math
 import random
 
 import pytest
@@ -10,6 +11,7 @@ from relstream.scheduler import (
     StepKind,
     cost_model_of,
 )
+from relstream.scheduler.cost import RecursiveLeastSquares
 
 
 def test_fixed_model_ignores_feedback(cost):
@@ -55,3 +57,17 @@ def test_online_fit_skips_mixed_steps():
         "alpha_d": 0.002,
         "beta_d": 0.05,
     }
+
+
+def test_hours_of_decodes_of_one_batch_size_do_not_wind_the_fit_up():
+    # 200,000 decode steps of 16 requests at 50 ms: unbounded, the covariance reached inf
+    # after ~140,000 and the gain divided by zero. The fit then still learns a new line.
+    fit = RecursiveLeastSquares(Linear(0.002, 0.02))
+    for _ in range(200_000):
+        fit.update(16, 0.05)
+    assert all(math.isfinite(value) for row in fit.covariance for value in row)
+    assert fit.line(16) == pytest.approx(0.05)
+    for step in range(2_000):
+        batch = 1 + step % 64
+        fit.update(batch, 0.001 * batch + 0.03)
+    assert (fit.line.slope, fit.line.intercept) == pytest.approx((0.001, 0.03), rel=0.05)
