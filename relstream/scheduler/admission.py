@@ -22,10 +22,8 @@ no policy can take fewer requests into a step than its order allows:
    admitted in a step that preempted (V1).
 
 With `reserve` > 0 (relstream) KV is also kept for what running requests will still
-take: each one's prompt rest and expected output, times `reserve`, and times `guess`
-for a row of a relQuery none of whose rows has finished (its expected output is then
-its whole budget: `reserve.ReserveShare`), so a gated engine does not admit what it
-would soon have to preempt. With 0 (V1) nothing is kept.
+take: each one's prompt rest and expected output, times `reserve`, so a gated engine
+does not admit what it would soon have to preempt. With 0 (V1) nothing is kept.
 
 `Stop` says why admission ended (SGLang's `PrefillAdder` answers the same question).
 """
@@ -36,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from relstream.scheduler.remaining import Oracle, expected_output, proven, row_remaining_output
+from relstream.scheduler.remaining import Oracle, expected_output, row_remaining_output
 from relstream.scheduler.tracker import prefill_cap
 from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, RelQueryInfo, SeqInfo, StepPlan
 
@@ -78,7 +76,6 @@ class StepAdmission:
     cap: int | None = None  # the most tokens one request computes this step (None: any)
     reserve: float = 0.0  # share of running requests' future KV kept back
     oracle: Oracle | None = None  # true remaining outputs (the lab's clairvoyant)
-    guess: float = 1.0  # share of `reserve` kept for an unproven row's budget
     scheduled: dict[str, int] = field(default_factory=dict)  # running id -> tokens this step
     growth: dict[str, int] = field(default_factory=dict)  # running id -> KV its tokens take
     preempted: list[SeqInfo] = field(default_factory=list)
@@ -87,7 +84,6 @@ class StepAdmission:
     reserved: int = 0  # KV kept for running requests' future tokens, summed
     reserving: dict[str, int] = field(default_factory=dict)  # request id -> its share
     expected: dict[str, int] = field(default_factory=dict)  # relQuery id -> output a row
-    shares: dict[str, float] = field(default_factory=dict)  # relQuery id -> KV share kept
     rows: list[SeqInfo] = field(default_factory=list)  # `decode`'s rows, best first
 
     @classmethod
@@ -100,7 +96,6 @@ class StepAdmission:
         seats: int | None = None,
         reserve: float = 0.0,
         oracle: Oracle | None = None,
-        guess: float = 1.0,
     ) -> StepAdmission:
         """The engine's whole budget, free KV and free seats, unless given."""
         limits = view.limits
@@ -113,7 +108,6 @@ class StepAdmission:
             prefill_cap(limits, view.tracker),
             reserve,
             oracle,
-            guess,
         )
 
     # running requests, V1's way
@@ -170,8 +164,7 @@ class StepAdmission:
         the worst-ranked relQuery's last row. Keep KV for what every running request will
         still take (`reserve`)."""
         self.rows = [seq for info in active for seq in info.running.values()]
-        for info in active:
-            self._note(info)
+        self.expected = {info.relquery_id: expected_output(info) for info in active}
         decoding: list[SeqInfo] = []
         for info in active:
             # Prompts still running keep their KV whether or not they continue this
@@ -214,7 +207,7 @@ class StepAdmission:
         own `growth_kv_tokens(seq, 1)` inlined and the step's books written once at the
         end (this runs for every running row, each step); the rows scheduled, the first
         that needs room being where `decode` goes on one by one."""
-        block, shares, expected = self.view.limits.block_size, self.shares, self.expected
+        block, reserve, expected = self.view.limits.block_size, self.reserve, self.expected
         free, reserved, scheduled, laters = self.free_kv, 0, [], []
         for seq in decoding:
             computed = seq.computed_tokens
@@ -230,8 +223,7 @@ class StepAdmission:
             left = cap - generated if cap - generated > 1 else 1
             total = seq.prompt_tokens + generated + left
             blocks = -(-total // block) - -(-(computed + 1) // block)
-            share = shares[seq.relquery_id]
-            later = blocks * block if share == 1.0 else int(blocks * block * share)
+            later = blocks * block if reserve == 1.0 else int(blocks * block * reserve)
             reserved += later
             scheduled.append(seq.request_id)
             laters.append(later)
@@ -268,13 +260,12 @@ class StepAdmission:
 
     def _later(self, seq: SeqInfo, tokens: int) -> int:
         """KV `seq` will still take after this step's `tokens`: its prompt's rest and its
-        expected output, scaled by its relQuery's share."""
+        expected output, scaled by the reserve share."""
         left = row_remaining_output(seq, self.expected[seq.relquery_id], self.oracle)
         block = self.view.limits.block_size
         after = seq.computed_tokens + tokens
         total = seq.prompt_tokens + seq.output_tokens + left  # computed + uncomputed + left
-        share = self.shares[seq.relquery_id]
-        return int((-(-total // block) - -(-after // block)) * block * share)
+        return int((-(-total // block) - -(-after // block)) * block * self.reserve)
 
     def _schedule(self, seq: SeqInfo, tokens: int) -> bool:
         need = self.view.growth_kv_tokens(seq, tokens)
@@ -333,10 +324,11 @@ class StepAdmission:
             need = view.admission_kv_tokens(seq, cached)
             later = 0
             if self.reserve:
-                expected = self._expected(seq)
-                total = seq.uncomputed_tokens + row_remaining_output(seq, expected, self.oracle)
+                total = seq.uncomputed_tokens + row_remaining_output(
+                    seq, self._expected(seq), self.oracle
+                )
                 blocks = -(-total // block) - -(-seq.uncomputed_tokens // block)
-                later = int(blocks * block * self.shares[seq.relquery_id])
+                later = int(blocks * block * self.reserve)
             if need + later > self.free_kv - self.reserved:
                 return Stop.KV
             if tokens > self.budget:
@@ -352,16 +344,11 @@ class StepAdmission:
         return Stop.DRAINED
 
     def _expected(self, seq: SeqInfo) -> int:
-        expected = self.expected.get(seq.relquery_id)
+        relquery_id = seq.relquery_id
+        expected = self.expected.get(relquery_id)
         if expected is None:
-            expected = self._note(self.view.tracker.relqueries[seq.relquery_id])
-        return expected
-
-    def _note(self, info: RelQueryInfo) -> int:
-        """R's expected output a row and its share of KV kept, noted for the step."""
-        unproven = self.oracle is None and not proven(info)
-        self.shares[info.relquery_id] = self.reserve * (self.guess if unproven else 1.0)
-        expected = self.expected[info.relquery_id] = expected_output(info)
+            info = self.view.tracker.relqueries[relquery_id]
+            expected = self.expected[relquery_id] = expected_output(info)
         return expected
 
     def plan(self) -> StepPlan:

@@ -172,9 +172,8 @@ class Relstream(Policy):
         weighed by the pressure; KV is kept for what running requests will still
         generate. `ranked`: the running relQueries with their ranks, best first."""
         active = [info for _, info in ranked]
-        step = StepAdmission.for_step(
-            view, reserve=1.0, oracle=self.oracle, guess=self.reserve_share.value
-        )
+        reserve = 1.0 if self.oracle is not None else self.reserve_share.value
+        step = StepAdmission.for_step(view, reserve=reserve, oracle=self.oracle)
         step.decode(active)
         if step.scheduled or step.preempted:  # a step of running rows: the share learns
             self.reserve_share.stepped(bool(step.preempted))

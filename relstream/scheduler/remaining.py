@@ -29,16 +29,11 @@ class Remaining:
     steps: int  # decode steps until its last row ends: L(R)
 
 
-def proven(info: RelQueryInfo) -> bool:
-    """Whether a row of R ran to its end here (a row a twin answered generated nothing)."""
-    return info.finished > info.twin_answered
-
-
 def expected_output(info: RelQueryInfo) -> int:
-    """Tokens one row of R is expected to generate in all (from the rows that ran), its
-    whole budget until one has (`proven`)."""
-    if proven(info):
-        ran = info.finished - info.twin_answered
+    """Tokens one row of R is expected to generate in all (from the rows that ran: a
+    row a twin answered generated nothing here)."""
+    ran = info.finished - info.twin_answered
+    if ran:
         mean = info.finished_output_tokens / ran
         return max(1, min(info.max_tokens, round(mean)))
     return info.max_tokens

@@ -1,30 +1,30 @@
-"""How much of an unproven row's output budget admission keeps KV for: a share that
-decays while steps run without preempting and springs back when one must preempt
-(SGLang's `new_token_ratio`).
+"""How much of the KV running rows are expected to still need admission keeps back: a
+share that decays while steps run without preempting and springs back when one must
+preempt (SGLang's `new_token_ratio`, applied to relstream's expected outputs).
 
-Before any row of a relQuery has finished, nothing says where its rows' outputs end, and
-keeping KV for every running row's whole budget admits a fraction of the batch stock
-V1 runs where KV binds (a 512-token budget whose outputs end at 256-512: 2 of 12
-admitted). Keeping a share of it, lowered step by step while the guess proves safe,
-fills the batch; a step that had to preempt says the guess was short, and the share goes
-back up to the whole budget. Rows whose relQuery has finished rows are reserved at that
-evidence (`remaining.expected_output`), in full. The decay was chosen on a KV-bound
-profile with 256-512-token outputs, where SGLang's own (0.7 down to 0.1 over 600 steps)
-kept relstream's makespan 11 % over stock V1's (docs/benchmarks/sim-kv-bound/).
+Keeping all of it, every running row's expected output (its siblings' mean, or its
+whole budget before one finished), admitted a fraction of the batch stock V1 runs where
+KV binds and outputs are long: 2 of 12 rows with 480-token budgets in 1,024 tokens, a
+makespan 15 % over stock V1's and a mean up to 1.6x its on OPT-13B/A100 with 256-512-token
+answers. A GPU step costs mostly its base, so a full batch pays for the recomputation
+of what it must then preempt; a CPU step grows with its batch, and there the Δ gate
+holds admissions before KV binds. So the share falls to nothing over `DECAY_STEPS`
+steps that preempt nothing, and a step that preempts says the engine is short: back to
+all of it (docs/benchmarks/sim-kv-bound/).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-INITIAL = 1.0  # the whole budget, as before any step proved a lower guess safe
+INITIAL = 1.0  # all of it, as before any step proved less safe
 LOWEST = 0.0  # the share it decays to
 DECAY_STEPS = 100  # steps without a preemption from INITIAL to LOWEST
 
 
 @dataclass
 class ReserveShare:
-    """The share of an unproven row's remaining budget kept in KV (`StepAdmission.guess`)."""
+    """The share of running rows' expected future KV kept back (`StepAdmission.reserve`)."""
 
     value: float = INITIAL
 

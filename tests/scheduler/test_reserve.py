@@ -1,10 +1,11 @@
-"""The KV kept for unproven rows' budgets: a share that decays and springs back."""
+"""The KV kept for running rows' expected outputs: a share that decays and springs back."""
 
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import EngineLimits
+from relstream.scheduler import CostModel, EngineLimits, Linear
 from relstream.scheduler.admission import StepAdmission, Stop
+from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.reserve import DECAY_STEPS, ReserveShare
 
 
@@ -29,25 +30,24 @@ def kv_bound() -> ScriptedView:
     return view
 
 
-@pytest.mark.parametrize(("guess", "admitted"), [(1.0, 2), (0.5, 4), (0.0, 12)])
-def test_an_unproven_row_keeps_its_share_of_its_budget(guess, admitted):
-    # A row takes 1 block now and keeps guess × 30 blocks (its 480 tokens) for later:
+@pytest.mark.parametrize(("share", "admitted"), [(1.0, 2), (0.5, 4), (0.0, 12)])
+def test_running_rows_keep_their_share_of_the_kv_they_are_expected_to_need(share, admitted):
+    # A row takes 1 block now and keeps share × 30 blocks (its 480 tokens) for later:
     # 1.0: 16 + 480 each, 2 fit in 1,024; 0.5: 16 + 240 each, 4 fit; 0: 16 each, all 12.
     view = kv_bound()
-    step = StepAdmission.for_step(view, free_kv=1024, reserve=1.0, guess=guess)
+    step = StepAdmission.for_step(view, free_kv=1024, reserve=share)
     stop = step.admit(list(view.tracker.waiting.values()))
     assert len(step.admitted) == admitted
     assert stop is (Stop.KV if admitted < 12 else Stop.DRAINED)
 
 
-def test_a_proven_row_is_reserved_at_its_siblings_outputs_whatever_the_share():
-    # Row a#0 finished after 40 tokens: every other row takes 1 block now and keeps 3 for
-    # its 40 tokens, 64 tokens a row, so all 11 fit in 1,024 whatever the unproven share.
-    for guess in (1.0, 0.0):
-        view = kv_bound()
-        view.start("a#0")
-        view.tracker.record_progress(view.tracker.running["a#0"], generated=39)
-        view.tracker.finish("a#0")
-        step = StepAdmission.for_step(view, free_kv=1024, reserve=1.0, guess=guess)
-        assert step.admit(list(view.tracker.waiting.values())) is Stop.DRAINED
-        assert len(step.admitted) == 11
+def test_relstream_fills_a_kv_bound_batch_once_steps_stop_preempting():
+    # The policy's own steps: the share starts whole (2 of 12 rows fit beside what they
+    # will need) and after 100 steps that preempted nothing it keeps none.
+    policy = Relstream(CostModel(Linear(0.001, 0.02), Linear(0.002, 0.02)))
+    assert policy.reserve_share.value == 1.0
+    for _ in range(DECAY_STEPS):
+        policy.reserve_share.stepped(preempted=False)
+    view = kv_bound()
+    step = StepAdmission.for_step(view, free_kv=1024, reserve=policy.reserve_share.value)
+    assert step.admit(list(view.tracker.waiting.values())) is Stop.DRAINED
