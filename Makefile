@@ -11,7 +11,7 @@ TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 # vLLM's CPU build runs several times faster on tcmalloc (docs/architecture.md).
 ENGINE_ENV := LD_PRELOAD=$(TCMALLOC)
 
-.PHONY: setup test test-fast test-vllm-next test-vllm-conformance lint demo bench-sim bench-vllm schemas clean
+.PHONY: setup test test-fast test-vllm-next test-vllm-conformance lint demo bench-sim bench-vllm gpu-check schemas clean
 
 setup: $(STAMP) $(STREAM_STAMP)
 
@@ -124,6 +124,16 @@ bench-sim: setup
 		--policies v1-fcfs,v1-priority,v0-fcfs,v0-sp,v0-sp-evict,sarathi,relserve,relserve-pp,relserve-dp,relstream,clairvoyant \
 		--rates 0.025,0.05,0.075,0.1,0.15,0.2 --out $(BENCH_OUT)/sim-cpu-smollm2
 	$(BIN)/relstream-lab bench sustained --out $(BENCH_OUT)/sustained
+
+# On a CUDA machine with vLLM (`pip install '.[gpu,lab]'`), the short real campaign:
+# relstream against stock V1 at 0.75 and 1 of the measured capacity, one Poisson trace.
+# GPU_MODEL is a model folder (e.g. a Hub snapshot). Not yet run: no GPU has been lent to
+# this project (docs/benchmarks/README.md, `bench gpu-steps` for a GPU without vLLM).
+gpu-check:
+	$(if $(GPU_MODEL),,$(error GPU_MODEL=<a model folder> is required))
+	relstream-lab bench campaign --model $(GPU_MODEL) --policies relstream,v1-fcfs,v1-priority \
+		--load 0.75,1 --seeds 0 --seeded-loads 0.75,1 --arrivals poisson \
+		--relqueries 48 --max-rows 48 --out out/gpu-check $(BENCH_ARGS)
 
 # Rewrite the committed JSON Schemas from the message types (a test fails on drift).
 schemas: setup
