@@ -51,11 +51,18 @@ def _outputs(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
 @click.option("--bundled", is_flag=True, help="Use the bundled sample table only.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("docs/benchmarks/sim-kv-bound"), show_default=True)  # fmt: skip
+@click.option("--report-only", is_flag=True,
+              help="Rebuild README.md from --out's results.json (notes.md edited).")  # fmt: skip
 def kv_bound(**opts) -> None:
     """Long outputs where KV binds: relstream against stock V1 and the clairvoyant
     reference at loads around the capacity (simulator)."""
     from relstream_lab.common.workload import TraceConfig
-    from relstream_lab.kvbound.run import KvBoundOptions, run_kv_bound
+    from relstream_lab.kvbound.run import KvBoundOptions, rebuild_report, run_kv_bound
+
+    if opts["report_only"]:
+        rebuild_report(opts["out"])
+        console.print(f"wrote {opts['out']}/README.md")
+        return
 
     low, high = opts["outputs"]
     trace = TraceConfig(

@@ -12,6 +12,7 @@ fraction of that capacity.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -81,14 +82,20 @@ def run_kv_bound(
         "runs": runs,
         "verdicts": verdicts(runs),
     }
-    write_report(
-        options.out_dir,
-        "Simulated benchmark: long outputs where KV binds",
-        document,
-        _setting(options),
-        _body(document),
-    )
+    _write(options.out_dir, document)
     return document
+
+
+def rebuild_report(out_dir: Path) -> dict:
+    """README.md again from `out_dir`'s results.json (after editing notes.md)."""
+    document = json.loads((out_dir / "results.json").read_text())
+    _write(out_dir, document)
+    return document
+
+
+def _write(out_dir: Path, document: dict) -> None:
+    title = "Simulated benchmark: long outputs where KV binds"
+    write_report(out_dir, title, document, _setting(document), _body(document))
 
 
 def _by(runs: Sequence[dict], profile: str, load: float, seed: int) -> dict[str, dict]:
@@ -141,14 +148,15 @@ def _verdict(profile: str, line: str, worst: float, holds: bool, bound: str) -> 
     return {"profile": profile, "line": line, "worst_seed": worst, "bound": bound, "holds": holds}
 
 
-def _setting(options: KvBoundOptions) -> str:
-    low, high = options.trace.outputs or (0, 0)
+def _setting(document: dict) -> str:
+    trace = document["trace"]
+    low, high = trace["outputs"] or (0, 0)
     return (
-        f"Simulator; profiles {', '.join(options.profiles)}; trace: "
-        f"{options.trace.num_relqueries} relQueries of 1-{options.trace.max_rows} rows "
-        f"({options.trace.arrival} arrivals) over the paper's tables and templates, every "
+        f"Simulator; profiles {', '.join(document['limits'])}; trace: "
+        f"{trace['num_relqueries']} relQueries of 1-{trace['max_rows']} rows "
+        f"({trace['arrival']} arrivals) over the paper's tables and templates, every "
         f"row's output drawn uniformly from {low}-{high} tokens (budget {high}); seeds "
-        f"{', '.join(map(str, options.seeds))}. Loads are fractions of each trace's capacity "
+        f"{', '.join(map(str, trace['seeds']))}. Loads are fractions of each trace's capacity "
         "(the whole trace at once under v1-fcfs)."
     )
 

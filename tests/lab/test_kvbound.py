@@ -11,7 +11,13 @@ from relstream_lab.common.workload import (
     load_datasets,
     tokenize_trace,
 )
-from relstream_lab.kvbound.run import KvBoundOptions, ratios, run_kv_bound, verdicts
+from relstream_lab.kvbound.run import (
+    KvBoundOptions,
+    ratios,
+    rebuild_report,
+    run_kv_bound,
+    verdicts,
+)
 
 
 def test_long_outputs_are_drawn_in_their_range_under_their_budget():
@@ -67,3 +73,16 @@ def test_a_small_run_writes_every_policy_at_every_load(tmp_path):
     assert all(r["relqueries"] == 4 and r["capacity"] > 0 for r in runs)
     assert len(document["verdicts"]) == 2  # load 1's two lines; no 0.75 in this run
     assert "## a100-opt13b" in (tmp_path / "README.md").read_text()
+
+
+def test_the_report_is_rebuilt_from_results_with_the_notes(tmp_path):
+    options = KvBoundOptions(
+        profiles=("a100-opt13b",), policies=("relstream", "v1-fcfs", "v1-priority"),
+        loads=(1.0,), seeds=(0,), trace=TraceConfig(num_relqueries=3, max_rows=4,
+        outputs=(32, 64)), datasets_dir=None, out_dir=tmp_path, workers=1,
+    )  # fmt: skip
+    run_kv_bound(options)
+    first = (tmp_path / "README.md").read_text()
+    (tmp_path / "notes.md").write_text("Hand-written analysis.\n")
+    rebuild_report(tmp_path)
+    assert (tmp_path / "README.md").read_text() == first + "\n## Notes\n\nHand-written analysis.\n"
