@@ -16,6 +16,7 @@ vllm = pytest.importorskip("vllm")
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from relstream.engine import tags  # noqa: E402
@@ -233,7 +234,9 @@ def test_a_kv_connector_is_refused_under_a_policy_the_plug_in_decides():
 
 
 @pytest.mark.parametrize("policy", ["relstream", "v1-fcfs"])
-def test_streaming_input_is_aborted_naming_the_policy_unless_vllm_decides(policy, caplog):
+def test_streaming_input_is_refused_to_its_client_naming_the_policy_unless_vllm_decides(
+    policy, caplog
+):
     scheduler = build(False, policy)
     params = SamplingParams(ignore_eos=True, max_tokens=2)
     params.update_from_generation_config({}, 2)
@@ -245,14 +248,17 @@ def test_streaming_input_is_aborted_naming_the_policy_unless_vllm_decides(policy
     )  # fmt: skip
     add(scheduler, "row-0", "q", 1, prompt=20, outputs=2)
     scheduler.add_request(session)
-    if policy == "relstream":  # refused: aborted at once, the rest served
+    step = scheduler.schedule()
+    outputs = scheduler.update_from_output(step, fake_output(scheduler, step))
+    told = {o.request_id: o.finish_reason for c in outputs.values() for o in c.outputs}
+    if policy == "relstream":  # refused: its client told at the first step, the rest served
         assert "streaming input" in caplog.text and "'relstream'" in caplog.text
-        assert "session" not in scheduler.requests
+        assert "session" not in step.num_scheduled_tokens and "session" not in scheduler.requests
+        assert told["session"] == FinishReason.ERROR
         drive(scheduler, in_flight=1)
         assert not scheduler.has_unfinished_requests()
-    else:  # vLLM's own session: scheduled, then waiting for its next input
-        step = scheduler.schedule()
-        assert "session" in step.num_scheduled_tokens
+    else:  # vLLM's own session: scheduled
+        assert "session" in step.num_scheduled_tokens and told.get("session") is None
 
 
 @pytest.mark.parametrize("policy", ["relstream", "v1-fcfs"])

@@ -36,7 +36,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from relstream.engine.core.loadwriter import LoadWriter
-from relstream.engine.core.refusals import config_conflict, request_conflict
+from relstream.engine.core.refusals import Refused, config_conflict
 from relstream.engine.core.waitqueue import IndexedWaitingQueue
 from relstream.engine.tags import EXTRA_ARGS_KEY, SETTINGS_KEY
 from relstream.scheduler import (
@@ -93,6 +93,7 @@ class RelstreamPlugin(EngineView):
         if refused:
             raise ValueError(refused)  # before vLLM builds what it names
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        self._refused = Refused(self.policy_name)  # requests it cannot serve (`refusals`)
         conflict = queue_conflict(self.policy_name, self.policy.value)
         if conflict:
             raise ValueError(conflict)
@@ -179,10 +180,7 @@ class RelstreamPlugin(EngineView):
         super().add_request(request)
         if known:
             return
-        refused = None if self.decided_by_vllm else request_conflict(self.policy_name, request)
-        if refused:
-            log.error("%s", refused)
-            self.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+        if not self.decided_by_vllm and self._refused.check(request):
             return
         extra = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
         tags = extra.get(EXTRA_ARGS_KEY, {})
@@ -256,6 +254,7 @@ class RelstreamPlugin(EngineView):
                 )
                 self._step_log.write(encode_line(record))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._refused.finish(self, outputs)
         self._write_load()
         return outputs
 
