@@ -113,7 +113,7 @@ class Relstream(Policy):
         )  # fmt: skip
         self._last: Coefficients | None = None  # the last step's prices
         self._lengths: OutputLengths | None = None  # the engine's finished rows' outputs
-        self.reserve_share = ReserveShare()  # KV kept for unproven rows' budgets
+        self.reserve_share = ReserveShare()  # share of running rows' future KV kept
 
     def observe(self, feedback: StepFeedback) -> None:
         """Only the step cost learns: relstream reads no other cost model. The step's
@@ -175,18 +175,21 @@ class Relstream(Policy):
         reserve = 1.0 if self.oracle is not None else self.reserve_share.value
         step = StepAdmission.for_step(view, reserve=reserve, oracle=self.oracle)
         step.decode(active)
-        if step.scheduled or step.preempted:  # a step of running rows: the share learns
-            self.reserve_share.stepped(bool(step.preempted))
+        ran = bool(step.scheduled or step.preempted)  # running rows had their step
         if step.preempted:
             for info in active:
                 step.continue_prompts(info)
             self.decision = StepDecision(gated=True, stop=Stop.PREEMPTED)
-            return step.plan()
-        queued = len(self._order) + sum(1 for info in active if info.waiting)
-        arriving = self._pressure(view, c)
-        waiting = self.waiting_ranked(view)
-        held = gated_fill(view, step, ranked, waiting, queued, self._left.__getitem__, c, arriving)
-        self.decision = StepDecision(gated=True, held=held, pressure=arriving, stop=step.stop)
+        else:
+            queued = len(self._order) + sum(1 for info in active if info.waiting)
+            arriving = self._pressure(view, c)
+            waiting = self.waiting_ranked(view)
+            held = gated_fill(
+                view, step, ranked, waiting, queued, self._left.__getitem__, c, arriving
+            )
+            self.decision = StepDecision(gated=True, held=held, pressure=arriving, stop=step.stop)
+        if ran:  # the share learns from all the step preempted, prompts' room included
+            self.reserve_share.stepped(bool(step.preempted))
         return step.plan()
 
     def _pressure(self, view: EngineView, c: Coefficients) -> float:

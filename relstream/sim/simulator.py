@@ -240,15 +240,15 @@ class Simulator(EngineView):
             self._preempt(request_id)
         prefills = self._begin_prefills(plan, start)
         decodes = self._grow_for_decode(plan, {seq.request_id for seq, _ in prefills})
+        if not prefills and not decodes:
+            if plan.preempt:
+                return []  # evictions alone take no model time: the clock stays
+            raise SimulationStalled(f"policy {self.policy.name} planned a step that cannot run")
         uncached = sum(compute for _, compute in prefills)
         self.prompt_tokens_computed += uncached
         context = sum(seq.computed_tokens for seq in decodes)
         duration = self.profile.step_time(uncached, len(decodes), context)
         self.clock = start + duration
-        if not prefills and not decodes:
-            if plan.preempt:
-                return []  # evictions alone take no model time
-            raise SimulationStalled(f"policy {self.policy.name} planned a step that cannot run")
         kind = StepKind.of(bool(prefills), bool(decodes))
         self._steps[kind.value] += 1
         self.policy.observe(StepFeedback(kind, uncached, len(decodes), duration, context))

@@ -143,18 +143,24 @@ def test_a_step_that_only_preempts_is_carried_out_not_taken_for_idle():
     # pass ends there and the step runs nothing but that eviction (seen at load 0.75 with
     # 512-token outputs: "v1-priority idles with 591 requests waiting").
     class EvictsOnceAlone(V1Fcfs):
-        evicted = False
+        def __init__(self, cost):
+            super().__init__(cost)
+            self.evicted_at: list[float] = []  # the clock at the eviction, at the next plan
 
         def plan_step(self, view):
             running = list(view.tracker.running)
-            if running and not self.evicted:
-                self.evicted = True
+            if len(self.evicted_at) == 1:
+                self.evicted_at.append(view.now())
+            if running and not self.evicted_at:
+                self.evicted_at.append(view.now())
                 return StepPlan(preempt=(running[0],))
             return super().plan_step(view)
 
     policy = EvictsOnceAlone(PROFILE.prior())
     run = Simulator(PROFILE, policy).run([relquery("q", 0.0, rows=3, max_tokens=5)])
-    assert policy.evicted and run.preemptions == 1 and len(run.outcomes) == 1
+    assert run.preemptions == 1 and len(run.outcomes) == 1
+    evicted, next_plan = policy.evicted_at
+    assert next_plan == evicted  # an eviction alone takes no model time
 
 
 def test_only_sp_evict_evicts_running_requests_for_a_better_ranked_newcomer():
