@@ -10,6 +10,7 @@ is needed and a drifting machine is tracked.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from relstream.scheduler.remaining import Remaining
@@ -95,10 +96,12 @@ class RecursiveLeastSquares:
     """RLS for y = slope*x + intercept with exponential forgetting.
 
     Starts from a prior line with a covariance that lets a few dozen steps override it.
-    The covariance's trace is held at most at the prior's: forgetting divides it by λ
-    every step, and along a direction the steps never vary (decodes of one batch size
-    for hours, a saturated engine) nothing takes it back, so unbounded it reached inf
-    after ~140,000 such steps and the gain's division failed.
+    Each of the covariance's eigenvalues is held at most at the prior variance:
+    forgetting divides the covariance by λ every step, and along a direction the steps
+    never vary (decodes of one batch size for hours, a saturated engine) nothing takes it
+    back, so unbounded it reached inf after ~140,000 such steps and the gain's division
+    failed. Clipping each direction alone keeps forgetting along the others (a bound on
+    the trace would cancel it there, and the gain would fall like 1/n).
     """
 
     line: Linear
@@ -122,11 +125,26 @@ class RecursiveLeastSquares:
         # P ← (P − k·φᵀ·P) / λ; φᵀ·P equals p_phi because P is symmetric
         lam = self.forgetting
         covariance = [[(p[i][j] - gain[i] * p_phi[j]) / lam for j in range(2)] for i in range(2)]
-        trace, bound = covariance[0][0] + covariance[1][1], 2 * self.prior_variance
-        if trace > bound:
-            covariance = [[value * bound / trace for value in row] for row in covariance]
-        self.covariance = covariance
+        self.covariance = _clipped(covariance, self.prior_variance)
         self.samples += 1
+
+
+def _clipped(matrix: list[list[float]], most: float) -> list[list[float]]:
+    """A symmetric 2×2 matrix with each eigenvalue held at most at `most`."""
+    (a, b), (_, d) = matrix
+    half_sum, half_gap = (a + d) / 2, math.hypot((a - d) / 2, b)
+    high, low = half_sum + half_gap, half_sum - half_gap
+    if high <= most:
+        return matrix
+    # the eigenvector of `high`, (b, high - a) or (high - d, b), whichever is not zero
+    x, y = (b, high - a) if abs(high - a) >= abs(high - d) else (high - d, b)
+    norm = math.hypot(x, y)
+    x, y = x / norm, y / norm
+    top, other = most, min(low, most)  # M = top·uuᵀ + other·(I − uuᵀ)
+    return [
+        [other + (top - other) * x * x, (top - other) * x * y],
+        [(top - other) * x * y, other + (top - other) * y * y],
+    ]
 
 
 class OnlineCostModel(CostModel):

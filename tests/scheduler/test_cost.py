@@ -71,3 +71,15 @@ def test_hours_of_decodes_of_one_batch_size_do_not_wind_the_fit_up():
         batch = 1 + step % 64
         fit.update(batch, 0.001 * batch + 0.03)
     assert (fit.line.slope, fit.line.intercept) == pytest.approx((0.001, 0.03), rel=0.05)
+
+
+def test_after_hours_at_one_batch_size_a_new_step_time_there_is_learned_in_minutes():
+    # Forgetting must survive the bound: 10,000 steps of 16 at 50 ms, then the step
+    # slows to 60 ms (a longer context, another model's neighbour); 2,000 steps later the
+    # line says 60 ms there (a trace bound cancelled forgetting: the gain fell like 1/n).
+    fit = RecursiveLeastSquares(Linear(0.002, 0.02))
+    for _ in range(10_000):
+        fit.update(16, 0.05)
+    for _ in range(2_000):
+        fit.update(16, 0.06)
+    assert fit.line(16) == pytest.approx(0.06, rel=0.01)
