@@ -9,9 +9,11 @@ of relstream, so the device runs it by path (`python3 relstream_lab/device/steps
 then fits the profile (`fit`).
 
 A decode step is B requests each adding one token over a KV cache of C tokens; a prefill
-step is T new tokens of one prompt (causal). One K and one V tensor stand for every
-layer's cache: each layer reads them whole, as it would its own, without holding L
-copies, so contexts past the device's memory for L caches can still be timed.
+step is T new tokens of one prompt (causal). A few K and V tensors stand for the L
+layers' caches, taken in turn: enough of them that the layers' reads together exceed the
+GPU's L2 cache (a layer never finds the last one's cache there), few enough that
+contexts past the device's memory for L caches can still be timed. Needs torch 2.5 or
+later (grouped-query attention in `scaled_dot_product_attention`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
 DECODE_CONTEXTS = (256, 1024, 4096)
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
 KV_TOKENS_AT_MOST = 400_000  # B × C past this is not timed (an 8B model's KV on 80 GB)
+CACHE_BYTES_AT_LEAST = 256 * 2**20  # the caches the layers take in turn: past any L2 (50 MB)
 
 
 class Decoder:
@@ -72,21 +75,23 @@ class Decoder:
         self.head = make(arch.hidden, arch.vocab)
 
     @torch.inference_mode()
-    def step(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """x: (batch, new tokens, hidden). With `cache` (batch, kv heads, context, head
-        dim) each new token attends to it (decode); without, causally to x (prefill)."""
+    def step(self, x: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """x: (batch, new tokens, hidden). With `caches` ((K, V) pairs of shape (batch,
+        kv heads, context, head dim), layer i reading pair i mod their number) each new
+        token attends to its layer's (decode); without, causally to x (prefill)."""
         a = self.arch
         batch, tokens, _ = x.shape
         q_width, kv_width = a.heads * a.head_dim, a.kv_heads * a.head_dim
-        for qkv_w, out_w, up_w, down_w in self.layers:
+        for index, (qkv_w, out_w, up_w, down_w) in enumerate(self.layers):
             h = F.rms_norm(x, (a.hidden,))
             q, k, v = (h @ qkv_w).split((q_width, kv_width, kv_width), dim=-1)
             q = q.view(batch, tokens, a.heads, a.head_dim).transpose(1, 2)
-            if cache is None:
+            if caches is None:
                 k = k.view(batch, tokens, a.kv_heads, a.head_dim).transpose(1, 2)
                 v = v.view(batch, tokens, a.kv_heads, a.head_dim).transpose(1, 2)
                 attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             else:
+                cache = caches[index % len(caches)]
                 attended = F.scaled_dot_product_attention(q, *cache, enable_gqa=True)
             x = x + attended.transpose(1, 2).reshape(batch, tokens, q_width) @ out_w
             gate, up = (F.rms_norm(x, (a.hidden,)) @ up_w).chunk(2, dim=-1)
@@ -94,7 +99,7 @@ class Decoder:
         (F.rms_norm(x[:, -1], (a.hidden,)) @ self.head).argmax(-1)  # sampling's logits
 
 
-def timed(model: Decoder, x: torch.Tensor, cache, repeats: int) -> float:
+def timed(model: Decoder, x: torch.Tensor, caches, repeats: int) -> float:
     """The median of `repeats` steps' seconds, after two unrecorded ones."""
     device = model.device
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -102,7 +107,7 @@ def timed(model: Decoder, x: torch.Tensor, cache, repeats: int) -> float:
     for index in range(repeats + 2):
         sync()
         started = time.perf_counter()
-        model.step(x, cache)
+        model.step(x, caches)
         sync()
         if index >= 2:
             durations.append(time.perf_counter() - started)
@@ -128,13 +133,19 @@ def time_steps(
             if batch * context > kv_tokens_at_most:
                 continue
             shape = (batch, arch.kv_heads, context, arch.head_dim)
-            cache = tuple(torch.randn(shape, device=device, dtype=dtype) for _ in "kv")
+            pair_bytes = 2 * batch * arch.kv_heads * context * arch.head_dim * dtype.itemsize
+            count = min(arch.layers, -(-CACHE_BYTES_AT_LEAST // pair_bytes))
+            caches = [
+                (torch.randn(shape, device=device, dtype=dtype),
+                 torch.randn(shape, device=device, dtype=dtype))
+                for _ in range(count)
+            ]  # fmt: skip
             x = torch.randn(batch, 1, arch.hidden, device=device, dtype=dtype)
             step = {"kind": "decode", "batch": batch, "context": context,
-                    "seconds": timed(model, x, cache, repeats)}  # fmt: skip
+                    "seconds": timed(model, x, caches, repeats)}  # fmt: skip
             steps.append(step)
             on_step(step)
-            del cache
+            del caches
     return steps
 
 
