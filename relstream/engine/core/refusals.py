@@ -1,8 +1,8 @@
-"""What the plug-in cannot honour under a policy it decides, refused loudly rather than
-half done: an engine configured with it does not start, naming the setting and the
-policy; a request that needs it is finished with an error at the next step's output, as
-vLLM finishes a request whose grammar failed, so its client hears it, and the log names
-the setting and the policy.
+"""Engine core: what the plug-in cannot honour under a policy it decides, refused
+loudly rather than half done: an engine configured with it does not start, naming the
+setting and the policy; a request that needs it is finished with an error at the next
+step's output, as vLLM finishes a request whose grammar failed, so its client hears it,
+and the log names the setting and the policy.
 
 - `kv_transfer_config` (a KV connector: disaggregated prefill, KV loaded from elsewhere,
   and the CPU offloading `--kv-offloading-size` sets up through one).
