@@ -61,13 +61,17 @@ def test_ratios_and_verdicts_judge_the_worst_seed():
     }
 
 
-def test_a_small_run_writes_every_policy_at_every_load(tmp_path):
-    options = KvBoundOptions(
+def small_run(out_dir, relqueries: int, max_rows: int, outputs: tuple[int, int]) -> dict:
+    """Three policies at load 1 on the bundled table, one seed, on a100-opt13b."""
+    trace = TraceConfig(num_relqueries=relqueries, max_rows=max_rows, outputs=outputs)
+    return run_kv_bound(KvBoundOptions(
         profiles=("a100-opt13b",), policies=("relstream", "v1-fcfs", "v1-priority"),
-        loads=(1.0,), seeds=(0,), trace=TraceConfig(num_relqueries=4, max_rows=6,
-        outputs=(64, 128)), datasets_dir=None, out_dir=tmp_path, workers=1,
-    )  # fmt: skip
-    document = run_kv_bound(options)
+        loads=(1.0,), seeds=(0,), trace=trace, datasets_dir=None, out_dir=out_dir, workers=1,
+    ))  # fmt: skip
+
+
+def test_a_small_run_writes_every_policy_at_every_load(tmp_path):
+    document = small_run(tmp_path, 4, 6, (64, 128))
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert sorted(r["policy"] for r in runs) == ["relstream", "v1-fcfs", "v1-priority"]
     assert all(r["relqueries"] == 4 and r["capacity"] > 0 for r in runs)
@@ -76,12 +80,7 @@ def test_a_small_run_writes_every_policy_at_every_load(tmp_path):
 
 
 def test_the_report_is_rebuilt_from_results_with_the_notes(tmp_path):
-    options = KvBoundOptions(
-        profiles=("a100-opt13b",), policies=("relstream", "v1-fcfs", "v1-priority"),
-        loads=(1.0,), seeds=(0,), trace=TraceConfig(num_relqueries=3, max_rows=4,
-        outputs=(32, 64)), datasets_dir=None, out_dir=tmp_path, workers=1,
-    )  # fmt: skip
-    run_kv_bound(options)
+    small_run(tmp_path, 3, 4, (32, 64))
     first = (tmp_path / "README.md").read_text()
     (tmp_path / "notes.md").write_text("Hand-written analysis.\n")
     rebuild_report(tmp_path)
