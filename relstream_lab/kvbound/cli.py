@@ -6,21 +6,22 @@ from pathlib import Path
 
 import click
 
-from relstream.cli.common import console, csv_of
-from relstream.sim.profiles import PROFILE_NAMES
+from relstream.cli.common import console, csv_list, csv_of
 from relstream_lab.common.options import canonical_command, datasets_option, policies, rates
 
 POLICIES = "relstream,v1-fcfs,v1-priority,clairvoyant"
 
 
 def _profiles(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in value.split(",") if name.strip())
-    unknown = [name for name in names if name not in PROFILE_NAMES and not Path(name).is_file()]
-    if unknown or not names:
-        known = ", ".join(PROFILE_NAMES)
-        raise click.BadParameter(
-            f"unknown profile {', '.join(unknown) or '(none)'}: neither a file nor one of {known}"
-        )
+    """Profile names or files, each checked as `bench sustained` reads it (`load_profile`)."""
+    from relstream_lab.sustained.run import load_profile
+
+    names = csv_list(str, value)
+    for name in names:
+        try:
+            load_profile(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
     return names
 
 
