@@ -31,6 +31,6 @@ class ReserveShare:
     def stepped(self, preempted: bool) -> None:
         """After a planned step: back to `INITIAL` if it preempted, else one decay down."""
         if preempted:
-            self.value = max(self.value, INITIAL)
+            self.value = INITIAL
         else:
             self.value = max(LOWEST, self.value - (INITIAL - LOWEST) / DECAY_STEPS)
