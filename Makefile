@@ -72,6 +72,7 @@ $(VLLM_NEXT_DIR)/vllm/__init__.py: | $(STAMP)
 test-vllm-next: $(VLLM_NEXT_DIR)/vllm/__init__.py
 	VLLM_TARGET_DEVICE=cpu RELSTREAM_EXPECT_VLLM=$(VLLM_NEXT) PYTHONPATH=$(abspath $(VLLM_NEXT_DIR)) \
 		$(BIN)/pytest -q -p no:cacheprovider tests/engine/test_scheduler_contract.py
+	$(call conformance,$(VLLM_NEXT),$(CONFORMANCE_DIR)/last-run-$(VLLM_NEXT),stock relstream,$(abspath $(VLLM_NEXT_DIR)))
 
 # vLLM's own V1 scheduler tests as a contract: tests/v1/core's test_scheduler.py,
 # test_async_scheduler.py and test_priority_scheduler_random.py from the source release
@@ -81,23 +82,29 @@ test-vllm-next: $(VLLM_NEXT_DIR)/vllm/__init__.py
 # docs/architecture.md lists ("vLLM's scheduler tests"). Left out: 10 of the random
 # blast's 12 cases (~70 s a run), and tests that build vLLM's class without __init__.
 # About 2-3 min on 2 cores (4 runs of 15-40 s); each run's log is kept in $(CONFORMANCE_OUT).
+# `test-vllm-next` runs the same on the next release's tests and scheduler (stock and
+# relstream: the policies vLLM decides only observe), about 1.5 min.
 CONFORMANCE_DIR := .cache/vllm-src
 CONFORMANCE_OUT := $(CONFORMANCE_DIR)/last-run
 CONFORMANCE_POLICIES := stock v1-fcfs v1-priority relstream
 CONFORMANCE_TESTS := test_scheduler.py test_async_scheduler.py test_priority_scheduler_random.py
-test-vllm-conformance: | $(STAMP)
-	set -e; root=$$($(BIN)/python tests/conformance/fetch.py $(CONFORMANCE_DIR)); \
-	rm -rf $(CONFORMANCE_OUT); mkdir -p $(CONFORMANCE_OUT); \
-	for policy in $(CONFORMANCE_POLICIES); do \
-		RELSTREAM_CONFORMANCE=$$policy RELSTREAM_CONFORMANCE_OUT=$(CONFORMANCE_OUT)/$$policy.json \
+# $(call conformance,RELEASE (empty: the installed one),OUT,POLICIES,PYTHONPATH ahead)
+define conformance
+	set -e; root=$$($(BIN)/python tests/conformance/fetch.py $(CONFORMANCE_DIR) $(1)); \
+	rm -rf $(2); mkdir -p $(2); \
+	for policy in $(3); do \
+		RELSTREAM_CONFORMANCE=$$policy RELSTREAM_CONFORMANCE_OUT=$(2)/$$policy.json \
 		VLLM_TARGET_DEVICE=cpu $(ENGINE_ENV) \
-		PYTHONPATH=$(abspath tests/conformance)$(if $(PYTHONPATH),:$(PYTHONPATH)) \
+		PYTHONPATH=$(abspath tests/conformance)$(if $(4),:$(4))$(if $(PYTHONPATH),:$(PYTHONPATH)) \
 		$(BIN)/pytest -q -p no:cacheprovider -p vllm_conformance --rootdir $$root --tb=short \
 		-W ignore::DeprecationWarning $(addprefix $$root/tests/v1/core/,$(CONFORMANCE_TESTS)) \
-		>$(CONFORMANCE_OUT)/$$policy.log 2>&1 || true; \
-		echo "$$policy: $$(tail -n 1 $(CONFORMANCE_OUT)/$$policy.log)"; \
+		>$(2)/$$policy.log 2>&1 || true; \
+		echo "$$policy: $$(tail -n 1 $(2)/$$policy.log)"; \
 	done; \
-	$(BIN)/python tests/conformance/check.py $(CONFORMANCE_OUT) docs/architecture.md $(CONFORMANCE_POLICIES)
+	$(BIN)/python tests/conformance/check.py $(2) docs/architecture.md $(3)
+endef
+test-vllm-conformance: | $(STAMP)
+	$(call conformance,,$(CONFORMANCE_OUT),$(CONFORMANCE_POLICIES),)
 
 # Broker, Faust worker and vLLM engine on the bundled sample table, answered live.
 # `make demo DEMO_ARGS="--backend sim"` answers instantly without a model.

@@ -304,6 +304,12 @@ class StepAdmission:
         self.stop = self._admit(candidates, limit)
         return self.stop
 
+    def _watermark(self) -> int:
+        """KV an admission leaves free: vLLM's watermark, kept once any request runs
+        beside it (every running request, planned this step or not, or one just admitted)."""
+        running = len(self.view.tracker.running) > len(self.preempted)
+        return self.view.limits.watermark_kv_tokens if running or self.admitted else 0
+
     def _admit(self, candidates: Iterable[SeqInfo], limit: int | None) -> Stop:
         if self.preempted:
             return Stop.PREEMPTED
@@ -329,7 +335,7 @@ class StepAdmission:
                 )
                 blocks = -(-total // block) - -(-seq.uncomputed_tokens // block)
                 later = int(blocks * block * self.reserve)
-            if need + later > self.free_kv - self.reserved:
+            if need + later + self._watermark() > self.free_kv - self.reserved:
                 return Stop.KV
             if tokens > self.budget:
                 if self.chunking is Chunking.CUT:

@@ -96,6 +96,8 @@ class EngineLimits:
     # vLLM's `long_prefill_token_threshold` (0: none) and its `_adaptive` floor
     long_prefill_token_threshold: int = 0
     long_prefill_adaptive: bool = False
+    # vLLM's `watermark` in tokens: KV an admission must leave free beside running requests
+    watermark_kv_tokens: int = 0
 
 
 class StepKind(Enum):

@@ -18,13 +18,14 @@ DOC = """# Doc
 | `test_scheduler.py::test_order` | all | size order |
 | `test_scheduler.py::test_kv` | `[a]`, `[b]` | held |
 | `test_scheduler.py::test_kv` | `[c]` | async loads |
+| `test_scheduler.py::test_lora` | all (from 0.33) | a test 0.33 added |
 ### Next
 | `test_scheduler.py::test_elsewhere` | all | not in the section |
 """
 S = "tests/v1/core/test_scheduler.py::"
 
 
-def write_runs(tmp_path, stock_failed, relstream_failed, tests, built=1):
+def write_runs(tmp_path, stock_failed, relstream_failed, tests, built=1, vllm="0.32.0"):
     for policy, failed in (
         ("stock", stock_failed),
         ("v1-fcfs", stock_failed),
@@ -33,15 +34,26 @@ def write_runs(tmp_path, stock_failed, relstream_failed, tests, built=1):
     ):
         outcomes = {S + t: "failed" if t in failed else "passed" for t in tests}
         classes = {} if policy == "stock" else dict.fromkeys(check.PLUGIN_CLASSES, built)
-        run = {"built": classes, "outcomes": outcomes}
+        run = {"vllm": vllm, "built": classes, "outcomes": outcomes}
         (tmp_path / f"{policy}.json").write_text(json.dumps(run))
 
 
 def test_the_section_table_merges_a_tests_rows_and_stops_at_the_next_heading():
-    assert check.documented(DOC) == {
+    assert check.documented(DOC, "0.32.0") == {
         "test_scheduler.py::test_order": "all",
         "test_scheduler.py::test_kv": ("[a]", "[b]", "[c]"),
     }
+
+
+def test_a_row_from_a_later_release_holds_on_its_runs_only(tmp_path):
+    assert check.documented(DOC, "0.33.0")["test_scheduler.py::test_lora"] == "all"
+    listed = {"test_order[x]", "test_order[y]", "test_kv[a]", "test_kv[b]", "test_kv[c]"}
+    write_runs(tmp_path, set(), listed | {"test_lora"}, [*TESTS, "test_lora"], vllm="0.33.0")
+    assert check.check(tmp_path, DOC, check.POLICIES) == []
+    write_runs(tmp_path, set(), listed | {"test_lora"}, [*TESTS, "test_lora"], vllm="0.32.0")
+    assert check.check(tmp_path, DOC, check.POLICIES) == [
+        f"relstream: newly fails {S}test_lora"
+    ]
 
 
 TESTS = ["test_order[x]", "test_order[y]", "test_kv[a]", "test_kv[b]", "test_kv[c]", "test_mm"]
@@ -76,7 +88,7 @@ def test_a_row_naming_no_test_is_stale(tmp_path):
 
 
 def test_the_architecture_doc_lists_relstreams_differences():
-    rows = check.documented((ROOT / "docs/architecture.md").read_text())
+    rows = check.documented((ROOT / "docs/architecture.md").read_text(), "0.33.0")
     assert "test_scheduler.py::test_schedule_order" in rows
     assert all(cases == "all" or cases for cases in rows.values())
 

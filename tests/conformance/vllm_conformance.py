@@ -129,12 +129,25 @@ def pytest_runtest_logreport(report) -> None:
         OUTCOMES.setdefault(report.nodeid, "skipped" if report.skipped else "passed")
 
 
+def vllm_release() -> str:
+    """The release of the vLLM the tests ran on (the tree first on the path, which may
+    be a newer release's than the installed one's)."""
+    import vllm
+
+    return vllm.__version__.split("+")[0]
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     out = os.environ.get("RELSTREAM_CONFORMANCE_OUT")
     if out:
         with open(out, "w") as file:
             json.dump(
-                {"policy": POLICY, "built": BUILT, "outcomes": dict(sorted(OUTCOMES.items()))},
+                {
+                    "policy": POLICY,
+                    "vllm": vllm_release(),
+                    "built": BUILT,
+                    "outcomes": dict(sorted(OUTCOMES.items())),
+                },
                 file,
                 indent=0,
             )

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
 
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -37,7 +38,7 @@ def build(async_scheduling: bool, policy: str, step_log=None, num_blocks: int = 
 
 def add(
     scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int,
-    share: str | None = None,
+    share: str | None = None, lora: int = 0,
 ):  # fmt: skip
     init_none_hash(sha256)
     shared = {"share": share} if share else {}  # a test may wrap relquery_tags without it
@@ -51,6 +52,7 @@ def add(
             sampling_params=params,
             pooling_params=None,
             block_hasher=get_request_block_hasher(BLOCK, sha256),
+            lora_request=LoRARequest(f"lora-{lora}", lora, f"/lora/{lora}") if lora else None,
         )
     )
 
@@ -278,3 +280,51 @@ def test_max_num_active_seqs_bounds_the_running_set(policy):
         most = max(most, len(scheduler.running))
         scheduler.update_from_output(step, fake_output(scheduler, step))
     assert most == 3
+
+
+
+@pytest.mark.parametrize("watermark", [0.0, 0.25])
+def test_the_plan_keeps_vllms_watermark(watermark):
+    # vLLM admits a waiting request beside running ones only if `watermark` of the blocks
+    # stay free; a plan blind to it admitted rows vLLM then refused, step after step.
+    scheduler = build_scheduler(
+        "relstream", model_folder=model_dir("smollm2"), max_num_seqs=8, budget=BUDGET,
+        num_blocks=48, watermark=watermark,
+    )  # fmt: skip
+    assert scheduler.limits.watermark_kv_tokens == int(watermark * 48) * BLOCK
+    planned: list[set[str]] = []
+    plan = scheduler.relstream_policy.plan
+
+    def recorded(view):
+        step = plan(view)
+        planned.append({chunk.request_id for chunk in step.prefill} | set(step.decode))
+        return step
+
+    scheduler.relstream_policy.plan = recorded
+    for i in range(6):
+        add(scheduler, f"a-{i}", "a", 6, prompt=100, outputs=30)
+    for i in range(3):
+        add(scheduler, f"b-{i}", "b", 3, prompt=100, outputs=30)
+    ran = [set(step.num_scheduled_tokens) for step in drive(scheduler, in_flight=1)]
+    assert ran == planned[: len(ran)]
+
+
+def test_a_held_request_keeps_its_lora_slot():
+    # vLLM 0.33 counts every running request's adapter against max_loras, scheduled this
+    # step or not; the plug-in shows vLLM only the planned ones, so a request held while
+    # its only output token is in flight (async) must still keep its adapter's slot.
+    scheduler = build_scheduler(
+        "relstream", model_folder=model_dir("smollm2"), async_scheduling=True,
+        max_num_seqs=8, budget=BUDGET, max_loras=1,
+    )  # fmt: skip
+    add(scheduler, "a", "qa", 1, prompt=8, outputs=1, lora=1)
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {"a": 8}
+    add(scheduler, "b", "qb", 1, prompt=8, outputs=1, lora=2)
+    second = scheduler.schedule()  # a's token in flight: a is held, holding lora 1
+    assert "b" not in second.num_scheduled_tokens
+    for step in (first, second):
+        scheduler.update_from_output(step, fake_output(scheduler, step))
+    steps = drive(scheduler, in_flight=2)
+    assert any("b" in step.num_scheduled_tokens for step in steps)  # b runs after a
+    assert not scheduler.has_unfinished_requests()

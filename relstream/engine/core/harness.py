@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -40,6 +40,8 @@ def build_scheduler(
     scheduling_policy: str = "fcfs",
     kv_transfer_config=None,
     max_num_active_seqs: int | None = None,
+    watermark: float = 0.0,
+    max_loras: int | None = None,
 ):
     """Stock vLLM V1's scheduler (`policy` None) or relstream's plug-in deciding with
     `policy`, over the model in `model_folder` (its config only: no weights load); the
@@ -51,7 +53,7 @@ def build_scheduler(
     )  # fmt: skip
     scheduler = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
-        enable_chunked_prefill=True, is_encoder_decoder=False, watermark=0.0,
+        enable_chunked_prefill=True, is_encoder_decoder=False, watermark=watermark,
         long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
         max_num_active_seqs=max_num_active_seqs,
     )  # fmt: skip
@@ -63,6 +65,7 @@ def build_scheduler(
         cache_config=cache,
         additional_config={SETTINGS_KEY: settings} if policy else {},
         kv_transfer_config=kv_transfer_config,
+        lora_config=LoRAConfig(max_loras=max_loras) if max_loras else None,
     )
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(

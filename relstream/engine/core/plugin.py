@@ -37,6 +37,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from relstream.engine.core.loadwriter import LoadWriter
 from relstream.engine.core.refusals import Refused, config_conflict
+from relstream.engine.core.runninglimits import within_max_loras
 from relstream.engine.core.waitqueue import IndexedWaitingQueue
 from relstream.engine.tags import EXTRA_ARGS_KEY, SETTINGS_KEY
 from relstream.scheduler import (
@@ -113,6 +114,7 @@ class RelstreamPlugin(EngineView):
             block_size=self.block_size,
             long_prefill_token_threshold=self.scheduler_config.long_prefill_token_threshold,
             long_prefill_adaptive=getattr(self, "adaptive_long_prefill_threshold", False),
+            watermark_kv_tokens=self.kv_cache_manager.watermark_blocks * self.block_size,
         )
         self._load_failed = False  # pricing the load raised once (logged once)
         load_path = settings.get("load_file")  # where the runtime reads the policy's load
@@ -259,9 +261,8 @@ class RelstreamPlugin(EngineView):
         return outputs
 
     def _write_load(self) -> None:
-        """The policy's load for the engine's reports (`engine/core/loadwriter.py`), at most
-        every WRITE_EVERY_S (longer where pricing it is slow) and as soon as no request
-        is left."""
+        """The policy's load for the engine's reports (`loadwriter`), at most every
+        WRITE_EVERY_S (longer where pricing it is slow) and as soon as none is left."""
         tracker, load_file = self.tracker, self._load_file
         idle = not (tracker.waiting or tracker.running or tracker.held)
         if load_file is None or not load_file.due(time.monotonic(), idle):
@@ -274,8 +275,7 @@ class RelstreamPlugin(EngineView):
                 log.exception("pricing the load for the engine's reports failed")
             self._load_failed = True
             return
-        took = time.perf_counter() - started
-        load_file.write(load, took, idle)
+        load_file.write(load, time.perf_counter() - started, idle)
 
     def shutdown(self) -> None:
         if self._step_log:
@@ -298,6 +298,7 @@ class RelstreamPlugin(EngineView):
             for chunk in plan.prefill
             if chunk.request_id in self.tracker.waiting and chunk.request_id in self.requests
         ]
+        chosen = within_max_loras(chosen, self.running, self.lora_config)
         # vLLM computes running requests in list order: give it the plan's order, so
         # that the budget goes to the prompts the policy ranked first.
         order = [*plan.decode, *(chunk.request_id for chunk in plan.prefill)]
@@ -333,7 +334,7 @@ class RelstreamPlugin(EngineView):
     def _evict(self, request_id: str) -> None:
         request = self.requests[request_id]
         self.running.remove(request)
-        # As vLLM's own preemption; no KV connector drops stale output here (`refusals`).
+        # As vLLM's own; with no KV connector (`refusals`) no output is stale, no free late.
         self._preempt_request(request, time.monotonic())
 
     def _sync_progress(self) -> None:
