@@ -167,6 +167,7 @@ class RelQuery:
     cache_salt: str | None = None
     # Seconds after its arrival by which its user wants the answer (None: no deadline).
     deadline_s: float | None = None
+    priority: int = 0  # its class: higher goes first, preempting lower (docs/priority.md)
     field_orders: list[tuple[str, ...]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -294,14 +295,13 @@ class RowResult:
     output_tokens: int = 0
     value: Any = None  # the answer parsed, where the relQuery's output has a JSON schema
     cached: bool = False  # answered from the engine's answer cache, not computed for it
-    # answered by an identical row's request (in flight), not one of its own; the
-    # engine's metrics count it, the wire does not carry it
-    shared: bool = False
+    shared: bool = False  # answered by an identical row's request in flight (not on the wire)
+    prompt_tokens: int = 0  # its own request's prompt (0: it ran none)
+    prefix_cached_tokens: int = 0  # of those, vLLM's prefix cache held (0: not known)
 
     @property
     def generated_tokens(self) -> int:
-        """Tokens the engine generated for this row: none when the answer cache or an
-        identical row's request answered it."""
+        """Tokens generated for it: none where the answer cache or a twin answered it."""
         return 0 if self.cached or self.shared else self.output_tokens
 
     @classmethod

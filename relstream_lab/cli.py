@@ -15,6 +15,7 @@ from relstream_lab.kvbound.cli import kv_bound
 from relstream_lab.paper.cli import paper, scheduler_cost
 from relstream_lab.placement.cli import placement
 from relstream_lab.prefix.cli import prefix
+from relstream_lab.priority.cli import priority
 from relstream_lab.streaming.cli import faust_agent, streaming
 from relstream_lab.sustained.cli import sustained
 from relstream_lab.zipf.cli import zipf
@@ -36,6 +37,7 @@ for command in (
     paper,
     kv_bound,
     gpu_steps,
+    priority,
     scheduler_cost,
     campaign,
     ceiling,

@@ -273,13 +273,15 @@ class ScriptedView(EngineView):
         arrival: float = 0.0,
         deadline: float | None = None,
         shares: dict[int, str] | None = None,
+        priority: int = 0,
     ) -> list[str]:
         """`shares`: row -> the key it shares with identical requests (`SeqInfo.share`)."""
         ids = []
         for row, prompt in enumerate(prompts):
             seq = SeqInfo(
-                f"{relquery_id}#{row}", relquery_id, prompt, max_tokens, arrival, deadline=deadline
-            )
+                f"{relquery_id}#{row}", relquery_id, prompt, max_tokens, arrival,
+                deadline=deadline, priority=priority,
+            )  # fmt: skip
             seq.share = (shares or {}).get(row)
             self.tracker.add_request(seq, len(prompts))
             ids.append(seq.request_id)

@@ -17,6 +17,7 @@ from relstream.cli.replay import replay
 from relstream.cli.reset import reset
 from relstream.cli.rows import deadletters, results, sink
 from relstream.cli.status import status
+from relstream.cli.usage import usage
 from relstream.cli.worker import worker
 from relstream.extras import MissingExtra, extra_of, install_hint
 
@@ -78,6 +79,7 @@ for command in (
     replay,
     reset,
     status,
+    usage,
     demo,
     answers,
 ):

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import click
 
 from relstream.cli.common import (
-    bootstrap_option,
     console,
     prefix_option,
     progress,
@@ -29,7 +28,18 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.argument("source")
-@bootstrap_option
+@click.option(
+    "--bootstrap", default=None, help="Kafka bootstrap address, host:port (not with --estimate)."
+)
+@click.option(
+    "--estimate", is_flag=True,
+    help="Send nothing: count the prompt tokens each query of --config would ask of the "
+    "model for these rows (SmolLM2's tokenizer; docs/usage.md).",
+)  # fmt: skip
+@click.option(
+    "--max-model-len", default=2048, show_default=True, type=click.IntRange(16),
+    help="With --estimate: the engine's --max-model-len (longer prompts are not asked).",
+)  # fmt: skip
 @click.option("--table", required=True, help="Table name: rows go to <prefix>rows.<table>.")
 @click.option("--key-column", default=None, help="Column holding each row's key.")
 @click.option("--query", default=None, help="SQL to run when SOURCE is a postgresql:// URL.")
@@ -80,7 +90,9 @@ if TYPE_CHECKING:
 @security_options
 def produce(
     source: str,
-    bootstrap: str,
+    bootstrap: str | None,
+    estimate: bool,
+    max_model_len: int,
     table: str,
     key_column: str | None,
     query: str | None,
@@ -103,6 +115,10 @@ def produce(
 
     from relstream.connectors.sources import read_query, read_rows
 
+    if estimate and config is None:
+        raise click.UsageError("--estimate needs --config: the queries whose prompts it counts")
+    if bootstrap is None and not estimate:
+        raise click.UsageError("Missing option '--bootstrap'.")
     try:
         codecs.lookup(encoding)
     except LookupError:
@@ -141,6 +157,9 @@ def produce(
         )
     _check_keys(rows, source, unique)
     _check_columns(readers or [], rows, source, strict)
+    if estimate:
+        _estimate(readers or [], rows[skip:], source, max_model_len)
+        return
     read = None if readers is None else bool(readers)
     _produce_rows(bootstrap, prefix, table, rows, security, read, strict, create, skip)
 
@@ -185,6 +204,37 @@ def _check_columns(
         if strict:
             raise click.ClickException(f"{said} (--strict: nothing was sent)")
         console.print(f"[yellow]warning: {said}[/]", highlight=False)
+
+
+def _estimate(
+    readers: list[QueryRegistration], rows: list[RowMessage], source: str, max_model_len: int
+) -> None:
+    """Each reading query's prompt tokens for `rows`, as one relQuery (nothing sent)."""
+    from rich.table import Table
+
+    from relstream.model import RelQuery, Row
+    from relstream.sim.estimate import estimate
+
+    table = Table(
+        "query", "rows", "asked", "prompt tokens", "in shared blocks", "output tokens at most",
+        "not asked", title=f"{source}: {len(rows)} rows, nothing sent",
+        caption="SmolLM2's tokenizer and a 16-token block; rows not asked: null or empty "
+        "input, a missing column, or a prompt over the context",
+    )  # fmt: skip
+    for registration in readers:
+        relquery = RelQuery(
+            registration.name, registration.template, [Row(r.key, r.values) for r in rows],
+            registration.max_output_tokens, registration.system_prompt,
+            output=registration.output, fields=registration.fields,
+        )  # fmt: skip
+        with console.status(f"tokenizing {len(rows):,} prompts of {registration.name}"):
+            found = estimate(relquery, max_model_len)
+        table.add_row(
+            registration.name, f"{found.rows:,}", f"{found.runnable:,}",
+            f"{found.prompt_tokens:,}", f"{found.prefix_cached_share:.0%}",
+            f"{found.output_budget:,}", f"{found.unrunnable + found.too_long:,}",
+        )  # fmt: skip
+    console.print(table)
 
 
 def _check_keys(rows: list[RowMessage], source: str, unique: bool) -> None:

@@ -64,9 +64,12 @@ def answered_row(
     answer: SharedOutcome,
     cached: bool = False,
     shared: bool = False,
+    prompt_tokens: int = 0,
+    prefix_cached_tokens: int = 0,
 ) -> RowResult:
     """A finished row (`cached`: from the answer cache; `shared`: an identical row's
-    request answered it); where the relQuery constrains its output, an answer that does
+    request answered it; `prompt_tokens`, `prefix_cached_tokens`: what its own request's
+    prompt took, where it ran one); where the relQuery constrains its output, an answer that does
     not hold (cut off by max tokens, say) is that row's error, text kept."""
     value, reason = None, None
     if relquery.output is not None:
@@ -81,6 +84,8 @@ def answered_row(
         value,
         cached,
         shared,
+        prompt_tokens,
+        prefix_cached_tokens,
     )
 
 

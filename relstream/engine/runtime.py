@@ -53,6 +53,7 @@ from relstream.scheduler import (
     holds_twins,
     policy_spec,
     static_priority,
+    vllm_priority,
 )
 
 SUBMIT_ROWS_PER_SLICE = 32  # rows tokenized between two yields to the loop (~0.1 ms each)
@@ -236,7 +237,8 @@ class VllmRuntime:
         priority = 0
         if policy_spec(self.settings.policy).vllm_queue is VllmQueue.PRIORITY:
             prompt_tokens = sum(len(row.token_ids) for row in leading)
-            priority = static_priority(prompt_tokens, len(leading), relquery.max_output_tokens)
+            static = static_priority(prompt_tokens, len(leading), relquery.max_output_tokens)
+            priority = vllm_priority(relquery.priority, static)
         # Rows reach vLLM in prompt order, so rows sharing a prefix are admitted together
         # and compute it once; results still come back in the user's row order.
         for row, role in sorted(zip(prepared, roles, strict=True), key=prompt_order):
@@ -334,7 +336,7 @@ class VllmRuntime:
         relquery, request = handle.relquery, row.request
         share = role.key.digest.hex() if role.key is not None else None
         deadline_in = seconds_left(relquery, handle.submitted_at)
-        tags = relquery_tags(relquery.id, runnable, deadline_in, share)
+        tags = relquery_tags(relquery.id, runnable, deadline_in, share, relquery.priority)
         params = sampling_params(relquery, tags)
         prompt: dict = {"prompt_token_ids": row.token_ids}
         if relquery.cache_salt is not None:  # a tenant's own prefix cache too
@@ -367,7 +369,9 @@ class VllmRuntime:
                     completion.finish_reason,
                 )
             self._shared.settle(role, answer)
-        return answered_row(relquery, request, answer), answer.times
+        prompt = len(final.prompt_token_ids or row.token_ids)
+        cached = final.num_cached_tokens or 0
+        return answered_row(relquery, request, answer, False, False, prompt, cached), answer.times
 
 
 def _already_shut_down(*_args: object, **_kwargs: object) -> None:

@@ -25,12 +25,19 @@ EXTRA_ARGS_KEY = "relstream"  # SamplingParams.extra_args[EXTRA_ARGS_KEY] = {...
 
 
 def relquery_tags(
-    relquery_id: str, size: int, deadline_in: float | None = None, share: str | None = None
+    relquery_id: str,
+    size: int,
+    deadline_in: float | None = None,
+    share: str | None = None,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """What a request must carry in `SamplingParams.extra_args` to be grouped, its
-    relQuery's deadline in seconds from now (relative, so no clock is shared), and the
-    key it shares with identical requests of other relQueries (one runs for all)."""
+    relQuery's deadline in seconds from now (relative, so no clock is shared), the key it
+    shares with identical requests of other relQueries (one runs for all), and its
+    relQuery's class (`scheduler.classes`)."""
     tags: dict[str, Any] = {"relquery_id": relquery_id, "relquery_size": size}
+    if priority:
+        tags["priority"] = priority
     if deadline_in is not None:
         tags["deadline_in_s"] = deadline_in
     if share is not None:

@@ -8,7 +8,7 @@ from relstream.scheduler.cost import (
     cost_model_of,
 )
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.ranking import static_priority
+from relstream.scheduler.ranking import static_priority, vllm_priority
 from relstream.scheduler.registry import (
     DEFAULT_POLICY,
     POLICIES,
@@ -54,4 +54,5 @@ __all__ = [
     "make_policy",
     "policy_spec",
     "static_priority",
+    "vllm_priority",
 ]

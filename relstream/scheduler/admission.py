@@ -30,7 +30,7 @@ does not admit what it would soon have to preempt. With 0 (V1) nothing is kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -282,19 +282,46 @@ class StepAdmission:
 
     def _make_room(self, seq: SeqInfo, need: int) -> bool:
         """Preempt from the end of the ranked rows until `need` KV is free; False when
-        `seq` itself had to go. A decode's token, taken from the budget before any was
-        scheduled, comes back with it."""
+        `seq` itself had to go."""
         while need > self.free_kv:
             victim = self.rows.pop()
-            self.preempted.append(victim)
-            self.free_kv += self.view.releasable_kv_tokens(victim)
-            self.reserved -= self.reserving.pop(victim.request_id, 0)
-            tokens = self.scheduled.pop(victim.request_id, 0)
-            self.free_kv += self.growth.pop(victim.request_id, 0)
-            self.budget += 1 if victim.prefill_done else tokens
+            self._evict(victim)
             if victim is seq:
                 return False
         return True
+
+    def make_way(
+        self, below: int, seats: int, kv: int, most: int, held: Sequence[SeqInfo] = ()
+    ) -> int:
+        """Preempt from the end of the ranked rows (`held`, running rows not run this
+        step and ranked after them, first), only rows of a class under `below`, until
+        `seats` seats and `kv` KV beyond the reserve are free, at most `most` rows
+        (`classes.make_way`); the rows preempted."""
+        held, taken = list(held), 0
+        while taken < most and (held or self.rows):
+            victim = held[-1] if held else self.rows[-1]
+            if victim.priority >= below or (
+                self.seats >= seats and self.free_kv - self.reserved >= kv
+            ):
+                break
+            if held:  # it took nothing of this step's
+                self.preempted.append(held.pop())
+                self.free_kv += self.view.releasable_kv_tokens(victim)
+            else:
+                self._evict(self.rows.pop())
+            self.seats += 1
+            taken += 1
+        return taken
+
+    def _evict(self, victim: SeqInfo) -> None:
+        """`victim` preempted: its KV and its reserve freed, and a decode's token (taken
+        from the budget before any was scheduled) or its prompt chunk given back."""
+        self.preempted.append(victim)
+        self.free_kv += self.view.releasable_kv_tokens(victim)
+        self.reserved -= self.reserving.pop(victim.request_id, 0)
+        tokens = self.scheduled.pop(victim.request_id, 0)
+        self.free_kv += self.growth.pop(victim.request_id, 0)
+        self.budget += 1 if victim.prefill_done else tokens
 
     # waiting requests, every policy's way
     def admit(self, candidates: Iterable[SeqInfo], limit: int | None = None) -> Stop:
@@ -305,8 +332,7 @@ class StepAdmission:
         return self.stop
 
     def _watermark(self) -> int:
-        """KV an admission leaves free: vLLM's watermark, kept once any request runs
-        beside it (every running request, planned this step or not, or one just admitted)."""
+        """vLLM's watermark, kept once any request runs (planned or not) or was admitted."""
         running = len(self.view.tracker.running) > len(self.preempted)
         return self.view.limits.watermark_kv_tokens if running or self.admitted else 0
 

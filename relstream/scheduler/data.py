@@ -24,6 +24,7 @@ class SeqInfo:
     # Requests with the same `share` get the same answer (identical and deterministic):
     # while one runs, the others wait on it, held out of the waiting queue (None: alone).
     share: str | None = None
+    priority: int = 0  # its relQuery's class: higher goes first (`scheduler.classes`)
 
     @property
     def prefill_done(self) -> bool:
@@ -56,6 +57,7 @@ class RelQueryInfo:
     prompt_tokens_seen: int = 0
     # when the user wants it answered, on the scheduler's clock (None: no deadline)
     deadline: float | None = None
+    priority: int = 0  # its class: higher goes first (`scheduler.classes`)
     # Waiting rows that never ran, summed, so what is left of R is estimated without
     # visiting them (`remaining`): their prompt tokens, and how many there are by output
     # budget. Waiting rows that ran before (preempted with output) are kept in `resumed`.

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from relstream.scheduler.admission import StepAdmission, Stop
+from relstream.scheduler.classes import Slowdown, lowest_running, outranks
 from relstream.scheduler.remaining import Remaining
 from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo
 
@@ -146,11 +147,14 @@ def gated_fill(
     left: Callable[[str], Remaining],
     c: GateCoefficients,
     arriving: float = 0.0,
+    slowdown: Slowdown | None = None,
 ) -> bool:
     """Give the step's prompt budget in rank order (`started`: running relQueries,
     `waiting`: fully waiting ones, each best first; `queued`: relQueries with waiting
-    rows). True when the gate held work back (a capped prompt or a Δ ≥ 0)."""
+    rows; `slowdown`: what lower classes may add beside a higher one, `classes`). True
+    when the gate held work back (a capped prompt or a Δ ≥ 0)."""
     free = batching_is_free(view, c)
+    lowest = lowest_running(started)  # a waiting relQuery of a class above it goes in
     started_lefts = [left(info.relquery_id) for _, info in started]
     best_running = min((c.work(remaining) for remaining in started_lefts), default=0.0)
     running_set = RunningSet(started_lefts)
@@ -172,10 +176,14 @@ def gated_fill(
         if not info.waiting:
             continue
         remaining = left(info.relquery_id)
-        if info.running:
+        below = slowdown.prompt_limit(info, c.per_token) if slowdown is not None else None
+        if below is not None:  # a lower class beside a higher one: within its slowdown
+            limit = below if limit is None else min(limit, below)
+            admitting = step.admit(info.waiting.values(), limit) is Stop.DRAINED
+        elif info.running:
             admitting = step.admit(info.waiting.values(), limit) is Stop.DRAINED
             held = held or (not admitting and limit is not None)
-        elif c.work(remaining) < best_running or free:
+        elif c.work(remaining) < best_running or free or outranks(info, lowest):
             admitting = step.admit(info.waiting.values()) is Stop.DRAINED
         else:
             pays = admission_pays(running_set, remaining, behind, c)

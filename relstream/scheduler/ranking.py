@@ -3,9 +3,11 @@ admission): each policy names its order as a `Ranking`, an object whose `rank` g
 relQuery's rank (`StaticRanking`: the paper's static priority; `WorkRanking`: relstream's
 aged remaining work), and admission only walks it.
 
-A rank is a tuple, smaller first, that ends with the relQuery's id, so ranks are
-distinct and totally ordered. `RankedQueue` keeps relQueries in rank order and moves
-only those re-ranked, so a step costs what changed, not what waits.
+A rank is a tuple, smaller first, that begins with the relQuery's class negated (a
+higher `priority` first, `classes`) and ends with its id, so ranks are distinct and
+totally ordered, and every order holds within a class. `RankedQueue` keeps relQueries
+in rank order and moves only those re-ranked, so a step costs what changed, not what
+waits.
 """
 
 from __future__ import annotations
@@ -36,13 +38,25 @@ def static_priority(prompt_tokens: int, requests: int, max_tokens: int) -> int:
     return prompt_tokens + requests * max_tokens
 
 
+# vLLM's priority queue orders by one integer: a class takes this span of it, so every
+# request of a higher class comes before any of a lower one (a static priority of
+# prompt and output tokens stays below 2**40 for any relQuery the wire admits).
+CLASS_SPAN = 2**40
+
+
+def vllm_priority(priority: int, static: int) -> int:
+    """The integer vLLM's priority queue orders by (smaller first) for a request of
+    class `priority` (higher first) and static priority `static`."""
+    return static - priority * CLASS_SPAN
+
+
 class StaticRanking:
     """The paper's static priority, then arrival: the order of vLLM-SP and of stock V1's
     priority queue fed relstream's submitted priorities."""
 
     def rank(self, info: RelQueryInfo, now: float) -> Rank:
         priority = static_priority(info.prompt_tokens_seen, info.total_requests, info.max_tokens)
-        return (priority, info.arrival_time, info.relquery_id)
+        return (-info.priority, priority, info.arrival_time, info.relquery_id)
 
 
 @dataclass
@@ -51,7 +65,8 @@ class WorkRanking:
     `prices` (engine seconds; γ = `size_weight`, inf: W alone). Past its starvation
     deadline R goes ahead of every relQuery that is not, earliest deadline first; once
     it can no longer meet the deadline its user set (`lost_at`), behind those that can.
-    Ranks are (Urgency, aged W or starvation deadline, arrival, id)."""
+    Ranks are (class negated, Urgency, aged W or starvation deadline, arrival, id):
+    starvation and deadlines act within a class."""
 
     starvation: StarvationGuard
     left: Mapping[str, Remaining]  # each relQuery's last estimate of remaining work
@@ -64,7 +79,7 @@ class WorkRanking:
         relquery_id = info.relquery_id
         if self.starvation.is_starving(relquery_id):
             deadline = self.starvation.deadline(relquery_id)
-            return (Urgency.STARVING, deadline, info.arrival_time, relquery_id)
+            return (-info.priority, Urgency.STARVING, deadline, info.arrival_time, relquery_id)
         c = self.prices
         assert c is not None, "prices are set each step before ranking"
         urgency = Urgency.OTHER
@@ -73,7 +88,7 @@ class WorkRanking:
         work = c.work(self.left[relquery_id])
         if not math.isinf(self.size_weight):
             work = info.arrival_time + self.size_weight * work
-        return (urgency, work, info.arrival_time, relquery_id)
+        return (-info.priority, urgency, work, info.arrival_time, relquery_id)
 
 
 class RankedQueue:

@@ -49,6 +49,7 @@ batches, a clairvoyant order, other exponents of the pressure) are the lab's sub
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections import deque
@@ -57,6 +58,7 @@ from dataclasses import dataclass, replace
 
 from relstream.placement.load import Load, size_counts
 from relstream.scheduler.admission import StepAdmission, Stop
+from relstream.scheduler.classes import best_waiting, make_way, within_slowdown
 from relstream.scheduler.cost import Coefficients, CostModel
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
@@ -71,7 +73,8 @@ from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.steprecord import StepDecision
 from relstream.scheduler.view import EngineView, RelQueryInfo, StepFeedback, StepPlan
 
-Rank = tuple[int, float, float, str]  # (Urgency, aged W or starvation deadline, arrival, id)
+# (class negated, Urgency, aged W or starvation deadline, arrival, id)
+Rank = tuple[int, int, float, float, str]
 REPRICE_PER_STEP = 4  # waiting relQueries re-priced and re-ranked each step, round robin
 CONTEXT_SAMPLE = 64  # requests whose context prices a decode's attention
 CACHE_SAMPLE = 4  # waiting rows of a relQuery probed for the prefix cache's miss ratio
@@ -174,8 +177,18 @@ class Relstream(Policy):
         active = [info for _, info in ranked]
         reserve = 1.0 if self.oracle is not None else self.reserve_share.value
         step = StepAdmission.for_step(view, reserve=reserve, oracle=self.oracle)
+        # Lower classes decode beside a higher one only within its slowdown, and a higher
+        # class waiting takes their seats (`classes`).
+        first = best_waiting(heapq.merge(ranked, self.waiting_ranked(view), key=_first))
+        budget = view.limits.max_num_batched_tokens
+        slowdown = within_slowdown(active, c, budget, first)
+        held = active[slowdown.decoding :]
+        ranked, active = ranked[: slowdown.decoding], active[: slowdown.decoding]
         step.decode(active)
         ran = bool(step.scheduled or step.preempted)  # running rows had their step
+        short_of_kv = bool(step.preempted)
+        if not short_of_kv:
+            make_way(view, step, first, held)
         if step.preempted:
             for info in active:
                 step.continue_prompts(info)
@@ -185,11 +198,12 @@ class Relstream(Policy):
             arriving = self._pressure(view, c)
             waiting = self.waiting_ranked(view)
             held = gated_fill(
-                view, step, ranked, waiting, queued, self._left.__getitem__, c, arriving
-            )
+                view, step, ranked, waiting, queued, self._left.__getitem__, c, arriving,
+                slowdown,
+            )  # fmt: skip
             self.decision = StepDecision(gated=True, held=held, pressure=arriving, stop=step.stop)
-        if ran:  # the share learns from all the step preempted, prompts' room included
-            self.reserve_share.stepped(bool(step.preempted))
+        if ran:  # the share learns from what KV preempted, prompts' room included
+            self.reserve_share.stepped(short_of_kv)
         return step.plan()
 
     def _pressure(self, view: EngineView, c: Coefficients) -> float:
@@ -200,7 +214,7 @@ class Relstream(Policy):
     def waiting_ranked(self, view: EngineView) -> Iterator[tuple[Rank, RelQueryInfo]]:
         """The relQueries with no running request, best rank first, with their ranks."""
         relqueries = view.tracker.relqueries
-        return ((rank, relqueries[rank[3]]) for rank in self._order)
+        return ((rank, relqueries[rank[-1]]) for rank in self._order)
 
     def _coefficients(self, view: EngineView) -> Coefficients:
         """The fitted step cost, a decode priced with attention over the running

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.cost import CostModel
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.ranking import StaticRanking
+from relstream.scheduler.ranking import StaticRanking, vllm_priority
 from relstream.scheduler.view import EngineView, SeqInfo, StepPlan
 
 MODELLED_VLLM = (0, 32)  # the release installed here, whose real runs the simulator replays
@@ -92,6 +92,8 @@ class V1Priority(V1Fcfs):
     ranking = StaticRanking()
 
     def _rank(self, view: EngineView, relquery_id: str) -> tuple[int, float]:
-        """(priority, arrival): the static rank, as vLLM's heap compares requests."""
-        priority, arrival, _ = self.ranking.rank(view.tracker.relqueries[relquery_id], 0.0)
-        return priority, arrival
+        """(priority, arrival): the static rank within the relQuery's class, as vLLM's
+        heap compares the requests relstream submits (`ranking.vllm_priority`)."""
+        info = view.tracker.relqueries[relquery_id]
+        _, static, arrival, _ = self.ranking.rank(info, 0.0)
+        return vllm_priority(info.priority, static), arrival

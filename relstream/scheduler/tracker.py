@@ -58,6 +58,7 @@ class RequestTracker:
                 relquery_size,
                 seq.max_tokens,
                 deadline=seq.deadline,
+                priority=seq.priority,
             )
             self.relqueries[seq.relquery_id] = info
         info.prompt_tokens_seen += seq.prompt_tokens

@@ -9,9 +9,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from relstream.kafka.delivery import DROPPED
 from relstream.model import RelQueryResult
 from relstream.service.backlog import RowBudget
+from relstream.wire.convert import usage_message
+from relstream.wire.windowid import WindowId
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# Distinct `query` label values an engine keeps (each a few series); later queries are
+# counted under OTHER_QUERY, relQueries sent straight to the engine under DIRECT_QUERY.
+MAX_QUERY_LABELS = 256
+OTHER_QUERY, DIRECT_QUERY = "(other)", "(direct)"
 
 
 class EngineMetrics:
@@ -41,6 +47,27 @@ class EngineMetrics:
             "Tokens generated (not those of rows answered from the cache or by an identical row)",
             registry=self.registry,
         )
+        self.query_tokens = Counter(
+            "relstream_query_tokens_total",
+            "Tokens the engine computed, by query and kind: prompt, prefix_cached (of the "
+            "prompt tokens, those vLLM's prefix cache held), output (docs/usage.md)",
+            ["query", "kind"],
+            registry=self.registry,
+        )
+        self.query_rows = Counter(
+            "relstream_query_rows_total",
+            "Rows answered, by query and by what answered them: engine (their own "
+            "request), answer_cache, shared (an identical row's request)",
+            ["query", "source"],
+            registry=self.registry,
+        )
+        self.query_relqueries = Counter(
+            "relstream_query_relqueries_total",
+            "relQueries answered, by query",
+            ["query"],
+            registry=self.registry,
+        )
+        self._queries: set[str] = set()  # `query` label values in use
         self.tokens_per_second = Gauge(
             "relstream_output_tokens_per_second",
             "Output tokens generated per second of the last relQuery's service time",
@@ -147,12 +174,33 @@ class EngineMetrics:
         self.rows_shared.inc(len(shared))
         self.tokens_reused.labels("cache").inc(sum(row.output_tokens for row in cached))
         self.tokens_reused.labels("shared").inc(sum(row.output_tokens for row in shared))
-        tokens = sum(row.generated_tokens for row in result.rows)
+        usage = usage_message(result)
+        tokens = usage.output_tokens
         self.output_tokens.inc(tokens)
+        query = self._query_label(result.relquery_id)
+        self.query_relqueries.labels(query).inc()
+        for kind in ("prompt", "prefix_cached", "output"):
+            self.query_tokens.labels(query, kind).inc(getattr(usage, f"{kind}_tokens"))
+        engine = len(result.rows) - usage.answer_cached_rows - usage.shared_rows
+        for source, rows in (
+            ("engine", engine), ("answer_cache", usage.answer_cached_rows),
+            ("shared", usage.shared_rows),
+        ):  # fmt: skip
+            self.query_rows.labels(query, source).inc(rows)
         if result.deadline_met is not None:
             self.deadlines.labels("true" if result.deadline_met else "false").inc()
         if service_seconds > 0:
             self.tokens_per_second.set(tokens / service_seconds)
+
+    def _query_label(self, relquery_id: str) -> str:
+        """The registered query a relQuery came from, as a label (bounded in number)."""
+        window = WindowId.parse(relquery_id)
+        if window is None:
+            return DIRECT_QUERY
+        if window.query not in self._queries and len(self._queries) >= MAX_QUERY_LABELS:
+            return OTHER_QUERY
+        self._queries.add(window.query)
+        return window.query
 
     def observe_backlog(self, budget: RowBudget) -> None:
         self.in_flight.set(budget.relqueries)

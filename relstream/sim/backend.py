@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -99,6 +99,7 @@ class Simulated:
 
     latency: LatencyBreakdown | None
     too_long: tuple[tuple[int, int], ...] = ()
+    prompt_tokens: tuple[int, ...] = ()  # each prompt's tokens, in the prompts' order
 
 
 def allowed_tokens(profile_name: str, max_model_len: int) -> int:
@@ -121,12 +122,13 @@ def latency_alone(job: LatencyJob, prompts: list[str]) -> Simulated:
     profile = get_profile(job.profile)
     block = profile.limits.block_size
     most = allowed_tokens(job.profile, job.max_model_len) - job.max_output_tokens
-    requests, too_long = [], []
+    requests, too_long, lengths = [], [], []
     for start in range(0, len(prompts), TOKENIZE_BATCH):
         batch = [
             chatml_prompt(p, job.system_prompt) for p in prompts[start : start + TOKENIZE_BATCH]
         ]
         for offset, tokens in enumerate(encode_batch(batch)):
+            lengths.append(len(tokens))
             if len(tokens) > most:
                 too_long.append((start + offset, len(tokens)))
                 continue
@@ -139,12 +141,13 @@ def latency_alone(job: LatencyJob, prompts: list[str]) -> Simulated:
                 )
             )
     if not requests:
-        return Simulated(None, tuple(too_long))
+        return Simulated(None, tuple(too_long), tuple(lengths))
     engine = Simulator(profile, make_policy(job.policy, profile.prior()))
     simulated = SimRelQuery(
         job.relquery_id, 0.0, job.max_output_tokens, requests, deadline=job.deadline
     )
-    return Simulated(engine.run([simulated]).outcomes[0].latency, tuple(too_long))
+    latency = engine.run([simulated]).outcomes[0].latency
+    return Simulated(latency, tuple(too_long), tuple(lengths))
 
 
 def _start_child() -> None:
@@ -325,6 +328,9 @@ class SimRelQueryBackend:
                 request.row_index, request.row_key, tokens, allowed, relquery.max_output_tokens
             )
             rows[request.row_index] = RowResult.failed(failure)
+        for request, tokens in zip(runnable, simulated.prompt_tokens, strict=True):
+            if rows[request.row_index].status is RowStatus.OK:  # its prompt, as vLLM's
+                rows[request.row_index] = replace(rows[request.row_index], prompt_tokens=tokens)
         return RelQueryResult(
             relquery.id, rows, simulated.latency, self.settings.policy, self.model_name
         )

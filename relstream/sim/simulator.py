@@ -44,6 +44,7 @@ class SimRelQuery:
     requests: list[SimRequest]
     labels: dict[str, str] = field(default_factory=dict)
     deadline: float | None = None  # when its user wants it answered, on the sim clock
+    priority: int = 0  # its class: higher goes first (`scheduler.classes`)
 
 
 @dataclass
@@ -228,6 +229,7 @@ class Simulator(EngineView):
                 relquery.arrival_time,
                 deadline=relquery.deadline,
                 share=self.shared.share(request.answer_key),
+                priority=relquery.priority,
             )
             self.prompt_tokens += request.prompt_tokens
             self.tracker.add_request(seq, len(running))

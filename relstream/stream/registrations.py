@@ -19,6 +19,9 @@ A TOML file holds one [[query]] table per registration:
                                            # of the window's close
     result_format = "json"                 # optional: its results in JSON, with the
                                            # header content-type: application/json
+    priority = 0                           # optional: its class, higher first
+    backfill_after_s = 60.0                # optional: a window whose first row is older
+                                           # goes one class below (docs/priority.md)
 
 Instead of a `template`, a query may give an `instruction` and its `fields`, a list of
 the row's columns whose order is free: each prompt is then the instruction followed by
@@ -45,6 +48,7 @@ from relstream.wire.messages import (
     DeadlineSeconds,
     FreeFields,
     OutputTokens,
+    Priority,
     Regex,
     ResultFormat,
     Seed,
@@ -84,6 +88,8 @@ class _Written(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stop: StopStrings = msgspec.field(default_factory=list)
     deadline_s: DeadlineSeconds | None = None
     result_format: ResultFormat | None = None
+    priority: Priority = 0
+    backfill_after_s: Annotated[float, Meta(gt=0)] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ class QueryRegistration:
     fields: tuple[str, ...] = ()  # free fields: `template` is then the instruction
     deadline_s: float | None = None  # each window's relQuery wanted within this
     result_format: str | None = None  # "json": its results in JSON (None: the engine's)
+    priority: int = 0  # its windows' class: higher first (docs/priority.md)
+    # a window whose first row is older than this when cut goes one class below: a
+    # reset's or a replay's rows, a backlog (None: never)
+    backfill_after_s: float | None = None
 
 
 def worker_group(app_id: str, query: str) -> str:
@@ -141,6 +151,8 @@ def _registration(entry: dict, where: str) -> QueryRegistration:
         tuple(written.fields or ()),
         written.deadline_s,
         written.result_format,
+        written.priority,
+        written.backfill_after_s,
     )
 
 

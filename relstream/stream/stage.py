@@ -56,6 +56,7 @@ from relstream.stream.windowing import (
     RowRejection,
     Window,
     relquery_for_window,
+    window_priority,
 )
 from relstream.wire import RelQueryMessage, encode
 
@@ -324,5 +325,6 @@ class WindowStage:
 def _encoded(
     registration: QueryRegistration, window: Window, placed: bool
 ) -> tuple[RelQueryMessage, bytes, Demand | None]:
-    message = relquery_for_window(registration, window.rows, window.window_id)
+    priority = window_priority(registration, window.first_ms, time.time())
+    message = relquery_for_window(registration, window.rows, window.window_id, priority)
     return message, encode(message), demand_of(message) if placed else None

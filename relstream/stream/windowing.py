@@ -56,7 +56,7 @@ from relstream.stream.registrations import QueryRegistration
 from relstream.wire import MessageError, RelQueryMessage, RelQueryRow, RowMessage, encode
 from relstream.wire.convert import output_message, sampling_fields
 from relstream.wire.formats import Headers, decode_record
-from relstream.wire.messages import MAX_ROW_BYTES
+from relstream.wire.messages import MAX_PRIORITY, MAX_ROW_BYTES
 
 # Kafka's default message limit, and relstream producers' request limit
 # (`kafka.clients.MAX_REQUEST_BYTES`): the bound where none is given.
@@ -106,11 +106,24 @@ def check_row(
     return row
 
 
+def window_priority(registration: QueryRegistration, first_ms: int, now: float) -> int:
+    """The class of a window's relQuery: its registration's, one below where its first
+    row is older than `backfill_after_s` (rows a reset or a replay reads again, or a
+    backlog), so live windows go first (`scheduler.classes`)."""
+    after = registration.backfill_after_s
+    old = after is not None and now - first_ms / 1000 > after
+    return max(registration.priority - 1, -MAX_PRIORITY) if old else registration.priority
+
+
 def relquery_for_window(
-    registration: QueryRegistration, rows: list[RowMessage], window_id: str
+    registration: QueryRegistration,
+    rows: list[RowMessage],
+    window_id: str,
+    priority: int | None = None,
 ) -> RelQueryMessage:
-    """The relquery message for one window's rows. `window_id` is the same when the
-    window is replayed after a crash, so consumers de-duplicate on the id."""
+    """The relquery message for one window's rows (of class `priority`, the
+    registration's unless given). `window_id` is the same when the window is replayed
+    after a crash, so consumers de-duplicate on the id."""
     return RelQueryMessage(
         id=f"{registration.name}-{window_id}",
         template=registration.template.text,
@@ -122,6 +135,7 @@ def relquery_for_window(
         fields=list(registration.fields) or None,
         deadline_s=registration.deadline_s,
         result_format=registration.result_format,
+        priority=registration.priority if priority is None else priority,
         **sampling_fields(registration.sampling),
     )
 
@@ -135,7 +149,8 @@ def row_bytes(row: RowMessage) -> int:
 def rows_budget(registration: QueryRegistration, message_bytes: int) -> int:
     """The bytes a window's rows may take (`row_bytes` summed) so that its relQuery, with
     the longest id a window can have, and its Kafka envelope fit in `message_bytes`."""
-    frame = relquery_for_window(registration, [], _LONGEST_WINDOW_ID)
+    # The longest id, and the class that encodes longest (msgpack: -100 takes 2 bytes).
+    frame = relquery_for_window(registration, [], _LONGEST_WINDOW_ID, -MAX_PRIORITY)
     fixed = len(encode(frame)) - 1 + _ROWS_HEADER_BYTES  # the empty list's header was 1 byte
     return message_bytes - ENVELOPE_BYTES - fixed
 

@@ -27,6 +27,8 @@ from relstream.wire.messages import (
     ResultMessage,
     ResultRow,
     RowMessage,
+    RowUsage,
+    Usage,
 )
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
     "ResultMessage",
     "ResultRow",
     "RowMessage",
+    "RowUsage",
+    "Usage",
     "checked",
     "decode",
     "decode_json",

@@ -26,6 +26,8 @@ from relstream.wire.messages import (
     RelQueryRow,
     ResultMessage,
     ResultRow,
+    RowUsage,
+    Usage,
 )
 from relstream.wire.messages import OutputSpec as OutputSpecMessage
 
@@ -60,6 +62,7 @@ def relquery_from_message(message: RelQueryMessage) -> RelQuery:
         fields=tuple(message.fields or ()),
         cache_salt=message.cache_salt,
         deadline_s=message.deadline_s,
+        priority=message.priority,
     )
 
 
@@ -76,6 +79,7 @@ def relquery_message(relquery: RelQuery, submitted_at: float | None = None) -> R
         fields=list(relquery.fields) or None,
         cache_salt=relquery.cache_salt,
         deadline_s=relquery.deadline_s,
+        priority=relquery.priority,
         **sampling_fields(relquery.sampling),
     )
 
@@ -110,6 +114,35 @@ def latency_message(latency: LatencyBreakdown | None) -> Latency | None:
     )
 
 
+def row_usage(row: RowResult) -> RowUsage:
+    """What the engine computed for `row`: nothing where the answer cache or an identical
+    row's request answered it."""
+    if row.cached or row.shared:
+        return RowUsage()
+    return RowUsage(
+        prompt_tokens=row.prompt_tokens,
+        prefix_cached_tokens=row.prefix_cached_tokens,
+        output_tokens=row.generated_tokens,
+    )
+
+
+def usage_message(result: RelQueryResult) -> Usage:
+    """The relQuery's rows' usage summed (docs/usage.md)."""
+    prompt = cached = output = 0
+    for row in result.rows:
+        used = row_usage(row)
+        prompt += used.prompt_tokens
+        cached += used.prefix_cached_tokens
+        output += used.output_tokens
+    return Usage(
+        prompt_tokens=prompt,
+        prefix_cached_tokens=cached,
+        output_tokens=output,
+        answer_cached_rows=sum(row.cached for row in result.rows),
+        shared_rows=sum(row.shared and not row.cached for row in result.rows),
+    )
+
+
 def result_message(result: RelQueryResult) -> ResultMessage:
     return ResultMessage(
         id=result.relquery_id,
@@ -121,6 +154,7 @@ def result_message(result: RelQueryResult) -> ResultMessage:
                 error=row.error,
                 value=row.value,
                 cached=row.cached,
+                usage=row_usage(row),
             )
             for row in result.rows
         ],
@@ -129,6 +163,7 @@ def result_message(result: RelQueryResult) -> ResultMessage:
         model=result.model,
         completed_at=time.time(),
         deadline_met=result.deadline_met,
+        usage=usage_message(result),
     )
 
 
@@ -142,6 +177,7 @@ def partial_result_message(relquery_id: str, row: RowResult) -> PartialResultMes
         error=row.error,
         value=row.value,
         cached=row.cached,
+        usage=row_usage(row),
     )
 
 
@@ -191,11 +227,13 @@ def _named(keys: list[str], budget: int) -> list[str]:
 
 def metrics_message(result: RelQueryResult, engine: str) -> MetricsMessage:
     rows = Counter(row.status.value for row in result.rows)
+    usage = usage_message(result)
     return MetricsMessage(
         relquery_id=result.relquery_id,
         latency=latency_message(result.latency),
         rows=dict(rows),
-        output_tokens=sum(row.generated_tokens for row in result.rows),
+        output_tokens=usage.output_tokens,
+        usage=usage,
         policy=result.policy,
         model=result.model,
         engine=engine,

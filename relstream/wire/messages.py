@@ -22,6 +22,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
+from relstream.wire.usage import WIRE_STRUCT, RowUsage, Usage
+
 WIRE_VERSION = 1
 
 # Bounds every producer must respect; each is checked on decode.
@@ -38,6 +40,7 @@ MAX_STOP_STRINGS = 16
 MAX_SIZE_CLASSES = 16  # a load report's size classes (placement/load.py, SIZE_CLASSES)
 MAX_ROW_BYTES = 256 * 1024  # an encoded row message; the worker refuses larger ones
 MAX_DEADLINE_S = 366 * 24 * 3600.0  # a deadline further off than a year is no deadline
+MAX_PRIORITY = 100  # classes from -100 to 100
 
 # NaN and the infinities are refused wherever a message is decoded (msgspec refuses them
 # as out of these bounds; the error names the field): no reader downstream could use one,
@@ -79,6 +82,15 @@ DeadlineSeconds = Annotated[
     ),
 ]
 StopStrings = Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_STRINGS)]
+Priority = Annotated[
+    int,
+    Meta(
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="the relQuery's class: a higher one is served first and takes the "
+        "seats of lower ones running (0 by default; a backfill below it)",
+    ),
+]
 DeadlineMet = Annotated[
     bool | None,
     Meta(
@@ -104,10 +116,6 @@ ResultFormat = Annotated[
     ),
 ]
 
-
-# Every wire struct: unknown fields are ignored (forward compatibility) and fields at their
-# default are not written (old readers never meet a field they could not know).
-WIRE_STRUCT = {"omit_defaults": True, "forbid_unknown_fields": False, "kw_only": True}
 
 
 class Message(msgspec.Struct, tag_field="version", **WIRE_STRUCT):
@@ -180,6 +188,7 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
     ) = None
     deadline_s: DeadlineSeconds | None = None
     result_format: ResultFormat | None = None
+    priority: Priority = 0
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
@@ -209,6 +218,7 @@ class ResultRow(msgspec.Struct, **WIRE_STRUCT):
     error: str | None = None  # why not, naming the row, otherwise
     value: Any = None  # the answer parsed, for a relQuery whose output has a JSON schema
     cached: bool = False  # answered from the engine's answer cache
+    usage: RowUsage | None = None  # None: no row-level count (an older engine)
 
 
 class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -227,6 +237,7 @@ class ResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     part: Annotated[int, Meta(ge=0, description="this message's place among the parts")] = 0
     parts: Annotated[int, Meta(ge=1, description="messages the result came in")] = 1
     deadline_met: DeadlineMet = None
+    usage: Usage | None = None  # the whole relQuery's, on every part
 
 
 class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -242,6 +253,7 @@ class PartialResultMessage(Message, tag=WIRE_VERSION, kw_only=True):
     error: str | None = None
     value: Any = None  # the answer parsed, for a relQuery whose output has a JSON schema
     cached: bool = False  # answered from the engine's answer cache
+    usage: RowUsage | None = None
 
 
 class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
@@ -258,6 +270,7 @@ class MetricsMessage(Message, tag=WIRE_VERSION, kw_only=True):
     engine: str  # the engine instance that served it (host and process id)
     at: Annotated[Finite, Meta(description="seconds since the epoch")]
     deadline_met: DeadlineMet = None
+    usage: Usage | None = None  # `output_tokens` above is its output_tokens
 
 
 KIND_HEADER = "relstream-kind"  # names a load report among the metrics topic's records

@@ -64,10 +64,11 @@ class V0Sp(Policy):
         chunks = prefill_candidate(view, self._waiting_in_priority_order(view), room=room)
         return _prefill_or_decode(view, chunks, tuple(victims) if chunks else ())
 
-    def _rank(self, seq: SeqInfo) -> tuple[float, float]:
+    def _rank(self, seq: SeqInfo) -> tuple[float, float, float]:
+        """(class negated, static priority, arrival): `StaticRanking`'s, by request."""
         rank = self._queue.rank_of(seq.relquery_id)
         assert rank is not None
-        return (rank[0], seq.arrival_time)
+        return (rank[0], rank[1], seq.arrival_time)
 
     def _admit_new(self, view: EngineView) -> None:
         relqueries = view.tracker.relqueries

@@ -38,10 +38,12 @@ def build(async_scheduling: bool, policy: str, step_log=None, num_blocks: int = 
 
 def add(
     scheduler, request_id: str, relquery: str, size: int, prompt: int, outputs: int,
-    share: str | None = None, lora: int = 0,
+    share: str | None = None, lora: int = 0, priority: int = 0,
 ):  # fmt: skip
     init_none_hash(sha256)
     shared = {"share": share} if share else {}  # a test may wrap relquery_tags without it
+    if priority:
+        shared["priority"] = priority
     extra = tags.relquery_tags(relquery, size, **shared)
     params = SamplingParams(ignore_eos=True, max_tokens=outputs, extra_args=extra)
     params.update_from_generation_config({}, 2)
@@ -328,3 +330,36 @@ def test_a_held_request_keeps_its_lora_slot():
     steps = drive(scheduler, in_flight=2)
     assert any("b" in step.num_scheduled_tokens for step in steps)  # b runs after a
     assert not scheduler.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("in_flight", [1, 2], ids=["sync", "async"])
+def test_a_live_relquery_takes_a_backfills_seats_on_vllms_scheduler(in_flight):
+    # 4 seats held by a backfill's rows (class -1); a live relQuery (class 0) of 2 rows
+    # arrives: the plan preempts 2 backfill rows (vLLM preempts them) and vLLM runs the
+    # live rows the step after, where stock vLLM would leave them waiting.
+    scheduler = build_scheduler(
+        "relstream", model_folder=model_dir("smollm2"), async_scheduling=in_flight == 2,
+        max_num_seqs=4, budget=256,
+    )  # fmt: skip
+    for i in range(4):
+        add(scheduler, f"bf-{i}", "backfill", 4, prompt=20, outputs=60, priority=-1)
+    pending = []
+    for _ in range(4):  # the backfill's prompts run, then it decodes
+        pending.append(scheduler.schedule())
+        if len(pending) == in_flight:
+            step = pending.pop(0)
+            scheduler.update_from_output(step, fake_output(scheduler, step))
+    assert len(scheduler.running) == 4
+    add(scheduler, "live-0", "live", 2, prompt=20, outputs=3)
+    add(scheduler, "live-1", "live", 2, prompt=20, outputs=3)
+    seen, preempted = [], set()
+    for _ in range(4):
+        step = scheduler.schedule()
+        preempted |= set(step.preempted_req_ids or ())
+        seen.append(set(step.num_scheduled_tokens))
+        pending.append(step)
+        if len(pending) == in_flight:
+            done = pending.pop(0)
+            scheduler.update_from_output(done, fake_output(scheduler, done))
+    assert preempted == {"bf-3", "bf-2"}
+    assert any({"live-0", "live-1"} <= ran for ran in seen[:3])

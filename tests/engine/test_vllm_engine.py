@@ -20,6 +20,7 @@ from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
 from relstream.placement.load import template_id
+from relstream.wire.convert import usage_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -102,6 +103,34 @@ async def watch_load(engine: VllmRuntime, loads: list) -> None:
         await asyncio.sleep(0.05)
 
 
+VLLM_COUNTS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:generation_tokens")
+
+
+def vllm_counts() -> tuple[float, ...]:
+    """vLLM's own token counters (its Prometheus stat logger, in this process), summed
+    over their labels."""
+    from prometheus_client import REGISTRY
+
+    totals = dict.fromkeys(VLLM_COUNTS, 0.0)
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            name = sample.name.removesuffix("_total")
+            if name in totals and sample.name.endswith("_total"):
+                totals[name] += sample.value
+    return tuple(totals.values())
+
+
+async def counted_after(before: tuple[float, ...], produced: float) -> tuple[float, ...]:
+    """vLLM's counts once its stat logger has recorded `produced` more output tokens
+    (it records an iteration's stats beside, not before, handing its outputs out)."""
+    for _ in range(100):
+        counts = vllm_counts()
+        if counts[2] - before[2] >= produced:
+            break
+        await asyncio.sleep(0.02)
+    return tuple(after - was for after, was in zip(counts, before, strict=True))
+
+
 async def serve(policy: str, step_log) -> dict:
     # The order test needs a backlog: 8 seats, all held by the blocker when the trio comes.
     seats = ORDER_SEATS if policy in ORDER_POLICIES else EngineSettings.max_num_seqs
@@ -115,12 +144,16 @@ async def serve(policy: str, step_log) -> dict:
     engine = await VllmRuntime.start(settings)
     try:
         at_start = engine.load()  # the plug-in's first, before any step
+        counts = vllm_counts()
         handles = [
             await engine.submit(rq)
             for rq in (capitals_relquery(), descriptions_relquery(), sampled_relquery())
         ]
         results = {h.relquery_id: await h.result() for h in handles}
         results["load_at_start"] = at_start
+        usage = [usage_message(results[h.relquery_id]) for h in handles]
+        results["usage"] = usage
+        results["vllm_counts"] = await counted_after(counts, sum(u.output_tokens for u in usage))
         if policy == "relserve":
             results["faulty"] = await run(engine, faulty_relquery())
             results["after"] = await run(engine, capitals_relquery())  # still serving
@@ -195,6 +228,20 @@ def test_the_step_log_says_which_cost_lines_each_policy_ran_with(served):
 def test_an_unknown_cost_model_is_refused_by_name():
     with pytest.raises(ValueError, match="cost_model"):
         EngineSettings(cost_model="offline")
+
+
+@pytest.mark.parametrize("policy", ["relstream", "v1-fcfs"])
+def test_token_usage_is_the_engines_own_count(served, policy):
+    # The results' prompt, prefix-cached and output tokens, summed, against vLLM's own
+    # counters over the same relQueries (nothing shared or cached among them).
+    usage = served[policy]["usage"]
+    ours = tuple(
+        sum(getattr(u, field) for u in usage)
+        for field in ("prompt_tokens", "prefix_cached_tokens", "output_tokens")
+    )
+    assert ours == served[policy]["vllm_counts"]
+    assert all(u.prompt_tokens > 0 and u.output_tokens > 0 for u in usage)
+    assert ours[1] > 0  # the rows share their template's blocks: a cached share to count
 
 
 def test_latency_breakdown_comes_from_the_engine(served):

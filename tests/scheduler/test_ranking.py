@@ -15,7 +15,7 @@ def test_the_static_rank_is_prompt_tokens_plus_output_budget_then_arrival():
     view.add_relquery("c", [10], max_tokens=5, arrival=3.0)
     ranking = StaticRanking()
     ranks = sorted(ranking.rank(info, 0.0) for info in view.tracker.relqueries.values())
-    assert ranks == [(15, 3.0, "c"), (315, 1.0, "a"), (315, 2.0, "b")]
+    assert ranks == [(0, 15, 3.0, "c"), (0, 315, 1.0, "a"), (0, 315, 2.0, "b")]  # class 0 each
 
 
 def test_the_queue_re_ranks_and_forgets():

@@ -75,8 +75,9 @@ BY_BYTES = QueryRegistration("q", "t", Template("{x}"), window_seconds=2.0, max_
 # Its relQuery with no rows and the longest window id, in msgpack: map16 header 3;
 # version 8+1; id 3 + 2+53 ("q-2147483647-9223372036854775807@-9223372036854775807");
 # template 9+4; rows 5 + its array header, kept at its largest, 5; max_output_tokens 18+1;
-# submitted_at 13+9; temperature 12+9; top_p 6+9.
-BY_BYTES_FIXED = 3 + 9 + 58 + 13 + 5 + 5 + 19 + 22 + 21 + 15  # 170
+# submitted_at 13+9; temperature 12+9; top_p 6+9; priority 9+2 (-100, the class that
+# encodes longest: a window may go a class below its registration's).
+BY_BYTES_FIXED = 3 + 9 + 58 + 13 + 5 + 5 + 19 + 22 + 21 + 15 + 11  # 181
 ABC_ROW_BYTES = 1 + 4 + 2 + 7 + 1 + 2 + 4  # {"key": "a", "values": {"x": "abc"}}: 21
 
 
@@ -93,7 +94,7 @@ def test_the_rows_budget_is_the_message_limit_less_the_envelope_and_the_other_fi
     from relstream.kafka.clients import MAX_REQUEST_BYTES
     from relstream.stream.windowing import ENVELOPE_BYTES, MESSAGE_BYTES, rows_budget
 
-    assert rows_budget(BY_BYTES, 10_000) == 10_000 - ENVELOPE_BYTES - BY_BYTES_FIXED == 5_734
+    assert rows_budget(BY_BYTES, 10_000) == 10_000 - ENVELOPE_BYTES - BY_BYTES_FIXED == 5_723
     assert MESSAGE_BYTES == MAX_REQUEST_BYTES  # the bound where the broker tells none
 
 
@@ -192,6 +193,21 @@ def test_every_unknown_key_is_named_with_the_nearest_valid_one(tmp_path):
         f"{path} [[query]] #1: unknown key 'temprature' (did you mean 'temperature'?)",
         f"{path} [[query]] #2: unknown key 'result_fromat' (did you mean 'result_format'?)",
     ]
+
+
+def test_a_window_of_old_rows_goes_a_class_below_its_registrations(tmp_path):
+    from relstream.stream.windowing import relquery_for_window, window_priority
+
+    (live,) = registrations(tmp_path, "priority = 2\nbackfill_after_s = 60.0")
+    now = 10_000.0
+    assert window_priority(live, first_ms=int((now - 59) * 1000), now=now) == 2
+    assert window_priority(live, first_ms=int((now - 61) * 1000), now=now) == 1  # a reset's
+    (plain,) = registrations(tmp_path, "")
+    assert window_priority(plain, first_ms=0, now=now) == 0  # no backfill_after_s: never
+    assert relquery_for_window(live, [row("a")], "0-0", 1).priority == 1
+    assert relquery_for_window(live, [row("a")], "0-0").priority == 2
+    with pytest.raises(Exception, match="field priority: expected `int` <= 100"):
+        registrations(tmp_path, "priority = 101")
 
 
 def test_an_instruction_with_free_fields_reaches_every_window(tmp_path):

@@ -195,6 +195,7 @@ class RelstreamPlugin(EngineView):
         )
         if tags.get("deadline_in_s") is not None:
             seq.deadline = seq.arrival_time + float(tags["deadline_in_s"])
+        seq.priority = int(tags.get("priority", 0))
         if not self.decided_by_vllm:  # stock vLLM's own queue would run held twins
             seq.share = tags.get("share")
         self.tracker.add_request(seq, int(tags.get("relquery_size", 1)))
@@ -299,8 +300,7 @@ class RelstreamPlugin(EngineView):
             if chunk.request_id in self.tracker.waiting and chunk.request_id in self.requests
         ]
         chosen = within_max_loras(chosen, self.running, self.lora_config)
-        # vLLM computes running requests in list order: give it the plan's order, so
-        # that the budget goes to the prompts the policy ranked first.
+        # vLLM computes running requests in list order: the plan's, best-ranked prompts first.
         order = [*plan.decode, *(chunk.request_id for chunk in plan.prefill)]
         position = {request_id: i for i, request_id in enumerate(order)}
         kept = sorted(

@@ -1,0 +1,117 @@
+"""Priority classes: a relQuery of a higher class goes first, and takes the seats of a
+lower class's running rows (docs/priority.md).
+
+A relQuery's `priority` (higher first; 0 unless its user or registration says, a
+backfill below) leads its rank (`ranking`), so admission walks classes in order, and the
+starvation guard and the deadlines act within a class. Order alone is not enough once
+the engine is full: a lower class's rows hold every seat or the KV, and a waiting
+higher-class relQuery would wait until they finish (vLLM's #40004, where a waiting
+high-priority request cannot preempt running ones at `max_num_seqs`). So in a step where
+the best-ranked relQuery with waiting rows outranks running rows of a lower class and
+the step cannot seat its next `MAKE_WAY_ROWS` rows, that many of the worst-ranked
+lower-class rows at most are preempted (by recompute, as vLLM preempts); they rejoin the
+waiting queue in their class's order. vLLM admits none in a step that preempts, so the
+higher class's rows are admitted the step after: a relQuery of m rows has every row
+seated within 2·⌈m / MAKE_WAY_ROWS⌉ steps of becoming the best-ranked waiting one.
+
+Seated, a higher class must also not be slowed by the lower rows decoding beside it.
+While the top class present has rows running, a step decodes lower-class relQueries
+(best first, whole) only while their decodes keep the step within SLOWDOWN of the top
+class's own step at the fitted prices (`within_slowdown`); the others keep their KV
+and seats and wait (vLLM does not see them that step). Where a step's base dominates
+(a GPU) nearly every lower row still rides along; where each decode costs (a CPU) few
+do. Once no higher class runs, every row runs again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from relstream.scheduler.admission import StepAdmission
+from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.view import EngineView, RelQueryInfo
+
+MAKE_WAY_ROWS = 8  # lower-class rows one step may preempt for a higher class
+SLOWDOWN = 1.2  # a step with lower-class decodes: at most this times the top class's own
+
+
+def best_waiting(ranked: Iterable[tuple[tuple, RelQueryInfo]]) -> RelQueryInfo | None:
+    """The best-ranked relQuery with waiting rows among `ranked` (each best first, as
+    `heapq.merge` of started and waiting relQueries gives them)."""
+    return next((info for _, info in ranked if info.waiting), None)
+
+
+def make_way(
+    view: EngineView,
+    step: StepAdmission,
+    waiting: RelQueryInfo | None,
+    held: Iterable[RelQueryInfo] = (),
+) -> int:
+    """Preempt lower-class running rows (of `held`, the running relQueries this step
+    does not run, first) so that `waiting`'s next rows fit; none where nothing runs
+    below its class, or they fit already. The rows preempted."""
+    if waiting is None:
+        return 0
+    rows = list(itertools.islice(waiting.waiting.values(), MAKE_WAY_ROWS))
+    kv = sum(view.admission_kv_tokens(seq, view.cached_prompt_tokens(seq)) for seq in rows)
+    kv += view.limits.watermark_kv_tokens
+    idle = [seq for info in held for seq in info.running.values()]
+    return step.make_way(waiting.priority, len(rows), kv, MAKE_WAY_ROWS, idle)
+
+
+def lowest_running(started: Iterable[tuple[tuple, RelQueryInfo]]) -> int | None:
+    """The lowest class among the running relQueries (None: none runs)."""
+    return min((info.priority for _, info in started), default=None)
+
+
+def outranks(info: RelQueryInfo, lowest: int | None) -> bool:
+    """Whether `info` is of a class above a running relQuery's: the Δ gate, which holds
+    work back so the running batch finishes sooner, never holds it for a lower class."""
+    return lowest is not None and info.priority > lowest
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """What lower classes may add to a step beside the top class running: `decoding`
+    running relQueries of `active` decode, and waiting lower-class prompts may take
+    `allowance` engine seconds more (None: no class above another runs)."""
+
+    decoding: int
+    top: int = 0
+    allowance: float | None = None
+
+    def prompt_limit(self, info: RelQueryInfo, per_token: float) -> int | None:
+        """The prompt tokens a waiting relQuery may compute this step (None: any)."""
+        if self.allowance is None or info.priority >= self.top or per_token <= 0:
+            return None
+        return int(self.allowance / per_token)
+
+
+def within_slowdown(
+    active: list[RelQueryInfo], c: Coefficients, budget: int, waiting: RelQueryInfo | None
+) -> Slowdown:
+    """What a step runs of `active` (running relQueries, best first, so by class): all
+    of the top class, then lower ones while their decodes cost at most (SLOWDOWN − 1) of
+    the top class's step (its base, decodes and prompt chunks, within the token
+    `budget`); what is left of that allowance goes to lower-class prompts. Where the
+    top class only waits (`waiting`, the best-ranked relQuery with waiting rows), its
+    step is a step's base: the steps that seat it stay short."""
+    if not active:
+        return Slowdown(0)
+    top = max(active[0].priority, waiting.priority if waiting is not None else active[0].priority)
+    count = sum(1 for info in active if info.priority == top)
+    decodes = prompt = 0
+    for info in active[:count]:
+        decodes += len(info.running) - len(info.prompting)
+        prompt += sum(seq.uncomputed_tokens for seq in info.prompting.values())
+    own = c.base + c.per_decode * decodes + c.per_token * min(prompt, budget)
+    allowance = (SLOWDOWN - 1) * own
+    for info in active[count:]:
+        cost = c.per_decode * len(info.running)
+        if cost > allowance:
+            break
+        allowance -= cost
+        count += 1
+    return Slowdown(count, top, allowance)

@@ -1,0 +1,1 @@
+"""Live relQueries beside a backfill: priority classes, in the simulator."""

@@ -1,0 +1,31 @@
+"""`relstream-lab bench priority` on a small backfill: every policy with and without
+classes, the live relQuery's ratio and the backfill's growth as the report says them."""
+
+import json
+
+from click.testing import CliRunner
+
+from relstream_lab.cli import main
+from relstream_lab.priority.run import summarize
+
+
+def test_a_small_backfill_is_reported_with_and_without_classes(tmp_path):
+    args = [
+        "bench", "priority", "--bundled", "--profiles", "cpu-smollm2",
+        "--policies", "relstream,v1-fcfs", "--seeds", "0", "--backfill", "6",
+        "--backfill-rows", "60", "--live", "2", "--live-max-rows", "4",
+        "--workers", "1", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.output
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    by_policy = {run["policy"]: run for run in runs}
+    assert set(by_policy) == {"relstream", "v1-fcfs"}
+    ours = by_policy["relstream"]
+    assert len(ours["idle"]) == 2 and set(ours["classes"]["live"]) == set(ours["idle"])
+    growth = summarize(ours, "classes")["growth"]
+    assert growth == ours["classes"]["backfill_makespan"] / ours["backfill_makespan_alone"] - 1
+    # FCFS ignores classes: the same runs either way.
+    fcfs = by_policy["v1-fcfs"]
+    assert fcfs["classes"]["live"] == fcfs["no_classes"]["live"]
+    assert "| cpu-smollm2 | 0 | relstream |" in (tmp_path / "README.md").read_text()
