@@ -369,8 +369,9 @@ class VllmRuntime:
                     completion.finish_reason,
                 )
             self._shared.settle(role, answer)
-        prompt = len(final.prompt_token_ids or row.token_ids)
-        cached = final.num_cached_tokens or 0
+        # vLLM's own counts for the request (its RequestOutput's), the row's prompt else
+        prompt = len(getattr(final, "prompt_token_ids", None) or row.token_ids)
+        cached = getattr(final, "num_cached_tokens", None) or 0
         return answered_row(relquery, request, answer, False, False, prompt, cached), answer.times
 
 

@@ -241,7 +241,8 @@ def test_token_usage_is_the_engines_own_count(served, policy):
     )
     assert ours == served[policy]["vllm_counts"]
     assert all(u.prompt_tokens > 0 and u.output_tokens > 0 for u in usage)
-    assert ours[1] > 0  # the rows share their template's blocks: a cached share to count
+    # Their prompts fill no 128-token block: the cached share is counted by the
+    # long-prefix test below.
 
 
 def test_latency_breakdown_comes_from_the_engine(served):
@@ -518,27 +519,37 @@ PREFIX = "Read this list, then answer the question after it. " + ", ".join(
 )
 
 
-async def prompt_tokens_and_answers(caching: bool, step_log: Path) -> tuple[int, list]:
-    """Four rows sharing a long prefix: the prompt tokens the engine computed, and the
-    answers."""
+async def prompt_tokens_and_answers(caching: bool, step_log: Path) -> tuple[int, list, tuple]:
+    """Four rows sharing a long prefix: the prompt tokens the engine computed, the
+    answers, and (prompt, prefix-cached, output tokens) by the result's usage beside the
+    same by vLLM's own counters."""
     rows = [Row(f"p{i}", {"n": str(7 * i + 3)}) for i in range(4)]
     relquery = RelQuery("prefix", Template(PREFIX + "\nWhat is item {n}?"), rows, 8)
     settings = EngineSettings(policy="relstream", step_log=step_log, prefix_caching=caching)
     engine = await VllmRuntime.start(settings)
     try:
+        counts = vllm_counts()
         result = await run(engine, relquery)
+        usage = usage_message(result)
+        theirs = await counted_after(counts, usage.output_tokens)
     finally:
         engine.shutdown()
     steps = [json.loads(line) for line in step_log.read_text().splitlines()]
-    return sum(step.get("uncached_tokens", 0) for step in steps), result.outputs
+    ours = (usage.prompt_tokens, usage.prefix_cached_tokens, usage.output_tokens)
+    return sum(step.get("uncached_tokens", 0) for step in steps), result.outputs, (ours, theirs)
 
 
 def test_rows_sharing_a_prefix_compute_it_once_and_answer_as_without_caching(tmp_path):
     # With prefix caching, the rows after the first find the prefix's full blocks cached
     # (vLLM caches a block's hash when it allocates it) and compute only their own
     # tokens; the answers are byte-identical to those computed without it.
-    shared, with_cache = asyncio.run(prompt_tokens_and_answers(True, tmp_path / "on.jsonl"))
-    alone, without = asyncio.run(prompt_tokens_and_answers(False, tmp_path / "off.jsonl"))
+    shared, with_cache, counted = asyncio.run(
+        prompt_tokens_and_answers(True, tmp_path / "on.jsonl")
+    )
+    alone, without, _ = asyncio.run(prompt_tokens_and_answers(False, tmp_path / "off.jsonl"))
     block = 128  # the CPU build's block
     assert alone - shared >= 3 * block, (shared, alone)
     assert with_cache == without
+    # The result's usage is vLLM's own count, its prefix-cached tokens included.
+    ours, theirs = counted
+    assert ours == theirs and ours[1] >= 3 * block
