@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -145,6 +145,14 @@ def write_report(out: Path, title: str, document: dict, setting: str, body: list
         *body,
     ]
     write_readme(out, lines)
+
+
+def rebuild(out_dir: Path, write: Callable[[Path, dict], None]) -> dict:
+    """A benchmark's README.md again from `out_dir`'s results.json (after editing
+    notes.md), by its own `write`."""
+    document = json.loads((out_dir / "results.json").read_text())
+    write(out_dir, document)
+    return document
 
 
 def write_readme(out: Path, lines: list[str]) -> None:

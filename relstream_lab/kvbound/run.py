@@ -12,13 +12,12 @@ fraction of that capacity.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from relstream_lab.common.report import machine_description, write_report
+from relstream_lab.common.report import machine_description, rebuild, write_report
 from relstream_lab.common.runner import run_grid, run_pooled
 from relstream_lab.common.workload import (
     TraceConfig,
@@ -88,9 +87,7 @@ def run_kv_bound(
 
 def rebuild_report(out_dir: Path) -> dict:
     """README.md again from `out_dir`'s results.json (after editing notes.md)."""
-    document = json.loads((out_dir / "results.json").read_text())
-    _write(out_dir, document)
-    return document
+    return rebuild(out_dir, _write)
 
 
 def _write(out_dir: Path, document: dict) -> None:

@@ -12,14 +12,13 @@ every class 0 ("no classes") says what the live relQueries wait without prioriti
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from relstream.sim.simulator import SimRelQuery, Simulator
-from relstream_lab.common.report import machine_description, write_report
+from relstream_lab.common.report import machine_description, rebuild, write_report
 from relstream_lab.common.runner import make_cost_model, run_pooled
 from relstream_lab.common.workload import (
     TraceConfig,
@@ -143,9 +142,7 @@ def run_priority(
 
 def rebuild_report(out_dir: Path) -> dict:
     """README.md again from `out_dir`'s results.json (after editing notes.md)."""
-    document = json.loads((out_dir / "results.json").read_text())
-    write(out_dir, document)
-    return document
+    return rebuild(out_dir, write)
 
 
 def write(out_dir: Path, document: dict) -> None:

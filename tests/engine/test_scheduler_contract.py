@@ -77,6 +77,20 @@ def drive(scheduler, in_flight: int, on_event=lambda event: None) -> list:
     return steps
 
 
+def record_plans(scheduler) -> list[set[str]]:
+    """The requests each plan of the policy names, appended as it plans."""
+    planned: list[set[str]] = []
+    plan = scheduler.relstream_policy.plan
+
+    def recorded(view):
+        step = plan(view)
+        planned.append({chunk.request_id for chunk in step.prefill} | set(step.decode))
+        return step
+
+    scheduler.relstream_policy.plan = recorded
+    return planned
+
+
 def two_relqueries(scheduler) -> None:
     # A big relQuery first, then a small one: FCFS would give the first steps' budget
     # to the big one's prompts; relstream ranks the small one first.
@@ -88,15 +102,7 @@ def two_relqueries(scheduler) -> None:
 @pytest.mark.parametrize("in_flight", [1, 2], ids=["sync", "async"])
 def test_the_plan_is_what_vllm_runs_and_the_tracker_follows(in_flight):
     scheduler = build(in_flight == 2, "relstream")
-    planned: list[set[str]] = []
-    plan = scheduler.relstream_policy.plan
-
-    def recorded(view):
-        step = plan(view)
-        planned.append({chunk.request_id for chunk in step.prefill} | set(step.decode))
-        return step
-
-    scheduler.relstream_policy.plan = recorded
+    planned = record_plans(scheduler)
     two_relqueries(scheduler)
     steps = drive(scheduler, in_flight)
     ran = [set(step.num_scheduled_tokens) for step in steps]
@@ -294,15 +300,7 @@ def test_the_plan_keeps_vllms_watermark(watermark):
         num_blocks=48, watermark=watermark,
     )  # fmt: skip
     assert scheduler.limits.watermark_kv_tokens == int(watermark * 48) * BLOCK
-    planned: list[set[str]] = []
-    plan = scheduler.relstream_policy.plan
-
-    def recorded(view):
-        step = plan(view)
-        planned.append({chunk.request_id for chunk in step.prefill} | set(step.decode))
-        return step
-
-    scheduler.relstream_policy.plan = recorded
+    planned = record_plans(scheduler)
     for i in range(6):
         add(scheduler, f"a-{i}", "a", 6, prompt=100, outputs=30)
     for i in range(3):
