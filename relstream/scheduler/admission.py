@@ -30,7 +30,7 @@ does not admit what it would soon have to preempt. With 0 (V1) nothing is kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -85,6 +85,7 @@ class StepAdmission:
     reserving: dict[str, int] = field(default_factory=dict)  # request id -> its share
     expected: dict[str, int] = field(default_factory=dict)  # relQuery id -> output a row
     rows: list[SeqInfo] = field(default_factory=list)  # `decode`'s rows, best first
+    idle: list[SeqInfo] = field(default_factory=list)  # running, not run, ranked after rows
 
     @classmethod
     def for_step(
@@ -110,7 +111,7 @@ class StepAdmission:
             oracle,
         )
 
-    # running requests, V1's way
+    # running requests: V1's way (`run_running`), relstream's gated way (`decode`)
     def run_running(
         self,
         running: list[SeqInfo],
@@ -157,7 +158,6 @@ class StepAdmission:
         self.free_kv += self.view.releasable_kv_tokens(seq) + self.growth.pop(seq.request_id, 0)
         self.budget += self.scheduled.pop(seq.request_id, 0)
 
-    # running requests, relstream's gated way
     def decode(self, active: list[RelQueryInfo]) -> None:
         """Decode every running request of `active` (relQueries best first; each decode
         takes one token of the budget first), in rank order; on a KV shortfall preempt
@@ -281,41 +281,33 @@ class StepAdmission:
         return True
 
     def _make_room(self, seq: SeqInfo, need: int) -> bool:
-        """Preempt from the end of the ranked rows until `need` KV is free; False when
-        `seq` itself had to go."""
+        """Preempt the last ranked rows until `need` KV is free; False if `seq` went."""
         while need > self.free_kv:
-            victim = self.rows.pop()
-            self._evict(victim)
+            victim = self._pop_victim()
             if victim is seq:
                 return False
         return True
 
-    def make_way(
-        self, below: int, seats: int, kv: int, most: int, held: Sequence[SeqInfo] = ()
-    ) -> int:
-        """Preempt from the end of the ranked rows (`held`, running rows not run this
-        step and ranked after them, first), only rows of a class under `below`, until
-        `seats` seats and `kv` KV beyond the reserve are free, at most `most` rows
-        (`classes.make_way`); the rows preempted."""
-        held, taken = list(held), 0
-        while taken < most and (held or self.rows):
-            victim = held[-1] if held else self.rows[-1]
-            if victim.priority >= below or (
-                self.seats >= seats and self.free_kv - self.reserved >= kv
-            ):
-                break
-            if held:  # it took nothing of this step's
-                self.preempted.append(held.pop())
-                self.free_kv += self.view.releasable_kv_tokens(victim)
-            else:
-                self._evict(self.rows.pop())
-            self.seats += 1
-            taken += 1
-        return taken
+    def last_victim(self) -> SeqInfo | None:
+        return (self.idle or self.rows or [None])[-1]  # `preempt_last`'s (None: none left)
+
+    def preempt_last(self) -> SeqInfo:
+        self.seats += 1  # the last ranked running row preempted, its seat freed
+        return self._pop_victim()
+
+    def _pop_victim(self) -> SeqInfo:
+        """The last ranked row preempted, an idle one (it took nothing) first."""
+        if self.idle:
+            victim = self.idle.pop()
+            self.preempted.append(victim)
+            self.free_kv += self.view.releasable_kv_tokens(victim)
+        else:
+            victim = self.rows.pop()
+            self._evict(victim)
+        return victim
 
     def _evict(self, victim: SeqInfo) -> None:
-        """`victim` preempted: its KV and its reserve freed, and a decode's token (taken
-        from the budget before any was scheduled) or its prompt chunk given back."""
+        """`victim` preempted: its KV, its reserve and its decode token or chunk back."""
         self.preempted.append(victim)
         self.free_kv += self.view.releasable_kv_tokens(victim)
         self.reserved -= self.reserving.pop(victim.request_id, 0)
@@ -331,6 +323,20 @@ class StepAdmission:
         self.stop = self._admit(candidates, limit)
         return self.stop
 
+    def admission_need(self, seq: SeqInfo) -> int:
+        """KV a waiting row takes to start, and what is kept for it beside (`admit`)."""
+        cached = self.view.cached_prompt_tokens(seq)
+        return self.view.admission_kv_tokens(seq, cached) + self._kept_for(seq)
+
+    def _kept_for(self, seq: SeqInfo) -> int:
+        """The reserve's share of the KV a waiting row will take after its prompt."""
+        if not self.reserve:
+            return 0
+        block = self.view.limits.block_size
+        total = seq.uncomputed_tokens + row_remaining_output(seq, self._expected(seq), self.oracle)
+        blocks = -(-total // block) - -(-seq.uncomputed_tokens // block)
+        return int(blocks * block * self.reserve)
+
     def _watermark(self) -> int:
         """vLLM's watermark, kept once any request runs (planned or not) or was admitted."""
         running = len(self.view.tracker.running) > len(self.preempted)
@@ -339,7 +345,7 @@ class StepAdmission:
     def _admit(self, candidates: Iterable[SeqInfo], limit: int | None) -> Stop:
         if self.preempted:
             return Stop.PREEMPTED
-        view, block, allowed = self.view, self.view.limits.block_size, limit
+        view, allowed = self.view, limit
         for seq in candidates:
             if self.budget <= 0:
                 return Stop.BUDGET
@@ -354,13 +360,7 @@ class StepAdmission:
                     return Stop.LIMIT
                 allowed -= tokens
             need = view.admission_kv_tokens(seq, cached)
-            later = 0
-            if self.reserve:
-                total = seq.uncomputed_tokens + row_remaining_output(
-                    seq, self._expected(seq), self.oracle
-                )
-                blocks = -(-total // block) - -(-seq.uncomputed_tokens // block)
-                later = int(blocks * block * self.reserve)
+            later = self._kept_for(seq)
             if need + later + self._watermark() > self.free_kv - self.reserved:
                 return Stop.KV
             if tokens > self.budget:

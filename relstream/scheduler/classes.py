@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from relstream.scheduler.admission import StepAdmission
 from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.view import EngineView, RelQueryInfo
+from relstream.scheduler.view import RelQueryInfo
 
 MAKE_WAY_ROWS = 8  # lower-class rows one step may preempt for a higher class
 SLOWDOWN = 1.2  # a step with lower-class decodes: at most this times the top class's own
@@ -43,22 +43,24 @@ def best_waiting(ranked: Iterable[tuple[tuple, RelQueryInfo]]) -> RelQueryInfo |
     return next((info for _, info in ranked if info.waiting), None)
 
 
-def make_way(
-    view: EngineView,
-    step: StepAdmission,
-    waiting: RelQueryInfo | None,
-    held: Iterable[RelQueryInfo] = (),
-) -> int:
-    """Preempt lower-class running rows (of `held`, the running relQueries this step
-    does not run, first) so that `waiting`'s next rows fit; none where nothing runs
-    below its class, or they fit already. The rows preempted."""
+def make_way(step: StepAdmission, waiting: RelQueryInfo | None) -> int:
+    """Preempt lower-class running rows (those the step does not run first) so that
+    `waiting`'s next rows would be admitted; none where nothing runs below its class,
+    or they fit already. The rows preempted."""
     if waiting is None:
         return 0
     rows = list(itertools.islice(waiting.waiting.values(), MAKE_WAY_ROWS))
-    kv = sum(view.admission_kv_tokens(seq, view.cached_prompt_tokens(seq)) for seq in rows)
-    kv += view.limits.watermark_kv_tokens
-    idle = [seq for info in held for seq in info.running.values()]
-    return step.make_way(waiting.priority, len(rows), kv, MAKE_WAY_ROWS, idle)
+    kv = sum(step.admission_need(seq) for seq in rows) + step.view.limits.watermark_kv_tokens
+    taken = 0
+    while taken < MAKE_WAY_ROWS:
+        victim = step.last_victim()
+        if victim is None or victim.priority >= waiting.priority:
+            break
+        if step.seats >= len(rows) and step.free_kv - step.reserved >= kv:
+            break
+        step.preempt_last()
+        taken += 1
+    return taken
 
 
 def lowest_running(started: Iterable[tuple[tuple, RelQueryInfo]]) -> int | None:
@@ -83,7 +85,8 @@ class Slowdown:
     allowance: float | None = None
 
     def prompt_limit(self, info: RelQueryInfo, per_token: float) -> int | None:
-        """The prompt tokens a waiting relQuery may compute this step (None: any)."""
+        """The prompt tokens lower-class relQueries may compute this step, together
+        (None: any; `info` is of the top class, or nothing is above another)."""
         if self.allowance is None or info.priority >= self.top or per_token <= 0:
             return None
         return int(self.allowance / per_token)

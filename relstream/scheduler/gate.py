@@ -162,13 +162,22 @@ def gated_fill(
     admitting, held = True, False
     decoding_ahead = 0  # relQueries ranked ahead whose rows decode in this step
     merged = heapq.merge(started, waiting, key=lambda pair: pair[0])
+    lower = None  # prompt tokens lower classes may still take (`classes.Slowdown`)
     for position, (_, info) in enumerate(merged):
         behind = max(queued - position - 1, 0) + arriving
         limit = prompt_allowance(decoding_ahead, behind, c, free)
+        below = slowdown is not None and slowdown.prompt_limit(info, c.per_token) is not None
+        if below:  # a lower class beside a higher one: what is left of the allowance
+            lower = slowdown.prompt_limit(info, c.per_token) if lower is None else lower
+            limit = lower if limit is None else min(limit, lower)
         if info.running:
             started_left -= 1
+            before = step.budget
             step.continue_prompts(info, limit)
             decoding_ahead += len(info.running) > len(info.prompting)
+            if below:
+                lower -= before - step.budget
+                limit = lower if limit is None else min(limit, lower)
         if not admitting or step.preempted:  # nobody else is admitted
             if started_left == 0:
                 return held
@@ -176,10 +185,10 @@ def gated_fill(
         if not info.waiting:
             continue
         remaining = left(info.relquery_id)
-        below = slowdown.prompt_limit(info, c.per_token) if slowdown is not None else None
-        if below is not None:  # a lower class beside a higher one: within its slowdown
-            limit = below if limit is None else min(limit, below)
+        if below:
+            before = step.budget
             admitting = step.admit(info.waiting.values(), limit) is Stop.DRAINED
+            lower -= before - step.budget
         elif info.running:
             admitting = step.admit(info.waiting.values(), limit) is Stop.DRAINED
             held = held or (not admitting and limit is not None)

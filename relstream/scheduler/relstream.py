@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 
 from relstream.placement.load import Load, size_counts
 from relstream.scheduler.admission import StepAdmission, Stop
-from relstream.scheduler.classes import best_waiting, make_way, within_slowdown
+from relstream.scheduler.classes import Slowdown, best_waiting, make_way, within_slowdown
 from relstream.scheduler.cost import Coefficients, CostModel
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.gate import full_batch, gated_fill, sample
@@ -174,24 +174,39 @@ class Relstream(Policy):
         """Decode every running request, then prompts and admissions through the Δ gate
         weighed by the pressure; KV is kept for what running requests will still
         generate. `ranked`: the running relQueries with their ranks, best first."""
-        active = [info for _, info in ranked]
+        # Lower classes decode beside a higher one only within its slowdown, and a higher
+        # class waiting takes their seats (`classes`); a step that would then run nothing
+        # at all runs every class.
+        waiting = best_waiting(heapq.merge(ranked, self.waiting_ranked(view), key=_first))
+        budget = view.limits.max_num_batched_tokens
+        slowdown = within_slowdown([info for _, info in ranked], c, budget, waiting)
+        plan = self._compose(view, ranked, c, slowdown)
+        if slowdown.decoding < len(ranked) and not (plan.prefill or plan.decode or plan.preempt):
+            plan = self._compose(view, ranked, c, Slowdown(len(ranked)))
+        return plan
+
+    def _compose(
+        self,
+        view: EngineView,
+        ranked: list[tuple[Rank, RelQueryInfo]],
+        c: Coefficients,
+        slowdown: Slowdown,
+    ) -> StepPlan:
         reserve = 1.0 if self.oracle is not None else self.reserve_share.value
         step = StepAdmission.for_step(view, reserve=reserve, oracle=self.oracle)
-        # Lower classes decode beside a higher one only within its slowdown, and a higher
-        # class waiting takes their seats (`classes`).
-        first = best_waiting(heapq.merge(ranked, self.waiting_ranked(view), key=_first))
-        budget = view.limits.max_num_batched_tokens
-        slowdown = within_slowdown(active, c, budget, first)
-        held = active[slowdown.decoding :]
-        ranked, active = ranked[: slowdown.decoding], active[: slowdown.decoding]
+        held = ranked[slowdown.decoding :]
+        ranked = ranked[: slowdown.decoding]
+        active = [info for _, info in ranked]
+        step.idle = [seq for _, info in held for seq in info.running.values()]
         step.decode(active)
         ran = bool(step.scheduled or step.preempted)  # running rows had their step
         short_of_kv = bool(step.preempted)
-        if not short_of_kv:
-            make_way(view, step, first, held)
+        if not short_of_kv:  # for one this step can admit: ranked to run, or waiting
+            merged = heapq.merge(ranked, self.waiting_ranked(view), key=_first)
+            make_way(step, best_waiting(merged))
         if step.preempted:
             for info in active:
-                step.continue_prompts(info)
+                step.continue_prompts(info, slowdown.prompt_limit(info, c.per_token))
             self.decision = StepDecision(gated=True, stop=Stop.PREEMPTED)
         else:
             queued = len(self._order) + sum(1 for info in active if info.waiting)

@@ -101,3 +101,33 @@ def test_lower_classes_decode_beside_a_higher_one_within_its_slowdown():
     # so bf-b's row decodes (2 ms) and bf-a's two (4 ms more) wait.
     plan = Relstream(COST).plan(view)
     assert plan.decode == ("live#0", "live#1", "live#2", "live#3", "bf-b#0")
+
+
+def test_a_waiting_class_whose_reserve_does_not_fit_never_stalls_the_engine():
+    # 64 tokens of KV free; the live row takes 2 blocks now and keeps 480 more for its
+    # 500-token budget (the reserve's whole share): the backfill's rows are preempted
+    # for it, as admission counts its need. A step that preempted on a need counted
+    # without the reserve planned nothing at all, every step (review).
+    view = ScriptedView(EngineLimits(16, 1000, 100_000, 16))
+    for request_id in view.add_relquery("backfill", [20] * 4, max_tokens=50, priority=-1):
+        view.start(request_id)
+    view.free_tokens = 64
+    view.clock = 1.0
+    view.add_relquery("live", [20], max_tokens=500, arrival=1.0)
+    plan = Relstream(COST).plan(view)
+    assert plan.preempt == ("backfill#3", "backfill#2", "backfill#1", "backfill#0")
+
+
+def test_kv_short_for_the_top_class_takes_a_held_lower_row_first():
+    # A (class 1) decodes 2 rows whose next tokens each need a new block; C (class 0,
+    # 8 rows) is held by the slowdown; no KV is free: C's last row goes, not A's.
+    view = ScriptedView(EngineLimits(16, 1000, 100_000, 16))
+    for request_id in view.add_relquery("A", [16, 16], max_tokens=50, priority=1):
+        view.start(request_id)
+        view.tracker.running[request_id].computed_tokens = 16  # the next token: a block
+    for request_id in view.add_relquery("C", [20] * 8, max_tokens=50):
+        view.start(request_id)
+    view.free_tokens = 16
+    plan = Relstream(COST).plan(view)
+    assert "A#0" in plan.decode and "A#1" in plan.decode
+    assert all(request_id.startswith("C#") for request_id in plan.preempt)
