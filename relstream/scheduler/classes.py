@@ -47,8 +47,9 @@ def make_way(step: StepAdmission, waiting: RelQueryInfo | None) -> int:
     """Preempt lower-class running rows (those the step does not run first) so that
     `waiting`'s next rows would be admitted; none where nothing runs below its class,
     or they fit already. The rows preempted."""
-    if waiting is None:
-        return 0
+    victim = step.last_victim()
+    if waiting is None or victim is None or victim.priority >= waiting.priority:
+        return 0  # nothing below its class runs: every step of one class stops here
     rows = list(itertools.islice(waiting.waiting.values(), MAKE_WAY_ROWS))
     kv = sum(step.admission_need(seq) for seq in rows) + step.view.limits.watermark_kv_tokens
     taken = 0

@@ -166,9 +166,10 @@ def gated_fill(
     for position, (_, info) in enumerate(merged):
         behind = max(queued - position - 1, 0) + arriving
         limit = prompt_allowance(decoding_ahead, behind, c, free)
-        below = slowdown is not None and slowdown.prompt_limit(info, c.per_token) is not None
+        cap = slowdown.prompt_limit(info, c.per_token) if slowdown is not None else None
+        below = cap is not None
         if below:  # a lower class beside a higher one: what is left of the allowance
-            lower = slowdown.prompt_limit(info, c.per_token) if lower is None else lower
+            lower = cap if lower is None else lower
             limit = lower if limit is None else min(limit, lower)
         if info.running:
             started_left -= 1

@@ -180,9 +180,9 @@ class Relstream(Policy):
         waiting = best_waiting(heapq.merge(ranked, self.waiting_ranked(view), key=_first))
         budget = view.limits.max_num_batched_tokens
         slowdown = within_slowdown([info for _, info in ranked], c, budget, waiting)
-        plan = self._compose(view, ranked, c, slowdown)
+        plan = self._compose(view, ranked, c, slowdown, waiting)
         if slowdown.decoding < len(ranked) and not (plan.prefill or plan.decode or plan.preempt):
-            plan = self._compose(view, ranked, c, Slowdown(len(ranked)))
+            plan = self._compose(view, ranked, c, Slowdown(len(ranked)), waiting)
         return plan
 
     def _compose(
@@ -191,19 +191,24 @@ class Relstream(Policy):
         ranked: list[tuple[Rank, RelQueryInfo]],
         c: Coefficients,
         slowdown: Slowdown,
+        waiting: RelQueryInfo | None,
     ) -> StepPlan:
+        """The step with `slowdown.decoding` of `ranked` run; `waiting`: the best-ranked
+        relQuery with waiting rows among all of them."""
         reserve = 1.0 if self.oracle is not None else self.reserve_share.value
         step = StepAdmission.for_step(view, reserve=reserve, oracle=self.oracle)
-        held = ranked[slowdown.decoding :]
+        idle = ranked[slowdown.decoding :]
         ranked = ranked[: slowdown.decoding]
         active = [info for _, info in ranked]
-        step.idle = [seq for _, info in held for seq in info.running.values()]
+        step.idle = [seq for _, info in idle for seq in info.running.values()]
         step.decode(active)
         ran = bool(step.scheduled or step.preempted)  # running rows had their step
         short_of_kv = bool(step.preempted)
         if not short_of_kv:  # for one this step can admit: ranked to run, or waiting
-            merged = heapq.merge(ranked, self.waiting_ranked(view), key=_first)
-            make_way(step, best_waiting(merged))
+            if idle:  # one of the relQueries not run is no candidate
+                merged = heapq.merge(ranked, self.waiting_ranked(view), key=_first)
+                waiting = best_waiting(merged)
+            make_way(step, waiting)
         if step.preempted:
             for info in active:
                 step.continue_prompts(info, slowdown.prompt_limit(info, c.per_token))

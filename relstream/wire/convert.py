@@ -126,11 +126,10 @@ def row_usage(row: RowResult) -> RowUsage:
     )
 
 
-def usage_message(result: RelQueryResult) -> Usage:
-    """The relQuery's rows' usage summed (docs/usage.md)."""
+def usage_message(result: RelQueryResult, rows: list[RowUsage] | None = None) -> Usage:
+    """The relQuery's rows' usage summed (docs/usage.md); `rows`: theirs, if known."""
     prompt = cached = output = 0
-    for row in result.rows:
-        used = row_usage(row)
+    for used in rows if rows is not None else map(row_usage, result.rows):
         prompt += used.prompt_tokens
         cached += used.prefix_cached_tokens
         output += used.output_tokens
@@ -144,6 +143,7 @@ def usage_message(result: RelQueryResult) -> Usage:
 
 
 def result_message(result: RelQueryResult) -> ResultMessage:
+    usages = [row_usage(row) for row in result.rows]
     return ResultMessage(
         id=result.relquery_id,
         rows=[
@@ -154,16 +154,16 @@ def result_message(result: RelQueryResult) -> ResultMessage:
                 error=row.error,
                 value=row.value,
                 cached=row.cached,
-                usage=row_usage(row),
+                usage=used,
             )
-            for row in result.rows
+            for row, used in zip(result.rows, usages, strict=True)
         ],
         latency=latency_message(result.latency),
         policy=result.policy,
         model=result.model,
         completed_at=time.time(),
         deadline_met=result.deadline_met,
-        usage=usage_message(result),
+        usage=usage_message(result, usages),
     )
 
 
