@@ -21,6 +21,13 @@ class's own step at the fitted prices (`within_slowdown`); the others keep their
 and seats and wait (vLLM does not see them that step). Where a step's base dominates
 (a GPU) nearly every lower row still rides along; where each decode costs (a CPU) few
 do. Once no higher class runs, every row runs again.
+
+A step cannot be cut short, so a higher class arriving also waits for the step in
+flight. A class below 0 is background: while nothing of class 0 or above is present, a
+step's token budget is cut to what keeps it within BACKGROUND_STEP_S at the fitted
+prices (at least BACKGROUND_MIN_TOKENS of prompt; prompts are chunked to it), so a live
+arrival waits at most about that. Where a full chunk costs less (a GPU) this does not
+bind; on a CPU it costs the backfill a step's base per extra step (docs/priority.md).
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from relstream.scheduler.view import RelQueryInfo
 
 MAKE_WAY_ROWS = 8  # lower-class rows one step may preempt for a higher class
 SLOWDOWN = 1.2  # a step with lower-class decodes: at most this times the top class's own
+BACKGROUND = 0  # classes below this are background
+BACKGROUND_STEP_S = 0.45  # a background step's cost at the fitted prices, at most
+BACKGROUND_MIN_TOKENS = 128  # prompt tokens a background step may always take
 
 
 def best_waiting(ranked: Iterable[tuple[tuple, RelQueryInfo]]) -> RelQueryInfo | None:
@@ -79,11 +89,13 @@ def outranks(info: RelQueryInfo, lowest: int | None) -> bool:
 class Slowdown:
     """What lower classes may add to a step beside the top class running: `decoding`
     running relQueries of `active` decode, and waiting lower-class prompts may take
-    `allowance` engine seconds more (None: no class above another runs)."""
+    `allowance` engine seconds more (None: no class above another runs). `budget`: the
+    step's token budget where every class present is background (None: the engine's)."""
 
     decoding: int
     top: int = 0
     allowance: float | None = None
+    budget: int | None = None
 
     def prompt_limit(self, info: RelQueryInfo, per_token: float) -> int | None:
         """The prompt tokens lower-class relQueries may compute this step, together
@@ -102,9 +114,12 @@ def within_slowdown(
     `budget`); what is left of that allowance goes to lower-class prompts. Where the
     top class only waits (`waiting`, the best-ranked relQuery with waiting rows), its
     step is a step's base: the steps that seat it stay short."""
-    if not active:
+    classes = [info.priority for info in active[:1]]
+    top = max([*classes, waiting.priority] if waiting is not None else classes, default=None)
+    if top is not None and top < BACKGROUND:
+        return background(active, c, budget)
+    if top is None or not active:
         return Slowdown(0)
-    top = max(active[0].priority, waiting.priority if waiting is not None else active[0].priority)
     count = sum(1 for info in active if info.priority == top)
     decodes = prompt = 0
     for info in active[:count]:
@@ -119,3 +134,13 @@ def within_slowdown(
         allowance -= cost
         count += 1
     return Slowdown(count, top, allowance)
+
+
+def background(active: list[RelQueryInfo], c: Coefficients, budget: int) -> Slowdown:
+    """Every class present is background: all of `active` decode, within a token budget
+    (of the engine's `budget`) whose prompt tokens keep the step within
+    BACKGROUND_STEP_S at the fitted prices, and are at least BACKGROUND_MIN_TOKENS."""
+    decodes = sum(len(info.running) - len(info.prompting) for info in active)
+    allowance = BACKGROUND_STEP_S - c.base - c.per_decode * decodes
+    prompt = int(allowance / c.per_token + 1e-6) if c.per_token > 0 else budget
+    return Slowdown(len(active), budget=min(decodes + max(prompt, BACKGROUND_MIN_TOKENS), budget))

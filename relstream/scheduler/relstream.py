@@ -196,7 +196,9 @@ class Relstream(Policy):
         """The step with `slowdown.decoding` of `ranked` run; `waiting`: the best-ranked
         relQuery with waiting rows among all of them."""
         reserve = 1.0 if self.oracle is not None else self.reserve_share.value
-        step = StepAdmission.for_step(view, reserve=reserve, oracle=self.oracle)
+        step = StepAdmission.for_step(
+            view, budget=slowdown.budget, reserve=reserve, oracle=self.oracle
+        )
         idle = ranked[slowdown.decoding :]
         ranked = ranked[: slowdown.decoding]
         active = [info for _, info in ranked]

@@ -1,4 +1,5 @@
-"""`relstream-lab bench priority`: live relQueries beside a backfill, in the simulator."""
+"""`relstream-lab bench priority`: live relQueries beside a backfill, in the simulator
+or (`--backend vllm`) on the real engine."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ from relstream_lab.common.options import canonical_command, datasets_option, pol
 @click.option("--bundled", is_flag=True, help="Use the bundled sample table only.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("docs/benchmarks/sim-priority"), show_default=True)  # fmt: skip
+@click.option("--backend", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True,
+              help="vllm: the real engine under relstream, one live relQuery.")  # fmt: skip
+@click.option("--model", default="smollm2", show_default=True, help="With --backend vllm.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
+              help="With --backend vllm: runs of the live relQuery alone.")  # fmt: skip
 @click.option("--report-only", is_flag=True,
               help="Rebuild README.md from --out's results.json (notes.md edited).")  # fmt: skip
 def priority(**opts) -> None:
@@ -36,6 +42,9 @@ def priority(**opts) -> None:
     idle engine's, the backfill's makespan, with and without classes (simulator)."""
     from relstream_lab.priority.run import PriorityOptions, rebuild_report, run_priority, summarize
 
+    if opts["backend"] == "vllm":
+        real(opts)
+        return
     if opts["report_only"]:
         rebuild_report(opts["out"])
         console.print(f"wrote {opts['out']}/README.md")
@@ -68,4 +77,26 @@ def priority(**opts) -> None:
             )
 
     run_priority(options, on_cell)
+    console.print(f"wrote {opts['out']}/results.json, README.md")
+
+
+def real(opts: dict) -> None:
+    from relstream_lab.priority.real import run_real
+
+    command = canonical_command(
+        ["bench", "priority"],
+        backend="vllm",
+        model=opts["model"],
+        seeds=",".join(map(str, opts["seeds"])),
+        backfill=opts["backfill"],
+        backfill_rows=opts["backfill_rows"],
+        live_max_rows=opts["live_max_rows"],
+        repeats=opts["repeats"],
+        datasets="bundled" if opts["bundled"] else "../shared/datasets",
+        out=opts["out"],
+    )
+    keys = ("model", "seeds", "backfill", "backfill_rows", "live_max_rows", "repeats")
+    options = {key: opts[key] for key in keys}
+    options["datasets_dir"] = None if opts["bundled"] else opts["datasets"]
+    run_real(options, opts["out"], command, console.print)
     console.print(f"wrote {opts['out']}/results.json, README.md")

@@ -95,12 +95,14 @@ def run_cell(job: tuple[str, int, PriorityOptions]) -> list[dict]:
 
         alone_run = simulate(backfill)
         makespan_alone = alone_run.makespan
+        makespan_class0 = simulate([replace(rq, priority=0) for rq in backfill]).makespan
         arrivals = [0.9 * makespan_alone * (k + 1) / (len(live) + 1) for k in range(len(live))]
         timed = [replace(rq, arrival_time=at) for rq, at in zip(live, arrivals, strict=True)]
         idle = {rq.relquery_id: _finishes(simulate([replace(rq, arrival_time=0.0)]))[rq.relquery_id]
                 for rq in live}  # fmt: skip
         record = {"profile": name, "seed": seed, "policy": policy_name,
-                  "backfill_makespan_alone": makespan_alone, "idle": idle}  # fmt: skip
+                  "backfill_makespan_alone": makespan_alone,
+                  "backfill_makespan_class0": makespan_class0, "idle": idle}  # fmt: skip
         for label, classes in (("classes", True), ("no_classes", False)):
             mix = backfill + timed if classes else [
                 replace(rq, priority=0) for rq in backfill + timed
@@ -118,10 +120,17 @@ def run_cell(job: tuple[str, int, PriorityOptions]) -> list[dict]:
 
 
 def summarize(record: dict, label: str) -> dict:
-    """A run's live ratios (beside the backfill / alone) and backfill growth."""
+    """A run's live ratios (beside the backfill / alone), the backfill's growth (with
+    the live relQueries over without) and its cost in all (with them, over the backfill
+    alone at class 0: what being background costs it counted in)."""
     ratios = [record[label]["live"][rid] / record["idle"][rid] for rid in record["idle"]]
-    growth = record[label]["backfill_makespan"] / record["backfill_makespan_alone"] - 1
-    return {"mean_ratio": statistics.fmean(ratios), "max_ratio": max(ratios), "growth": growth}
+    makespan = record[label]["backfill_makespan"]
+    class0 = record.get("backfill_makespan_class0", record["backfill_makespan_alone"])
+    alone = record["backfill_makespan_alone"] if label == "classes" else class0
+    growth = makespan / alone - 1
+    overall = makespan / class0
+    return {"mean_ratio": statistics.fmean(ratios), "max_ratio": max(ratios), "growth": growth,
+            "overall": overall - 1}  # fmt: skip
 
 
 def run_priority(
@@ -165,18 +174,21 @@ def body(runs: Sequence[dict]) -> list[str]:
         f"Live: each live relQuery's latency beside the backfill over its latency alone on "
         f"an idle engine (the issue's bound: at most {LIVE_RATIO_BOUND}x); backfill: its "
         f"makespan with the live relQueries over without (bound: +"
-        f"{MAKESPAN_GROWTH_BOUND:.0%}).",
+        f"{MAKESPAN_GROWTH_BOUND:.0%}), and over the backfill alone at class 0 (\"in all\": "
+        f"what being a background class costs it, counted in; held to the same bound).",
         "",
         "| profile | seed | policy | live mean / max (classes) | backfill growth (classes) "
-        "| live mean / max (no classes) | backfill growth (no classes) | holds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| in all | live mean / max (no classes) | backfill growth (no classes) | holds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for record in runs:
         ours, none = summarize(record, "classes"), summarize(record, "no_classes")
-        holds = ours["max_ratio"] <= LIVE_RATIO_BOUND and ours["growth"] < MAKESPAN_GROWTH_BOUND
+        worst = max(ours["growth"], ours["overall"])
+        holds = ours["max_ratio"] <= LIVE_RATIO_BOUND and worst < MAKESPAN_GROWTH_BOUND
         lines.append(
             f"| {record['profile']} | {record['seed']} | {record['policy']} | "
             f"{ours['mean_ratio']:.2f}x / {ours['max_ratio']:.2f}x | {ours['growth']:+.1%} | "
+            f"{ours['overall']:+.1%} | "
             f"{none['mean_ratio']:.2f}x / {none['max_ratio']:.2f}x | {none['growth']:+.1%} | "
             f"{'yes' if holds else 'no'} |"
         )

@@ -6,7 +6,12 @@ import pytest
 from helpers import ScriptedView
 
 from relstream.scheduler import CostModel, EngineLimits, Linear, vllm_priority
-from relstream.scheduler.classes import MAKE_WAY_ROWS, within_slowdown
+from relstream.scheduler.classes import (
+    BACKGROUND_MIN_TOKENS,
+    BACKGROUND_STEP_S,
+    MAKE_WAY_ROWS,
+    within_slowdown,
+)
 from relstream.scheduler.cost import Coefficients
 from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.stock_v1 import V1Priority
@@ -131,3 +136,31 @@ def test_kv_short_for_the_top_class_takes_a_held_lower_row_first():
     plan = Relstream(COST).plan(view)
     assert "A#0" in plan.decode and "A#1" in plan.decode
     assert all(request_id.startswith("C#") for request_id in plan.preempt)
+
+
+def test_a_background_step_is_cut_to_its_bound_at_the_fitted_prices():
+    # b = 20 ms, 2 ms a decode, 1 ms a prompt token; every class present is below 0.
+    # 10 decodes: 0.45 − 0.02 − 0.02 = 0.41 s of prompt, 410 tokens, so a budget of 420.
+    # 250 decodes already cost 0.52 s: prompts still get BACKGROUND_MIN_TOKENS.
+    c = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=10)
+    for rows, budget in ((10, 420), (250, 250 + BACKGROUND_MIN_TOKENS)):
+        view = ScriptedView(EngineLimits(512, 2048, 1_000_000, 16))
+        for request_id in view.add_relquery("backfill", [20] * rows, 50, priority=-1):
+            view.start(request_id)
+        active = [view.tracker.relqueries["backfill"]]
+        assert within_slowdown(active, c, 2048, waiting=None).budget == budget
+    view.add_relquery("live", [20], max_tokens=5)  # a class-0 relQuery present: no cut
+    live = view.tracker.relqueries["live"]
+    assert within_slowdown(active, c, 2048, waiting=live).budget is None
+    assert BACKGROUND_STEP_S == 0.45
+
+
+@pytest.mark.parametrize(("priority", "chunk"), [(-1, 430), (0, 1000)])
+def test_a_background_prompt_is_chunked_to_a_short_step(priority, chunk):
+    # Nothing runs; one 1,000-token row waits. At the prior's prices (b = 20 ms, 1 ms a
+    # token) a background step takes (0.45 − 0.02) / 0.001 = 430 tokens of it; class 0
+    # takes the whole budget.
+    view = ScriptedView(EngineLimits(16, 1000, 100_000, 16))
+    view.add_relquery("q", [1000], max_tokens=5, priority=priority)
+    plan = Relstream(COST).plan(view)
+    assert [(c.request_id, c.num_tokens) for c in plan.prefill] == [("q#0", chunk)]
