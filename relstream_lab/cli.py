@@ -10,6 +10,7 @@ from relstream.extras import require
 from relstream_lab.campaign.cli import campaign, ceiling, frontier, repeats
 from relstream_lab.device.cli import gpu_steps
 from relstream_lab.drills.cli import drill
+from relstream_lab.fairshare.cli import fairshare
 from relstream_lab.idle.cli import idle
 from relstream_lab.kvbound.cli import kv_bound
 from relstream_lab.paper.cli import paper, scheduler_cost
@@ -38,6 +39,7 @@ for command in (
     kv_bound,
     gpu_steps,
     priority,
+    fairshare,
     scheduler_cost,
     campaign,
     ceiling,

@@ -274,13 +274,14 @@ class ScriptedView(EngineView):
         deadline: float | None = None,
         shares: dict[int, str] | None = None,
         priority: int = 0,
+        query: str = "",
     ) -> list[str]:
         """`shares`: row -> the key it shares with identical requests (`SeqInfo.share`)."""
         ids = []
         for row, prompt in enumerate(prompts):
             seq = SeqInfo(
                 f"{relquery_id}#{row}", relquery_id, prompt, max_tokens, arrival,
-                deadline=deadline, priority=priority,
+                deadline=deadline, priority=priority, query=query,
             )  # fmt: skip
             seq.share = (shares or {}).get(row)
             self.tracker.add_request(seq, len(prompts))

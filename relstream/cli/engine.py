@@ -23,6 +23,7 @@ from relstream.cli.common import (
     show_logs,
 )
 from relstream.cli.door import door_limit_options, door_limits, http_door
+from relstream.cli.fairshare import FAIR_SHARE_OPTIONS, fair_share
 from relstream.engine.cpu import reexec_with_tcmalloc
 from relstream.extras import require
 from relstream.placement.reports import LOAD_HEARTBEAT_S, LOAD_REPORT_S
@@ -172,6 +173,7 @@ _ENGINE_OPTIONS = (
         help="sim: how fast this engine is against its profile (0.25: four times slower; "
         "with --sim-time-scale).",
     ),
+    *FAIR_SHARE_OPTIONS,
     click.option(
         "--load-reports/--no-load-reports",
         default=True,
@@ -232,6 +234,7 @@ def _run(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.kafka.delivery import quiet_outages
 
     opts["answer_secret"] = _answer_secret(opts)  # refused before the engine loads
+    opts["fair_share"] = fair_share(opts)
     if opts["backend"] == "vllm":
         require("engine")
         quiet_resource_tracker()  # before the re-exec, which keeps the environment
@@ -309,6 +312,7 @@ async def _start_backend(opts: dict):
         tensor_parallel_size=opts["tensor_parallel_size"],
         answer_cache_bytes=0 if opts["answer_cache"] == "off" else opts["answer_cache_mb"] << 20,
         report_load=opts["load_reports"],
+        fair_share=opts["fair_share"],
     )
     return await VllmRuntime.start(settings)
 

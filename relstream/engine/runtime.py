@@ -50,6 +50,7 @@ from relstream.scheduler import (
     COST_MODEL_KINDS,
     DEFAULT_POLICY,
     VllmQueue,
+    check_fair_share,
     holds_twins,
     policy_spec,
     static_priority,
@@ -85,9 +86,11 @@ class EngineSettings:
     # The plug-in writes its policy's load for the engine's load reports (`load()`); off,
     # it computes none (benchmarks time the policy alone).
     report_load: bool = False
+    fair_share: dict[str, float] | None = None  # weights by query (`fairshare`); None: off
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises, naming the known policies
+        check_fair_share(self.policy, self.fair_share)
         if self.cost_model not in COST_MODEL_KINDS:
             raise ValueError(f"cost_model must be 'online' or 'fixed', not {self.cost_model!r}")
 
@@ -382,7 +385,8 @@ def _already_shut_down(*_args: object, **_kwargs: object) -> None:
 def _policy_args(settings: EngineSettings, load_file: Path | None) -> dict:
     """Every policy runs under the plug-in so every run has a step log and its load
     written for reports; for the policies stock vLLM decides itself it only observes."""
-    relstream_config: dict = {"policy": settings.policy, "cost_model": settings.cost_model}
+    relstream_config: dict = {"policy": settings.policy, "cost_model": settings.cost_model,
+                              "fair_share": settings.fair_share}  # fmt: skip
     if load_file is not None:
         relstream_config["load_file"] = str(load_file)
     if settings.cost_prior:

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from relstream.placement.load import Load
+from relstream.wire.windowid import WindowId
 
 # The engine arg `scheduler_cls`: a dotted path vLLM imports in its engine core process.
 PLUGIN_CLASS = "relstream.engine.core.plugin.relstream_scheduler"
@@ -33,9 +34,13 @@ def relquery_tags(
 ) -> dict[str, Any]:
     """What a request must carry in `SamplingParams.extra_args` to be grouped, its
     relQuery's deadline in seconds from now (relative, so no clock is shared), the key it
-    shares with identical requests of other relQueries (one runs for all), and its
-    relQuery's class (`scheduler.classes`)."""
+    shares with identical requests of other relQueries (one runs for all), its
+    relQuery's class (`scheduler.classes`), and the registered query its relQuery is a
+    window of, read from the id (`scheduler.fairshare`)."""
     tags: dict[str, Any] = {"relquery_id": relquery_id, "relquery_size": size}
+    window = WindowId.parse(relquery_id)
+    if window is not None:
+        tags["query"] = window.query
     if priority:
         tags["priority"] = priority
     if deadline_in is not None:

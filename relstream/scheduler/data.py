@@ -25,6 +25,7 @@ class SeqInfo:
     # while one runs, the others wait on it, held out of the waiting queue (None: alone).
     share: str | None = None
     priority: int = 0  # its relQuery's class: higher goes first (`scheduler.classes`)
+    query: str = ""  # the registered query its relQuery is a window of ('' sent directly)
 
     @property
     def prefill_done(self) -> bool:
@@ -58,6 +59,7 @@ class RelQueryInfo:
     # when the user wants it answered, on the scheduler's clock (None: no deadline)
     deadline: float | None = None
     priority: int = 0  # its class: higher goes first (`scheduler.classes`)
+    query: str = ""  # the registered query it is a window of ('' sent directly; `fairshare`)
     # Waiting rows that never ran, summed, so what is left of R is estimated without
     # visiting them (`remaining`): their prompt tokens, and how many there are by output
     # budget. Waiting rows that ran before (preempted with output) are kept in `resumed`.

@@ -99,7 +99,8 @@ class RankedQueue:
         self._ranks: dict[str, Rank] = {}
         self._order = SortedList()
 
-    def put(self, relquery_id: str, rank: Rank) -> None:
+    def put(self, relquery_id: str, rank: Rank, query: str = "") -> None:
+        """(Re)rank one; `query` is for `fairshare.FairQueue`'s sake (one queue here)."""
         self.drop(relquery_id)
         self._ranks[relquery_id] = rank
         self._order.add(rank)

@@ -19,8 +19,9 @@ from enum import StrEnum
 from importlib.metadata import entry_points
 
 from relstream.scheduler.cost import CostModel
+from relstream.scheduler.fairshare import FairShare
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.stock_v1 import MODELLED_VLLM, V1Fcfs, V1Priority
 
 
@@ -114,11 +115,30 @@ def holds_twins(name: str) -> bool:
 
 
 def make_policy(
-    name: str, cost: CostModel, vllm_version: tuple[int, int] = MODELLED_VLLM
+    name: str,
+    cost: CostModel,
+    vllm_version: tuple[int, int] = MODELLED_VLLM,
+    fair_weights: dict[str, float] | None = None,
 ) -> Policy:
     """The policy; stock V1's as release `vllm_version` schedules (the simulator models
-    the one installed unless told)."""
+    the one installed unless told); `fair_weights`: fair share between queries on, with
+    these weights (relstream's own, `fairshare`)."""
     spec = policy_spec(name)
+    if fair_weights is not None:
+        check_fair_share(name, fair_weights)
+        return Relstream(cost, RelstreamConfig(fair_weights=dict(fair_weights)))
     if spec.decided_by_vllm is None:
         return spec.build(cost)
     return spec.build(cost, vllm_version=vllm_version)
+
+
+def check_fair_share(name: str, weights: dict[str, float] | None) -> None:
+    """Fair share between queries is relstream's (`fairshare`): raises where `weights`
+    (None: off) are given to another policy, or one is not positive."""
+    if weights is None:
+        return
+    FairShare(weights)  # raises, naming a query whose weight is not positive
+    if policy_spec(name).build is not Relstream:
+        raise ValueError(
+            f"fair share between queries needs policy {Relstream.name!r}; {name!r} has none"
+        )

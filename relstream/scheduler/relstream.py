@@ -41,6 +41,9 @@ latency that holding work back buys. Each step:
 5. **Admit** waiting requests in rank order (a started relQuery's remaining rows keep
    its rank) while they fit.
 
+Classes lead every order (`classes`); with fair share on (`RelstreamConfig.fair_weights`)
+the query served least goes first within a class, then this order (`fairshare`).
+
 Which regime holds is a fact of the machine (the step-cost fit prices both sides) and of
 the moment (the load). The benchmarks' references (the gate with no pressure, V1's
 batches, a clairvoyant order, other exponents of the pressure) are the lab's subclasses
@@ -61,6 +64,7 @@ from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.classes import Slowdown, best_waiting, make_way, within_slowdown
 from relstream.scheduler.cost import Coefficients, CostModel
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
+from relstream.scheduler.fairshare import FairQueue, FairShare, fair_key
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
@@ -87,6 +91,9 @@ class RelstreamConfig:
     # benchmark (docs/benchmarks/sustained/notes.md).
     size_weight: float = 64.0
     deadlines: bool = True  # honour the deadlines users set (False: a reference ignoring them)
+    # Fair share between queries (`fairshare`): each query's weight (one not named: 1.0);
+    # None: off.
+    fair_weights: dict[str, float] | None = None
 
 
 class Relstream(Policy):
@@ -100,7 +107,10 @@ class Relstream(Policy):
         self.config = config or RelstreamConfig()
         self.step_cost = OnlineStepCost.from_prior(cost)
         self.starvation = StarvationGuard()
-        self._order = RankedQueue()  # relQueries with no running request, by rank
+        weights = self.config.fair_weights
+        self.fair = FairShare(weights) if weights is not None else None
+        # relQueries with no running request, by rank (fair share: by query, then rank)
+        self._order = RankedQueue() if self.fair is None else FairQueue(self.fair)
         self._uncached: dict[str, Remaining] = {}  # remaining work, the cache aside
         self._left = RemainingBook()  # the same, prompts at the cache's miss ratio
         self._miss: dict[str, tuple[float, int]] = {}  # (miss ratio, waiting rows) last probed
@@ -157,13 +167,18 @@ class Relstream(Policy):
         coefficients = self._last = self.ranking.prices = self._coefficients(view)
         self._refresh(view, coefficients)
         now = view.now()
+        active = view.tracker.active_relqueries.values()
+        if self.fair is not None:
+            started = (info.query for info in active if info.waiting)
+            self.fair.backlogged(itertools.chain(self._order.queries(), started))
         # Active relQueries changed this step, so _refresh has just estimated them afresh.
         ranked = sorted(
-            ((self.ranking.rank(info, now), info)
-             for info in view.tracker.active_relqueries.values()),
+            ((fair_key(self.fair, self.ranking.rank(info, now), info), info) for info in active),
             key=_first,
-        )  # fmt: skip
+        )
         plan = self._step(view, ranked, coefficients)
+        if self.fair is not None:
+            self.fair.charge(plan, view.tracker)
         decision = self.decision or StepDecision()
         self._planned = (now, full_batch(view), decision.held, decision.gated)
         return plan
@@ -310,7 +325,8 @@ class Relstream(Policy):
             self._unrank(relquery_id)
             info = tracker.relqueries[relquery_id]
             if not info.running:
-                self._order.put(relquery_id, self._rank_waiting(info, coefficients, now))
+                rank = self._rank_waiting(info, coefficients, now)
+                self._order.put(relquery_id, rank, info.query)
                 if relquery_id not in self._cycling:
                     self._cycling.add(relquery_id)
                     self._cycle.append(relquery_id)

@@ -59,6 +59,7 @@ class RequestTracker:
                 seq.max_tokens,
                 deadline=seq.deadline,
                 priority=seq.priority,
+                query=seq.query,
             )
             self.relqueries[seq.relquery_id] = info
         info.prompt_tokens_seen += seq.prompt_tokens

@@ -45,6 +45,7 @@ class SimRelQuery:
     labels: dict[str, str] = field(default_factory=dict)
     deadline: float | None = None  # when its user wants it answered, on the sim clock
     priority: int = 0  # its class: higher goes first (`scheduler.classes`)
+    query: str = ""  # the registered query it is a window of (`scheduler.fairshare`)
 
 
 @dataclass
@@ -230,6 +231,7 @@ class Simulator(EngineView):
                 deadline=relquery.deadline,
                 share=self.shared.share(request.answer_key),
                 priority=relquery.priority,
+                query=relquery.query,
             )
             self.prompt_tokens += request.prompt_tokens
             self.tracker.add_request(seq, len(running))

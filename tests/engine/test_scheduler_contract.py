@@ -361,3 +361,21 @@ def test_a_live_relquery_takes_a_backfills_seats_on_vllms_scheduler(in_flight):
             scheduler.update_from_output(done, fake_output(scheduler, done))
     assert preempted == {"bf-3", "bf-2"}
     assert any({"live-0", "live-1"} <= ran for ran in seen[:3])
+
+
+@pytest.mark.parametrize(("fair", "order"), [(None, ["a-0-0@0", "a-0-1@1", "b-0-0@2"]),
+                                              ({}, ["a-0-0@0", "b-0-0@2", "a-0-1@1"])])
+def test_fair_share_serves_the_query_served_least_on_vllms_scheduler(fair, order):
+    # One seat; windows of queries a, a, b (their ids name the query) of one row each,
+    # alike. relstream takes them in arrival order; with fair share on, query a's first
+    # window's tokens put b, served nothing, before a's second.
+    scheduler = build_scheduler(
+        "relstream", model_folder=model_dir("smollm2"), max_num_seqs=1, budget=256,
+        fair_share=fair,
+    )  # fmt: skip
+    for relquery in ("a-0-0@0", "a-0-1@1", "b-0-0@2"):  # in arrival order
+        add(scheduler, relquery, relquery, 1, prompt=20, outputs=3)
+    started = []
+    for step in drive(scheduler, 1):
+        started += [rid for rid in step.num_scheduled_tokens if rid not in started]
+    assert started == order

@@ -92,6 +92,19 @@ def test_the_engine_names_every_backend_it_can_start(tmp_path):
     assert "unknown backend 'nope'; choose one of: vllm, sim, mine" in finished.stderr
 
 
+def test_fair_share_is_refused_in_one_line_where_it_cannot_apply():
+    # Each before anything starts: no broker is asked, no model loaded.
+    cases = {
+        ("--fair-weight", "a=2"): "--fair-weight needs --fair-share",
+        ("--fair-share", "--policy", "v1-fcfs"): "--fair-share needs --policy relstream",
+        ("--fair-share", "--backend", "sim"): "--backend sim serves each alone",
+        ("--fair-share", "--fair-weight", "a=0"): "'a=0': give QUERY=WEIGHT, a weight above 0",
+    }
+    for args, says in cases.items():
+        done = CliRunner().invoke(main, ["engine", "--bootstrap", "127.0.0.1:1", *args])
+        assert done.exit_code == 2 and says in done.output, (args, done.output)
+
+
 def test_decision_benchmark_builds_the_crowd_it_reports():
     result = run_decision_benchmark(relqueries=100, rows=10)
     assert 240 <= result.running_requests <= 256

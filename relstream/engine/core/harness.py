@@ -42,6 +42,7 @@ def build_scheduler(
     max_num_active_seqs: int | None = None,
     watermark: float = 0.0,
     max_loras: int | None = None,
+    fair_share: dict[str, float] | None = None,
 ):
     """Stock vLLM V1's scheduler (`policy` None) or relstream's plug-in deciding with
     `policy`, over the model in `model_folder` (its config only: no weights load); the
@@ -58,7 +59,8 @@ def build_scheduler(
         max_num_active_seqs=max_num_active_seqs,
     )  # fmt: skip
     cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
-    settings = {"policy": policy, "step_log": str(step_log) if step_log else None}
+    settings = {"policy": policy, "step_log": str(step_log) if step_log else None,
+                "fair_share": fair_share}  # fmt: skip
     config = VllmConfig(
         scheduler_config=scheduler,
         model_config=model,

@@ -12,13 +12,13 @@ a running list and a waiting queue of exactly the planned requests around it:
   prefill-only  running = unfinished prefills in the plan, waiting = the planned requests
   mixed         both (sarathi)
 
-Policies that stock vLLM decides itself (`registry`: `v1-fcfs`, and `v1-priority` on
-vLLM's priority queue with each request's static priority) are only observed; what the
-others cannot honour is refused (`refusals`). Configuration: `additional_config`'s
+Policies stock vLLM decides itself (`registry`: `v1-fcfs`, `v1-priority` on vLLM's
+priority queue with each request's static priority) are only observed; what the others
+cannot honour is refused (`refusals`). Configuration: `additional_config`'s
 `tags.SETTINGS_KEY`: {"policy": name, "step_log": path or None, "cost_prior": {"alpha_p",
-"beta_p", "alpha_d", "beta_d"}, "cost_model": "online" (refit from every step) or "fixed"
-(the prior kept, as the paper profiles offline), "load_file": path or None (its policy's
-load for the engine's load reports, `loadwriter`)}.
+"beta_p", "alpha_d", "beta_d"}, "cost_model": "online" (refit every step) or "fixed" (the
+prior kept, as the paper profiles offline), "load_file": path or None (the policy's load
+for the engine's load reports, `loadwriter`), "fair_share": {query: weight} or None}.
 """
 
 from __future__ import annotations
@@ -99,13 +99,13 @@ class RelstreamPlugin(EngineView):
         if conflict:
             raise ValueError(conflict)
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
-        cost_model = settings.get("cost_model", "online")
+        cost_model, fair = settings.get("cost_model", "online"), settings.get("fair_share")
         cost = cost_model_of(cost_model, CostModel.from_coefficients(prior))
         if not self.decided_by_vllm and self.policy == SchedulingPolicy.FCFS:
             # Each step's admissions leave the waiting queue (`_schedule_plan`): vLLM's
             # deque removes by rebuilding itself, this queue in what it removes.
             self.waiting = IndexedWaitingQueue(self.waiting)
-        self.relstream_policy = make_policy(self.policy_name, cost)
+        self.relstream_policy = make_policy(self.policy_name, cost, fair_weights=fair)
         self.tracker = RequestTracker()
         self.limits = EngineLimits(
             max_num_seqs=min(self.max_num_running_reqs, self.max_num_active_reqs),
@@ -195,7 +195,7 @@ class RelstreamPlugin(EngineView):
         )
         if tags.get("deadline_in_s") is not None:
             seq.deadline = seq.arrival_time + float(tags["deadline_in_s"])
-        seq.priority = int(tags.get("priority", 0))
+        seq.priority, seq.query = int(tags.get("priority", 0)), str(tags.get("query", ""))
         if not self.decided_by_vllm:  # stock vLLM's own queue would run held twins
             seq.share = tags.get("share")
         self.tracker.add_request(seq, int(tags.get("relquery_size", 1)))

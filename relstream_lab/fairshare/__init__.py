@@ -1,0 +1,1 @@
+"""Fair share between queries: `relstream-lab bench fairshare`."""
