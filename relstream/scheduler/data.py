@@ -131,6 +131,9 @@ class StepPlan:
     prefill: tuple[PrefillChunk, ...] = ()
     decode: tuple[str, ...] = ()
     preempt: tuple[str, ...] = ()  # running requests to evict (recompute) before the step
+    # The step's token budget where the policy cut it (`classes`: a background step), so
+    # vLLM chunks the planned prompts to it too; None: the engine's.
+    budget: int | None = None
 
     @property
     def kind(self) -> StepKind:

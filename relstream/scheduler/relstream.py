@@ -241,7 +241,9 @@ class Relstream(Policy):
             self.decision = StepDecision(gated=True, held=held, pressure=arriving, stop=step.stop)
         if ran:  # the share learns from what KV preempted, prompts' room included
             self.reserve_share.stepped(short_of_kv)
-        return step.plan()
+        plan = step.plan()  # a cut budget goes with it, for vLLM to chunk to (`classes`)
+        cut = slowdown.budget is not None and plan.prefill
+        return replace(plan, budget=slowdown.budget) if cut else plan
 
     def _pressure(self, view: EngineView, c: Coefficients) -> float:
         """Relqueries a lost second of capacity delays beyond those queued, at today's

@@ -379,3 +379,18 @@ def test_fair_share_serves_the_query_served_least_on_vllms_scheduler(fair, order
     for step in drive(scheduler, 1):
         started += [rid for rid in step.num_scheduled_tokens if rid not in started]
     assert started == order
+
+
+@pytest.mark.parametrize(("priority", "first_chunk"), [(-1, 310), (0, 1000)])
+def test_vllm_chunks_a_background_prompt_to_the_plans_cut_budget(priority, first_chunk):
+    # One 1,000-token row alone. At the plug-in's prior prices (a step's base 47 ms, 1.3 ms
+    # a prompt token) a background step takes (0.45 − 0.047) / 0.0013 = 310 tokens: the plan
+    # cuts the step's budget to that and vLLM chunks the prompt to it (it gave a planned
+    # request the whole budget before); class 0 runs the whole prompt.
+    scheduler = build_scheduler(
+        "relstream", model_folder=model_dir("smollm2"), budget=2048, max_model_len=2048,
+        num_blocks=512,
+    )  # fmt: skip
+    add(scheduler, "bf-0", "backfill", 1, prompt=1000, outputs=2, priority=priority)
+    step = scheduler.schedule()
+    assert step.num_scheduled_tokens == {"bf-0": first_chunk}

@@ -14,11 +14,11 @@ a running list and a waiting queue of exactly the planned requests around it:
 
 Policies stock vLLM decides itself (`registry`: `v1-fcfs`, `v1-priority` on vLLM's
 priority queue with each request's static priority) are only observed; what the others
-cannot honour is refused (`refusals`). Configuration: `additional_config`'s
-`tags.SETTINGS_KEY`: {"policy": name, "step_log": path or None, "cost_prior": {"alpha_p",
-"beta_p", "alpha_d", "beta_d"}, "cost_model": "online" (refit every step) or "fixed" (the
-prior kept, as the paper profiles offline), "load_file": path or None (the policy's load
-for the engine's load reports, `loadwriter`), "fair_share": {query: weight} or None}.
+cannot honour is refused (`refusals`). Settings (`additional_config[tags.SETTINGS_KEY]`):
+{"policy", "step_log": path or None, "cost_prior": {"alpha_p", "beta_p", "alpha_d",
+"beta_d"}, "cost_model": "online" (refit every step) or "fixed" (the prior kept, as the
+paper profiles offline), "load_file": path or None (the policy's load for the engine's
+load reports, `loadwriter`), "fair_share": {query: weight} or None}.
 """
 
 from __future__ import annotations
@@ -95,8 +95,7 @@ class RelstreamPlugin(EngineView):
             raise ValueError(refused)  # before vLLM builds what it names
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         self._refused = Refused(self.policy_name)  # requests it cannot serve (`refusals`)
-        conflict = queue_conflict(self.policy_name, self.policy.value)
-        if conflict:
+        if conflict := queue_conflict(self.policy_name, self.policy.value):
             raise ValueError(conflict)
         prior = {**DEFAULT_PRIOR, **settings.get("cost_prior", {})}
         cost_model, fair = settings.get("cost_model", "online"), settings.get("fair_share")
@@ -303,10 +302,8 @@ class RelstreamPlugin(EngineView):
         # vLLM computes running requests in list order: the plan's, best-ranked prompts first.
         order = [*plan.decode, *(chunk.request_id for chunk in plan.prefill)]
         position = {request_id: i for i, request_id in enumerate(order)}
-        kept = sorted(
-            (r for r in self.running if r.request_id in planned),
-            key=lambda r: position[r.request_id],
-        )
+        kept = [r for r in self.running if r.request_id in planned]
+        kept.sort(key=lambda r: position[r.request_id])
         held = [r for r in self.running if r.request_id not in planned]
         waiting, kv_holding = self.waiting, self.kv_holding_waiting
         # One holding KV (an async load) stays in the queue vLLM drains first and promotes.
@@ -320,10 +317,13 @@ class RelstreamPlugin(EngineView):
             (self.kv_holding_waiting if request in holds else self.waiting).add_request(request)
         self.running = kept
         self._aside = (len(held), len(waiting) + len(kv_holding))
+        full = self.max_num_scheduled_tokens  # a background step's cut budget (`classes`)
+        self.max_num_scheduled_tokens = min(plan.budget or full, full)
         try:
             return super().schedule(throttle_prefills)
         finally:
             del self._aside
+            self.max_num_scheduled_tokens = full
             # Unadmitted planned requests and anything vLLM preempted go back in front.
             leftover, leftover_kv = list(self.waiting), list(self.kv_holding_waiting)
             self.running = held + self.running
