@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from relstream.backend import EngineFailure, backlog_rows_for
 from relstream.engine.answers import AnswerCache, SharedOutcome, request_key
 from relstream.engine.cpu import CPU_GPU_MEMORY_UTILIZATION, apply_cpu_defaults
@@ -205,13 +207,8 @@ class VllmRuntime:
         busy = self._rows_in_flight > 0
         if busy and time.monotonic() - at > STALE_LOAD_S:
             return None  # an engine core that wrote nothing for so long is not stepping
-        return Load(
-            written.outstanding_s if busy else 0.0,
-            written.per_prompt_token_s,
-            written.per_output_token_s,
-            written.size_counts if busy else (),
-            self._templates.ids(),
-        )
+        idle = {} if busy else {"outstanding_s": 0.0, "size_counts": (), "class_work": ()}
+        return msgspec.structs.replace(written, templates=self._templates.ids(), **idle)
 
     async def reset_prefix_cache(self) -> None:
         """Forget cached prompt blocks (so back-to-back measurements start alike)."""

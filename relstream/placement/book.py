@@ -68,13 +68,14 @@ def prompt_tokens(message: RelQueryMessage) -> int:
 
 
 class Demand(NamedTuple):
-    """What placing a relQuery weighs: its key, its size in prompt and output tokens, and
-    its template."""
+    """What placing a relQuery weighs: its key, its size in prompt and output tokens, its
+    template and its priority class."""
 
     key: bytes
     prompt_tokens: int
     output_tokens: int
     template: str
+    priority: int = 0
 
 
 def demand_of(message: RelQueryMessage) -> Demand:
@@ -82,8 +83,9 @@ def demand_of(message: RelQueryMessage) -> Demand:
     thread (a window may hold 100,000 rows)."""
     output_tokens = message.max_output_tokens * len(message.rows)
     return Demand(
-        message.id.encode(), prompt_tokens(message), output_tokens, template_id(message.template)
-    )
+        message.id.encode(), prompt_tokens(message), output_tokens,
+        template_id(message.template), message.priority,
+    )  # fmt: skip
 
 
 class LoadBook:
@@ -157,5 +159,6 @@ class LoadBook:
         """The engine and partition for a relQuery, counted as sent there (`prefer` wins
         among engines within the margin of the least); None with no fresh report."""
         return self._placement.pick(
-            demand.prompt_tokens, demand.output_tokens, self.clock(), demand.template, prefer
-        )
+            demand.prompt_tokens, demand.output_tokens, self.clock(), demand.template, prefer,
+            demand.priority,
+        )  # fmt: skip

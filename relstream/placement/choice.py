@@ -13,7 +13,9 @@ engines within `margin` of the least, one that recently served the same template
 the relQuery goes where it delays the fewest relQueries: an engine runs small relQueries
 first, so a relQuery placed there delays the ones larger than it, and placing it beside
 relQueries of its own size keeps an engine's large relQueries from being passed by every
-small one that arrives (a burst's tail); then the least work. With no fresh report it
+small one that arrives (a burst's tail); then the least work. Work is counted at the
+relQuery's priority class and above (`Load.ahead_of`): a live relQuery may go where a
+backfill runs, as the backfill gives way to it. With no fresh report it
 falls back to the key's hash, as a producer's default partitioner does. The same object
 places relQueries from the Python client, the worker and the HTTP door
 (`placement/book.py`) and among the simulator's engines
@@ -74,10 +76,10 @@ class Placement:
     margin: float = MARGIN
     spread: float = SPREAD
     _reports: dict[str, EngineLoad] = field(default_factory=dict)
-    # (when, work) of each relQuery sent to an engine after its report was measured: only
-    # picks since then, a report's expiry at most, as an engine with no fresh report is
-    # never picked
-    _sent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # (when, work, class) of each relQuery sent to an engine after its report was
+    # measured: only picks since then, a report's expiry at most, as an engine with no
+    # fresh report is never picked
+    _sent: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
     _turn: dict[str, int] = field(default_factory=dict)  # round robin over its partitions
 
     def report(self, report: EngineLoad) -> None:
@@ -88,19 +90,20 @@ class Placement:
             return
         self._reports[report.engine] = report
         sent = self._sent.get(report.engine, [])
-        self._sent[report.engine] = [(at, work) for at, work in sent if at > report.at]
+        self._sent[report.engine] = [item for item in sent if item[0] > report.at]
 
-    def estimate(self, engine: str) -> float:
-        """The engine's outstanding work as the placer sees it."""
-        sent = sum(w for _, w in self._sent.get(engine, ()))
-        return self._reports[engine].load.outstanding_s + sent
+    def estimate(self, engine: str, priority: int = 0) -> float:
+        """The engine's outstanding work of class `priority` and above as the placer sees
+        it: a lower class gives way (`Load.ahead_of`)."""
+        sent = sum(w for _, w, level in self._sent.get(engine, ()) if level >= priority)
+        return self._reports[engine].load.ahead_of(priority) + sent
 
     def delayed(self, engine: str, work: float) -> float:
         """How many of the engine's relQueries a relQuery of `work` engine seconds would
         delay, as the placer sees them: those in larger size classes, and half of those
         in its own (the engine runs the smaller first)."""
         own = size_class(work)
-        sent = size_counts(w for _, w in self._sent.get(engine, ()))
+        sent = size_counts(w for _, w, _ in self._sent.get(engine, ()))
         sent = [*sent, *[0] * SIZE_CLASSES]
         counts = [*self._reports[engine].load.size_counts, *[0] * SIZE_CLASSES]
         return (
@@ -131,10 +134,12 @@ class Placement:
         output_tokens: int,
         now: float,
         template: str | None = None,
+        priority: int = 0,
     ) -> int:
         """The partition for a relQuery of these tokens (its output budget, all rows
-        together; its key for the fallback), its work counted as sent to its engine."""
-        choice = self.pick(prompt_tokens, output_tokens, now, template)
+        together; its key for the fallback) and class, its work counted as sent to its
+        engine."""
+        choice = self.pick(prompt_tokens, output_tokens, now, template, priority=priority)
         return hash_partition(key, self.partitions) if choice is None else choice.partition
 
     def pick(
@@ -144,14 +149,16 @@ class Placement:
         now: float,
         template: str | None = None,
         prefer: str | None = None,
+        priority: int = 0,
     ) -> Choice | None:
-        """The engine and partition for a relQuery, its work counted as sent there; None
-        with no fresh report. `prefer` (an engine's name) wins among the tied engines: a
-        door that is itself an engine keeps its relQuery rather than send it away."""
+        """The engine and partition for a relQuery of class `priority`, its work counted
+        as sent there; None with no fresh report. `prefer` (an engine's name) wins among
+        the tied engines: a door that is itself an engine keeps its relQuery rather than
+        send it away."""
         reports = self.fresh(now)
         if not reports:
             return None
-        estimate = {r.engine: self.estimate(r.engine) for r in reports}
+        estimate = {r.engine: self.estimate(r.engine, priority) for r in reports}
         least = min(estimate.values())
         tied = [r for r in reports if estimate[r.engine] <= least * (1 + self.margin)]
         mine = [r for r in tied if r.engine == prefer]
@@ -171,7 +178,7 @@ class Placement:
                 ),
             )
         work = chosen.load.work(prompt_tokens, output_tokens)
-        self._sent.setdefault(chosen.engine, []).append((now, work))
+        self._sent.setdefault(chosen.engine, []).append((now, work, priority))
         turn = self._turn.get(chosen.engine, 0)
         self._turn[chosen.engine] = turn + 1
         return Choice(chosen.engine, chosen.partitions[turn % len(chosen.partitions)])

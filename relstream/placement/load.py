@@ -28,14 +28,23 @@ class Load(msgspec.Struct, frozen=True):
     """An engine's outstanding work in engine seconds (its relQueries together, from its
     cost fit), what a prompt token and an output token cost it, its unfinished relQueries
     counted by size class of their work (`size_counts`: a relQuery is placed where it
-    delays the fewest larger), and the templates it served lately, newest first (its
-    backend's; a policy knows none)."""
+    delays the fewest larger), the templates it served lately, newest first (its
+    backend's; a policy knows none), and its work by priority class where any is not of
+    class 0 (`class_work`: (class, engine seconds), highest first; empty: all class 0)."""
 
     outstanding_s: float
     per_prompt_token_s: float = 0.0
     per_output_token_s: float = 0.0  # its step shared by the batch
     size_counts: tuple[int, ...] = ()
     templates: tuple[str, ...] = ()
+    class_work: tuple[tuple[int, float], ...] = ()
+
+    def ahead_of(self, priority: int) -> float:
+        """Engine seconds of its work a relQuery of class `priority` waits behind: that
+        of its class and above, as a lower class gives way to it (`scheduler.classes`)."""
+        if not self.class_work:
+            return self.outstanding_s if priority <= 0 else 0.0
+        return sum(work for level, work in self.class_work if level >= priority)
 
     @property
     def idle(self) -> bool:
@@ -73,6 +82,14 @@ def size_counts(works: Iterable[float]) -> tuple[int, ...]:
     while counts and not counts[-1]:
         counts.pop()
     return tuple(counts)
+
+
+def class_work(works: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """(class, work) pairs summed by class, highest first; empty where all are class 0."""
+    sums: dict[int, float] = {}
+    for level, work in works:
+        sums[level] = sums.get(level, 0.0) + work
+    return () if set(sums) <= {0} else tuple(sorted(sums.items(), reverse=True))
 
 
 def template_id(text: str) -> str:

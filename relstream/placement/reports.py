@@ -94,6 +94,7 @@ def engine_load(report: LoadReportMessage) -> EngineLoad:
         report.per_output_token_s,
         tuple(report.size_counts),
         tuple(report.templates),
+        tuple(map(tuple, report.class_work)),
     )
     return EngineLoad(report.engine, tuple(report.partitions), load, report.at)
 
@@ -117,6 +118,7 @@ def load_report(
         per_output_token_s=load.per_output_token_s,
         templates=list(load.templates),
         size_counts=list(load.size_counts),
+        class_work=list(load.class_work),
         at=time.time(),
         listens=listens,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from relstream.placement.load import Load, size_counts
+from relstream.placement.load import Load, class_work, size_counts
 from relstream.scheduler.cost import Coefficients, CostModel
 from relstream.scheduler.remaining import remaining
 from relstream.scheduler.steprecord import StepDecision
@@ -57,8 +57,11 @@ class Policy(ABC):
         not today's: a report made as work arrives would otherwise price it at one
         request a step."""
         c = Coefficients.of(self.cost, load_batch(view))
-        works = [c.work(remaining(info)) for info in view.tracker.relqueries.values()]
-        return Load(sum(works, 0.0), c.per_token, c.per_output, size_counts(works))
+        relqueries = view.tracker.relqueries.values()
+        works = [(info.priority, c.work(remaining(info))) for info in relqueries]
+        seconds = [work for _, work in works]
+        return Load(sum(seconds, 0.0), c.per_token, c.per_output, size_counts(seconds),
+                    class_work=class_work(works))  # fmt: skip
 
     def cost_coefficients(self) -> dict[str, float]:
         """The step costs this policy decides with, as last fitted (for reports)."""

@@ -59,7 +59,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from relstream.placement.load import Load, size_counts
+from relstream.placement.load import Load, class_work, size_counts
 from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.classes import Slowdown, best_waiting, make_way, within_slowdown
 from relstream.scheduler.cost import Coefficients, CostModel
@@ -160,8 +160,11 @@ class Relstream(Policy):
         if self._last is None:  # no step planned yet: the cost model's prior prices
             return super().load(view)
         c = replace(self._last, batch=load_batch(view))
-        counts = size_counts(c.work(left) for left in self._left.values())
-        return Load(c.work(self._left.total()), c.per_token, c.per_output, counts)
+        relqueries = view.tracker.relqueries
+        works = [(_class(relqueries.get(rid)), c.work(left)) for rid, left in self._left.items()]
+        counts = size_counts(work for _, work in works)
+        total = c.work(self._left.total())
+        return Load(total, c.per_token, c.per_output, counts, class_work=class_work(works))
 
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._last = self.ranking.prices = self._coefficients(view)
@@ -387,6 +390,10 @@ class Relstream(Policy):
 
     def _unrank(self, relquery_id: str) -> None:
         self._order.drop(relquery_id)
+
+
+def _class(info: RelQueryInfo | None) -> int:
+    return 0 if info is None else info.priority
 
 
 def _first(pair: tuple[Rank, RelQueryInfo]) -> Rank:

@@ -294,6 +294,12 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
     # to twice that), at most 16 classes; absent from older engines' reports
     size_counts: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SIZE_CLASSES)] = []
     at: Annotated[Finite, Meta(description="seconds since the epoch")]
+    # its work by priority class, (class, engine seconds), highest first, where any of its
+    # work is not of class 0 (docs/priority.md); absent: all of class 0
+    class_work: Annotated[
+        list[tuple[Annotated[int, Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)], NonNegative]],
+        Meta(max_length=2 * MAX_PRIORITY + 1),
+    ] = []
     # HMAC-SHA256 with the engines' secret, where one is set (placement/reports.py, report_mac)
     mac: Annotated[bytes, Meta(min_length=32, max_length=32)] | None = None
     # host:port it listens on while it runs (its Prometheus endpoint where it serves one):
@@ -305,7 +311,7 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
         """Its work and prices are numbers: a fit gone to inf or NaN (or a writer's bug)
         is no load to place by, neither to publish nor to take."""
         numbers = (self.outstanding_s, self.per_prompt_token_s, self.per_output_token_s)
-        return all(map(math.isfinite, numbers))
+        return all(map(math.isfinite, [*numbers, *(work for _, work in self.class_work)]))
 
 
 class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):

@@ -2,11 +2,12 @@
 
 A heavy query (windows of `heavy_rows` rows) and a light one (`light_rows`) each
 arrive, Poisson, at `load` times the rate the engine serves that query alone (measured
-first: its first 40 relQueries arriving at once), so together they ask for 2·`load` of
-the engine and both stay backlogged. Over the first `minutes` of arrivals, the engine's
-tokens (prompt tokens computed and outputs, as `relstream usage` counts them) each
-query got, under relstream with fair share off and on (equal weights, and 2:1 for the
-light query), and stock V1's FCFS.
+first: its first relQueries, CAPACITY_ROWS rows at least, arriving at once), so
+together they ask for 2·`load` of the engine and both stay backlogged (the report says
+in what share of the steps each had rows waiting). Over the first `minutes` of
+arrivals, the engine's tokens (prompt tokens computed and outputs, as `relstream usage`
+counts them) each query got, under relstream with fair share off and on (equal
+weights, and 2:1 for the light query), and stock V1's FCFS.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from relstream_lab.policies import make_sim_policy
 from relstream_lab.sustained.run import load_profile, profile_label
 
 QUERIES = ("heavy", "light")
-CAPACITY_SAMPLE = 40  # relQueries of a query served alone to measure its rate
+CAPACITY_ROWS = 2000  # rows of a query served alone, at once, to measure its rate
 SHARE_BOUNDS = (0.45, 0.55)  # the issue's line for equal weights
 # name -> fair weights (None: fair share off; "v1-fcfs": stock V1)
 VARIANTS: dict[str, dict[str, float] | str | None] = {
@@ -57,16 +58,22 @@ class FairOptions:
 
 class CountingSimulator(Simulator):
     """The simulator, counting the tokens each step computes for each query while the
-    clock is before `until`."""
+    clock is before `until`, and the steps in which it had rows waiting."""
 
     def __init__(self, *args, until: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.until = until
         self.tokens = dict.fromkeys(QUERIES, 0)
+        self.waited = dict.fromkeys(QUERIES, 0)
+        self.steps = 0
 
     def execute(self, plan: StepPlan) -> list[str]:
         if self.clock < self.until:
             tracker = self.tracker
+            self.steps += 1
+            waiting = {tracker.relqueries[seq.relquery_id].query for seq in self._first_waiting()}
+            for query in waiting:
+                self.waited[query] += 1
             for request_id, tokens in [
                 *((c.request_id, c.num_tokens) for c in plan.prefill),
                 *((rid, 1) for rid in plan.decode),
@@ -74,6 +81,17 @@ class CountingSimulator(Simulator):
                 seq = tracker.running.get(request_id) or tracker.waiting[request_id]
                 self.tokens[tracker.relqueries[seq.relquery_id].query] += tokens
         return super().execute(plan)
+
+    def _first_waiting(self):
+        """Waiting rows in arrival order, until one of each query is seen."""
+        seen = set()
+        for seq in self.tracker.waiting.values():
+            query = self.tracker.relqueries[seq.relquery_id].query
+            if query not in seen:
+                seen.add(query)
+                yield seq
+                if len(seen) == len(QUERIES):
+                    return
 
 
 def query_trace(query: str, rows: tuple[int, int], count: int, seed: int, block: int, datasets):
@@ -103,10 +121,11 @@ def run_cell(job: tuple[str, int, FairOptions]) -> list[dict]:
     rates = {}
     sizes = (options.heavy_rows, options.light_rows)
     for index, (query, rows) in enumerate(zip(QUERIES, sizes, strict=True)):
-        sample = query_trace(query, rows, CAPACITY_SAMPLE, seed * 10 + index, block, datasets)
+        sample_size = -(-2 * CAPACITY_ROWS // (rows[0] + rows[1]))  # relQueries, on average
+        sample = query_trace(query, rows, sample_size, seed * 10 + index, block, datasets)
         at_once = [replace(rq, arrival_time=0.0) for rq in sample]
         served = Simulator(profile, policy(None)).run(at_once).makespan
-        rates[query] = options.load * CAPACITY_SAMPLE / served
+        rates[query] = options.load * sample_size / served
         count = int(rates[query] * until * 1.5) + 10
         trace = query_trace(query, rows, count, seed * 10 + index, block, datasets)
         scale = 1.0 / rates[query]  # the trace's gaps are for 1 relQuery a second
@@ -117,7 +136,8 @@ def run_cell(job: tuple[str, int, FairOptions]) -> list[dict]:
     for label, variant in VARIANTS.items():
         sim = CountingSimulator(profile, policy(variant), until=until)
         run = sim.run(mix)
-        record[label] = {"tokens": sim.tokens, "makespan": run.makespan}
+        waited = {query: sim.waited[query] / max(sim.steps, 1) for query in QUERIES}
+        record[label] = {"tokens": sim.tokens, "makespan": run.makespan, "waiting_share": waited}
     return [record]
 
 
@@ -172,16 +192,18 @@ def body(runs: Sequence[dict]) -> list[str]:
         "",
         "| profile | seed | relQueries heavy / light | "
         + " | ".join(f"heavy share: {label}" for label in VARIANTS)
-        + " | holds (1:1) |",
-        "|---|---|---|" + "---|" * len(VARIANTS) + "---|",
+        + " | steps with rows waiting, heavy / light (1:1) | holds (1:1) |",
+        "|---|---|---|" + "---|" * len(VARIANTS) + "---|---|",
     ]
     for r in runs:
         heavy = {label: shares(r, label)["heavy"] for label in VARIANTS}
         holds = low <= heavy["relstream fair 1:1"] <= high
+        waited = r["relstream fair 1:1"].get("waiting_share", {})
         lines.append(
             f"| {r['profile']} | {r['seed']} | {r['relqueries']['heavy']} / "
             f"{r['relqueries']['light']} | "
             + " | ".join(f"{heavy[label]:.1%}" for label in VARIANTS)
+            + f" | {waited.get('heavy', 0):.0%} / {waited.get('light', 0):.0%}"
             + f" | {'yes' if holds else 'no'} |"
         )
     return [*lines, ""]

@@ -2,8 +2,12 @@
 the engine where a relQuery delays fewest among those near the least, the hash when no
 report is fresh. Cases computed by hand."""
 
+import msgspec
+
 from relstream.placement.choice import Choice, EngineLoad, Placement, hash_partition
-from relstream.placement.load import SIZE_CLASSES, Load, size_class, size_counts
+from relstream.placement.load import SIZE_CLASSES, Load, class_work, size_class, size_counts
+from relstream.placement.reports import engine_load
+from relstream.wire import LoadReportMessage, decode, encode
 from relstream.wire.messages import MAX_SIZE_CLASSES
 
 PRICES = {"per_prompt_token_s": 0.001, "per_output_token_s": 0.01}
@@ -189,3 +193,32 @@ def test_an_engine_publishes_a_changed_report_at_once_and_an_unchanged_one_as_a_
     assert due(report(100.25, partitions=(0,)), last, 60.0)  # a rebalance
     busy = report(100.0, work=3.5)
     assert due(report(100.25, work=3.5), busy, 60.0)  # at work: every look, changed or not
+
+
+def test_work_is_counted_at_the_relquerys_class_and_above():
+    # a: 10 s of backfill (class -1) and 1 s of class 0; b: 4 s, all class 0. A live
+    # relQuery (class 0) waits behind 1 s on a (the backfill gives way) and 4 s on b: it
+    # goes to a. A backfill relQuery waits behind 11 s on a and 4 s on b: it goes to b.
+    # Each is 3 s (1,000 prompt tokens, 200 outputs), counted at its own class after.
+    room = Placement(partitions=4, spread=0.0)
+    backfill = Load(11.0, class_work=((0, 1.0), (-1, 10.0)), **PRICES)
+    room.report(EngineLoad("a", (0, 1), backfill, 100.0))
+    room.report(reported("b", (2, 3), 4.0, at=100.0, **PRICES))
+    assert room.choose(b"live", 1000, 200, now=100.5, priority=0) == 0
+    assert room.estimate("a", 0) == 4.0 and room.estimate("a", -1) == 14.0
+    assert room.choose(b"backfill", 1000, 200, now=100.5, priority=-1) == 2
+    # A class above every report's waits behind nothing reported, only what was sent.
+    assert room.estimate("b", 1) == 0.0 and room.estimate("a", 1) == 0.0
+    assert class_work([(0, 1.0), (-1, 4.0), (-1, 6.0)]) == ((0, 1.0), (-1, 10.0))
+    assert class_work([(0, 1.0), (0, 2.0)]) == ()  # all class 0: nothing to say
+
+
+def test_a_reports_class_work_crosses_the_wire():
+    message = LoadReportMessage(
+        engine="e", topic="t", partitions=[0], outstanding_s=3.0, at=1.0,
+        class_work=[(1, 1.0), (-1, 2.0)],
+    )  # fmt: skip
+    load = engine_load(decode(LoadReportMessage, encode(message))).load
+    assert load.class_work == ((1, 1.0), (-1, 2.0)) and load.ahead_of(0) == 1.0
+    bad = msgspec.structs.replace(message, class_work=[(0, float("inf"))])
+    assert not bad.finite

@@ -164,3 +164,12 @@ def test_a_background_prompt_is_chunked_to_a_short_step(priority, chunk):
     view.add_relquery("q", [1000], max_tokens=5, priority=priority)
     plan = Relstream(COST).plan(view)
     assert [(c.request_id, c.num_tokens) for c in plan.prefill] == [("q#0", chunk)]
+
+
+def test_the_load_an_engine_reports_says_its_work_by_class():
+    view, policy = full_of_backfill(live_rows=2)
+    policy.plan(view)
+    load = policy.load(view)
+    assert [level for level, _ in load.class_work] == [0, -1]  # highest first
+    assert sum(work for _, work in load.class_work) == pytest.approx(load.outstanding_s)
+    assert load.ahead_of(0) < load.ahead_of(-1) == pytest.approx(load.outstanding_s)
