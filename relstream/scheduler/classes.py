@@ -116,10 +116,8 @@ def within_slowdown(
     step is a step's base: the steps that seat it stay short."""
     classes = [info.priority for info in active[:1]]
     top = max([*classes, waiting.priority] if waiting is not None else classes, default=None)
-    if top is not None and top < BACKGROUND:
-        return background(active, c, budget)
     if top is None or not active:
-        return Slowdown(0)
+        return Slowdown(0, budget=background([], c, budget) if _background(top) else None)
     count = sum(1 for info in active if info.priority == top)
     decodes = prompt = 0
     for info in active[:count]:
@@ -133,14 +131,20 @@ def within_slowdown(
             break
         allowance -= cost
         count += 1
-    return Slowdown(count, top, allowance)
+    cut = background(active[:count], c, budget) if top < BACKGROUND else None
+    return Slowdown(count, top, allowance, cut)
 
 
-def background(active: list[RelQueryInfo], c: Coefficients, budget: int) -> Slowdown:
-    """Every class present is background: all of `active` decode, within a token budget
-    (of the engine's `budget`) whose prompt tokens keep the step within
-    BACKGROUND_STEP_S at the fitted prices, and are at least BACKGROUND_MIN_TOKENS."""
-    decodes = sum(len(info.running) - len(info.prompting) for info in active)
+def _background(top: int | None) -> bool:
+    return top is not None and top < BACKGROUND
+
+
+def background(decoding: list[RelQueryInfo], c: Coefficients, budget: int) -> int:
+    """The token budget (of the engine's `budget`) of a step where every class present
+    is background and `decoding` decode: their decodes, and prompt tokens that keep the
+    step within BACKGROUND_STEP_S at the fitted prices, at least BACKGROUND_MIN_TOKENS.
+    Among background classes the slowdown acts as among any others."""
+    decodes = sum(len(info.running) - len(info.prompting) for info in decoding)
     allowance = BACKGROUND_STEP_S - c.base - c.per_decode * decodes
     prompt = int(allowance / c.per_token + 1e-6) if c.per_token > 0 else budget
-    return Slowdown(len(active), budget=min(decodes + max(prompt, BACKGROUND_MIN_TOKENS), budget))
+    return min(decodes + max(prompt, BACKGROUND_MIN_TOKENS), budget)

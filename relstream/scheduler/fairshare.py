@@ -51,9 +51,12 @@ class FairShare:
         for query in now - self._backlogged:
             if floor is not None:
                 self.counters[query] = max(self.counters.get(query, 0.0), floor)
-        if floor is not None:  # an idle query at or below the floor would be lifted anyway
-            for query in [q for q, c in self.counters.items() if q not in now and c <= floor]:
-                del self.counters[query]
+        # An idle query at or below the floor would be lifted anyway; with nothing that
+        # waited before, no query was short of service: the idle ones' counters go.
+        idle = [q for q, c in self.counters.items()
+                if q not in now and (floor is None or c <= floor)]  # fmt: skip
+        for query in idle:
+            del self.counters[query]
         self._backlogged = now
 
     def charge(self, plan: StepPlan, tracker: RequestTracker) -> None:

@@ -181,7 +181,7 @@ class Relstream(Policy):
         )
         plan = self._step(view, ranked, coefficients)
         if self.fair is not None:
-            self.fair.charge(plan, view.tracker)
+            self.fair.charge(view.tracker.unshared(plan), view.tracker)  # twins run once
         decision = self.decision or StepDecision()
         self._planned = (now, full_batch(view), decision.held, decision.gated)
         return plan

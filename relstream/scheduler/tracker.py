@@ -5,6 +5,7 @@ per-request cap on a step's prompt tokens that follows from it."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from relstream.scheduler.data import EngineLimits, RelQueryInfo, SeqInfo, StepPlan
 from relstream.scheduler.lengths import OutputLengths
@@ -163,7 +164,7 @@ class RequestTracker:
             kept.append(chunk)
         if len(kept) == len(plan.prefill):
             return plan
-        return StepPlan(tuple(kept), plan.decode, plan.preempt)
+        return replace(plan, prefill=tuple(kept))  # its cut budget kept (`classes`)
 
     def drain_changed(self) -> set[str]:
         return self.drain_changes()[0]

@@ -13,6 +13,7 @@ from relstream.scheduler.classes import (
     within_slowdown,
 )
 from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.data import PrefillChunk, StepPlan
 from relstream.scheduler.relstream import Relstream
 from relstream.scheduler.stock_v1 import V1Priority
 
@@ -173,3 +174,25 @@ def test_the_load_an_engine_reports_says_its_work_by_class():
     assert [level for level, _ in load.class_work] == [0, -1]  # highest first
     assert sum(work for _, work in load.class_work) == pytest.approx(load.outstanding_s)
     assert load.ahead_of(0) < load.ahead_of(-1) == pytest.approx(load.outstanding_s)
+
+
+def test_among_background_classes_the_lower_one_decodes_within_the_slowdown():
+    # Classes -1 (4 decoding rows) and -2 (8): the slowdown acts as between any classes,
+    # b = 20 ms, 2 ms a decode: -1's step 28 ms, so -2 may add 5.6 ms, less than its 16.
+    # The cut budget counts the decodes that run: 4, plus (0.45 − 0.02 − 0.008) / 0.001.
+    view = ScriptedView(EngineLimits(64, 2048, 1_000_000, 16))
+    for relquery_id, rows, priority in (("bf-1", 4, -1), ("bf-2", 8, -2)):
+        for request_id in view.add_relquery(relquery_id, [20] * rows, 50, priority=priority):
+            view.start(request_id)
+    active = [view.tracker.relqueries[rid] for rid in ("bf-1", "bf-2")]
+    c = Coefficients(base=0.02, per_token=0.001, per_decode=0.002, batch=12)
+    slowdown = within_slowdown(active, c, 2048, waiting=None)
+    assert slowdown.decoding == 1 and slowdown.budget == 4 + 422
+
+
+def test_dropping_a_twin_keeps_the_plans_cut_budget():
+    view = ScriptedView(EngineLimits(16, 2048, 100_000, 16))
+    view.add_relquery("a", [20], 5, shares={0: "k"}, priority=-1)
+    view.add_relquery("b", [20], 5, shares={0: "k"}, priority=-1)
+    plan = StepPlan(prefill=(PrefillChunk("a#0", 20), PrefillChunk("b#0", 20)), budget=300)
+    assert view.tracker.unshared(plan) == StepPlan(prefill=(PrefillChunk("a#0", 20),), budget=300)

@@ -71,3 +71,22 @@ def test_a_query_served_goes_after_one_that_was_not(weights, second):
 def test_a_weight_must_be_positive():
     with pytest.raises(ValueError, match="'a'"):
         FairShare({"a": 0.0})
+
+
+def test_with_nothing_waiting_before_idle_counters_are_forgotten():
+    share = FairShare()
+    share.backlogged(["a"])
+    share.counters.update(a=30.0, gone=90.0)
+    share.backlogged([])  # nothing waits: no query was short of service, all forgotten
+    assert share.counters == {}
+    share.backlogged(["b"])  # no floor to lift to: b starts at 0
+    assert share.counters == {}
+
+
+def test_twins_dropped_from_a_plan_are_not_charged():
+    view = ScriptedView(EngineLimits(8, 1000, 100_000, 16))
+    view.add_relquery("a1", [30], 5, shares={0: "k"}, query="a")
+    view.add_relquery("b1", [30], 5, shares={0: "k"}, query="b")
+    policy = Relstream(COST, RelstreamConfig(fair_weights={}))
+    policy.plan(view)  # both planned; the mechanisms run one for both (`unshared`)
+    assert policy.fair.counters == {"a": 30.0}
