@@ -81,7 +81,12 @@ def priority(**opts) -> None:
 
 
 def real(opts: dict) -> None:
-    from relstream_lab.priority.real import run_real
+    from relstream_lab.priority.real import rebuild_real_report, run_real
+
+    if opts["report_only"]:
+        rebuild_real_report(opts["out"])
+        console.print(f"wrote {opts['out']}/README.md")
+        return
 
     command = canonical_command(
         ["bench", "priority"],

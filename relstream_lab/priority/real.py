@@ -140,3 +140,8 @@ def write_real_report(document: dict, out: Path) -> None:
             f"{none['live']:.2f} s | {none['live'] / r['idle']:.2f}x |"
         )
     write_readme(out, [*lines, ""])
+
+
+def rebuild_real_report(out: Path) -> None:
+    """README.md again from `out`'s results.json (after editing notes.md)."""
+    write_real_report(json.loads((out / "results.json").read_text()), out)
