@@ -6,6 +6,7 @@ import json
 import os
 import platform
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from relstream_lab.common.runner import RunSummary
+from relstream_lab.common.runner import RunSummary, run_pooled
 
 
 def machine_description() -> str:
@@ -145,6 +146,21 @@ def write_report(out: Path, title: str, document: dict, setting: str, body: list
         *body,
     ]
     write_readme(out, lines)
+
+
+def pooled_document(options, run_cell: Callable, on_cell: Callable | None = None) -> dict:
+    """A simulated benchmark's results: `run_cell` over every (profile, seed, options) of
+    `options` in `options.workers` processes, with the command, the machine and the
+    options (the paths, command and workers left out)."""
+    jobs = [(name, seed, options) for name in options.profiles for seed in options.seeds]
+    runs = run_pooled(run_cell, jobs, options.workers, on_cell)
+    left_out = ("out_dir", "datasets_dir", "command", "workers")
+    return {
+        "command": options.command,
+        "machine": machine_description(),
+        "options": {k: v for k, v in asdict(options).items() if k not in left_out},
+        "runs": runs,
+    }
 
 
 def rebuild(out_dir: Path, write: Callable[[Path, dict], None]) -> dict:

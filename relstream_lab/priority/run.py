@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from relstream.sim.simulator import SimRelQuery, Simulator
-from relstream_lab.common.report import machine_description, rebuild, write_report
-from relstream_lab.common.runner import make_cost_model, run_pooled
+from relstream_lab.common.report import pooled_document, rebuild, write_report
+from relstream_lab.common.runner import make_cost_model
 from relstream_lab.common.workload import (
     TraceConfig,
     generate_relqueries,
@@ -136,15 +136,7 @@ def summarize(record: dict, label: str) -> dict:
 def run_priority(
     options: PriorityOptions, on_cell: Callable[[list[dict]], None] | None = None
 ) -> dict:
-    jobs = [(name, seed, options) for name in options.profiles for seed in options.seeds]
-    runs = run_pooled(run_cell, jobs, options.workers, on_cell)
-    document = {
-        "command": options.command,
-        "machine": machine_description(),
-        "options": {k: v for k, v in asdict(options).items()
-                    if k not in ("out_dir", "datasets_dir", "command", "workers")},
-        "runs": runs,
-    }  # fmt: skip
+    document = pooled_document(options, run_cell, on_cell)
     write(options.out_dir, document)
     return document
 
