@@ -6,7 +6,8 @@ One engine under relstream serves, after a warm-up, in turn: the live relQuery a
 makespan M); the backfill with the live relQuery submitted at 0.45·M (classes); and the
 same with every relQuery of class 0 (no classes). vLLM's prefix cache is emptied before
 each. The backfill's makespan is its last result's latency (all arrive at once); the
-step log of every run is kept beside the results to attribute a live relQuery's wait.
+step log of every run is kept beside the results (gzipped) to attribute a live
+relQuery's wait.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery
+from relstream_lab.campaign.checkpoint import compress_step_log
 from relstream_lab.common.report import machine_description, write_readme
 from relstream_lab.common.workload import TraceConfig, generate_relqueries, load_datasets
 from relstream_lab.priority.run import BACKFILL, LIVE, LIVE_RATIO_BOUND, MAKESPAN_GROWTH_BOUND
@@ -107,6 +109,7 @@ def run_real(options: dict, out: Path, command: str, say=print) -> dict:
         if seed in done:
             continue
         document["runs"].append(asyncio.run(measure(seed, options, out, say)))
+        compress_step_log(out / f"steps-seed{seed}.jsonl")  # gzipped, as the campaign's
         path.write_text(json.dumps(document, indent=1) + "\n")
         write_real_report(document, out)
     return document
