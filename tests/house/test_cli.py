@@ -58,7 +58,7 @@ def test_the_product_lists_only_product_commands_and_the_lab_its_own():
     assert set(lab.commands) == {"bench", "drill"}
     benches = {"paper", "scheduler-cost", "campaign", "ceiling", "frontier", "repeats"}
     benches |= {"streaming", "faust-agent", "sustained", "zipf", "prefix", "placement", "idle"}
-    benches |= {"kv-bound", "gpu-steps", "priority"}
+    benches |= {"kv-bound", "gpu-steps", "priority", "fairshare"}
     assert benches == set(lab.commands["bench"].commands)
 
 
