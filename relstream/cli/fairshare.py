@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 
 def _fair_weights(values: tuple[str, ...]) -> dict[str, float]:
     weights = {}
     for value in values:
-        query, _, weight = value.rpartition("=")
+        query, _, text = value.rpartition("=")
         try:
-            weights[query] = float(weight)
+            weight = float(text)
         except ValueError:
-            weights[query] = float("nan")
-        if not query or not weights[query] > 0:
+            weight = math.nan
+        if not query or not weight > 0:
             raise click.BadParameter(f"{value!r}: give QUERY=WEIGHT, a weight above 0")
+        weights[query] = weight
     return weights
 
 

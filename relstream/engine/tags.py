@@ -11,6 +11,7 @@ service the scheduler's.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,9 @@ def relquery_tags(
     relQuery's class (`scheduler.classes`), and the registered query its relQuery is a
     window of, read from the id (`scheduler.fairshare`)."""
     tags: dict[str, Any] = {"relquery_id": relquery_id, "relquery_size": size}
-    window = WindowId.parse(relquery_id)
-    if window is not None:
-        tags["query"] = window.query
+    query = window_query(relquery_id)
+    if query is not None:
+        tags["query"] = query
     if priority:
         tags["priority"] = priority
     if deadline_in is not None:
@@ -48,6 +49,14 @@ def relquery_tags(
     if share is not None:
         tags["share"] = share
     return {EXTRA_ARGS_KEY: tags}
+
+
+@functools.lru_cache(maxsize=256)
+def window_query(relquery_id: str) -> str | None:
+    """The registered query a window's relQuery id names (None: not a window's), read
+    once per relQuery, not once per row: every row's request is tagged."""
+    window = WindowId.parse(relquery_id)
+    return None if window is None else window.query
 
 
 def load_record(at: float, load: Load) -> bytes:

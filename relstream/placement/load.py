@@ -92,6 +92,17 @@ def class_work(works: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], .
     return () if set(sums) <= {0} else tuple(sorted(sums.items(), reverse=True))
 
 
+def counted_load(
+    outstanding_s: float, per_prompt_token_s: float, per_output_token_s: float,
+    works: list[tuple[int, float]],
+) -> Load:  # fmt: skip
+    """A policy's load: its work and prices, its relQueries counted by size class and
+    their work summed by class from each one's (class, work)."""
+    counts = size_counts(work for _, work in works)
+    return Load(outstanding_s, per_prompt_token_s, per_output_token_s, counts,
+                class_work=class_work(works))  # fmt: skip
+
+
 def template_id(text: str) -> str:
     """A template's short id in load reports: its text's CRC-32 (a template may be 64 KB)."""
     return f"{zlib.crc32(text.encode()):08x}"

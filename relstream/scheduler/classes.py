@@ -116,8 +116,8 @@ def within_slowdown(
     step is a step's base: the steps that seat it stay short."""
     classes = [info.priority for info in active[:1]]
     top = max([*classes, waiting.priority] if waiting is not None else classes, default=None)
-    if top is None or not active:
-        return Slowdown(0, budget=background([], c, budget) if _background(top) else None)
+    if top is None:
+        return Slowdown(0)
     count = sum(1 for info in active if info.priority == top)
     decodes = prompt = 0
     for info in active[:count]:
@@ -132,11 +132,7 @@ def within_slowdown(
         allowance -= cost
         count += 1
     cut = background(active[:count], c, budget) if top < BACKGROUND else None
-    return Slowdown(count, top, allowance, cut)
-
-
-def _background(top: int | None) -> bool:
-    return top is not None and top < BACKGROUND
+    return Slowdown(count, top, allowance if active else None, cut)
 
 
 def background(decoding: list[RelQueryInfo], c: Coefficients, budget: int) -> int:

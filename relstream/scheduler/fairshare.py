@@ -48,8 +48,8 @@ class FairShare:
         now = set(queries)
         kept = [self.counters.get(query, 0.0) for query in now & self._backlogged]
         floor = min(kept, default=None)
-        for query in now - self._backlogged:
-            if floor is not None:
+        if floor is not None:
+            for query in now - self._backlogged:
                 self.counters[query] = max(self.counters.get(query, 0.0), floor)
         # An idle query at or below the floor would be lifted anyway; with nothing that
         # waited before, no query was short of service: the idle ones' counters go.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from relstream.placement.load import Load, class_work, size_counts
+from relstream.placement.load import Load, counted_load
 from relstream.scheduler.cost import Coefficients, CostModel
 from relstream.scheduler.remaining import remaining
 from relstream.scheduler.steprecord import StepDecision
@@ -59,9 +59,8 @@ class Policy(ABC):
         c = Coefficients.of(self.cost, load_batch(view))
         relqueries = view.tracker.relqueries.values()
         works = [(info.priority, c.work(remaining(info))) for info in relqueries]
-        seconds = [work for _, work in works]
-        return Load(sum(seconds, 0.0), c.per_token, c.per_output, size_counts(seconds),
-                    class_work=class_work(works))  # fmt: skip
+        total = sum((work for _, work in works), 0.0)
+        return counted_load(total, c.per_token, c.per_output, works)
 
     def cost_coefficients(self) -> dict[str, float]:
         """The step costs this policy decides with, as last fitted (for reports)."""

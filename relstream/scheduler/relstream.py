@@ -59,7 +59,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from relstream.placement.load import Load, class_work, size_counts
+from relstream.placement.load import Load, counted_load
 from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.classes import Slowdown, best_waiting, make_way, within_slowdown
 from relstream.scheduler.cost import Coefficients, CostModel
@@ -162,9 +162,7 @@ class Relstream(Policy):
         c = replace(self._last, batch=load_batch(view))
         relqueries = view.tracker.relqueries
         works = [(_class(relqueries.get(rid)), c.work(left)) for rid, left in self._left.items()]
-        counts = size_counts(work for _, work in works)
-        total = c.work(self._left.total())
-        return Load(total, c.per_token, c.per_output, counts, class_work=class_work(works))
+        return counted_load(c.work(self._left.total()), c.per_token, c.per_output, works)
 
     def plan_step(self, view: EngineView) -> StepPlan:
         coefficients = self._last = self.ranking.prices = self._coefficients(view)
