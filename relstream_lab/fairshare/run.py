@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from relstream.scheduler.fairshare import FairShare
 from relstream.scheduler.relstream import Relstream, RelstreamConfig
 from relstream.scheduler.view import StepPlan
 from relstream.sim.simulator import SimRelQuery, Simulator
@@ -58,40 +59,36 @@ class FairOptions:
 
 class CountingSimulator(Simulator):
     """The simulator, counting the tokens each step computes for each query while the
-    clock is before `until`, and the steps in which it had rows waiting."""
+    clock is before `until` (as fair share charges them, weight 1: a step as it runs,
+    twins once), and the steps in which it had rows waiting."""
 
     def __init__(self, *args, until: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.until = until
-        self.tokens = dict.fromkeys(QUERIES, 0)
+        self.counted = FairShare()  # its counters, never lifted: each query's tokens
         self.waited = dict.fromkeys(QUERIES, 0)
         self.steps = 0
 
+    @property
+    def tokens(self) -> dict[str, float]:
+        return {query: self.counted.counters.get(query, 0.0) for query in QUERIES}
+
     def execute(self, plan: StepPlan) -> list[str]:
         if self.clock < self.until:
-            tracker = self.tracker
             self.steps += 1
-            waiting = {tracker.relqueries[seq.relquery_id].query for seq in self._first_waiting()}
-            for query in waiting:
+            for query in self._waiting_queries():
                 self.waited[query] += 1
-            for request_id, tokens in [
-                *((c.request_id, c.num_tokens) for c in plan.prefill),
-                *((rid, 1) for rid in plan.decode),
-            ]:
-                seq = tracker.running.get(request_id) or tracker.waiting[request_id]
-                self.tokens[tracker.relqueries[seq.relquery_id].query] += tokens
+            self.counted.charge(self.tracker.unshared(plan), self.tracker)
         return super().execute(plan)
 
-    def _first_waiting(self):
-        """Waiting rows in arrival order, until one of each query is seen."""
-        seen = set()
+    def _waiting_queries(self) -> set[str]:
+        """The queries with rows waiting (in arrival order, until each is seen)."""
+        seen: set[str] = set()
         for seq in self.tracker.waiting.values():
-            query = self.tracker.relqueries[seq.relquery_id].query
-            if query not in seen:
-                seen.add(query)
-                yield seq
-                if len(seen) == len(QUERIES):
-                    return
+            seen.add(self.tracker.relqueries[seq.relquery_id].query)
+            if len(seen) == len(QUERIES):
+                break
+        return seen
 
 
 def query_trace(query: str, rows: tuple[int, int], count: int, seed: int, block: int, datasets):
