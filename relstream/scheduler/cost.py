@@ -4,17 +4,21 @@
     L_decode(d)  = alpha_d * req(d)  + beta_d      (requests in the decode batch)
 
 `CostModel` keeps fixed coefficients (the paper fits them offline); `OnlineCostModel`
-refits them from every executed step with recursive least squares, so no profiling run
-is needed and a drifting machine is tracked.
+refits them from every executed pure step with recursive least squares, so no profiling
+run is needed and a drifting machine is tracked; each slope is capped by what the steps
+took per unit (`SlopeCeiling`).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from relstream.scheduler.remaining import Remaining
 from relstream.scheduler.view import StepFeedback, StepKind
+
+CEILING_DECILE = 0.1  # the quantile of time per unit that caps a slope (`SlopeCeiling`)
 
 
 @dataclass
@@ -157,15 +161,51 @@ class OnlineCostModel(CostModel):
         )
         self._prefill_fit = RecursiveLeastSquares(Linear(**vars(self.prefill)), forgetting)
         self._decode_fit = RecursiveLeastSquares(Linear(**vars(self.decode)), forgetting)
+        self._prefill_ceiling, self._decode_ceiling = SlopeCeiling(), SlopeCeiling()
 
     def observe(self, feedback: StepFeedback) -> None:
         # Mixed steps do not separate the two phases' costs, so only pure steps teach.
         if feedback.kind is StepKind.PREFILL:
-            self._prefill_fit.update(feedback.uncached_tokens, feedback.duration)
-            _copy_non_negative(self._prefill_fit.line, self.prefill)
+            fit, ceiling, used = self._prefill_fit, self._prefill_ceiling, self.prefill
+            units = feedback.uncached_tokens
         elif feedback.kind is StepKind.DECODE:
-            self._decode_fit.update(feedback.decode_requests, feedback.duration)
-            _copy_non_negative(self._decode_fit.line, self.decode)
+            fit, ceiling, used = self._decode_fit, self._decode_ceiling, self.decode
+            units = feedback.decode_requests
+        else:
+            return
+        fit.update(units, feedback.duration)
+        ceiling.see(units, feedback.duration)
+        _copy_non_negative(fit.line, used)
+        used.slope = min(used.slope, ceiling.most())
+
+
+@dataclass
+class SlopeCeiling:
+    """The most a line's slope can be: a step takes at least its per-unit part, so no
+    unit (prompt token, decode request) costs more than a step's time over its units.
+    Two pure prompt steps, one slowed fourfold by a process beside it, were a line of
+    ten times the slope: the line through two points, extrapolated (an engine serving
+    windows sees few pure prompt steps). The ceiling is the low decile of the last
+    `window` steps' ratios, not their least, so one mistimed step sets none."""
+
+    window: int = 64
+    _ratios: deque = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._ratios = deque(maxlen=self.window)
+
+    def see(self, units: float, duration: float) -> None:
+        if units > 0:
+            self._ratios.append(duration / units)
+
+    def most(self) -> float:
+        """The ceiling (inf before any step with units)."""
+        if not self._ratios:
+            return math.inf
+        ordered = sorted(self._ratios)
+        at = CEILING_DECILE * (len(ordered) - 1)  # linear interpolation, as numpy's
+        low = math.floor(at)
+        return ordered[low] + (at - low) * (ordered[min(low + 1, len(ordered) - 1)] - ordered[low])
 
 
 COST_MODEL_KINDS = ("online", "fixed")

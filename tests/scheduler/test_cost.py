@@ -11,7 +11,7 @@ from relstream.scheduler import (
     StepKind,
     cost_model_of,
 )
-from relstream.scheduler.cost import RecursiveLeastSquares
+from relstream.scheduler.cost import RecursiveLeastSquares, SlopeCeiling
 
 
 def test_fixed_model_ignores_feedback(cost):
@@ -46,6 +46,22 @@ def test_online_fit_learns_true_lines_from_a_wrong_prior():
     assert model.prefill.intercept == pytest.approx(0.020, rel=0.05)
     assert model.decode.slope == pytest.approx(0.0018, rel=0.02)
     assert model.decode.intercept == pytest.approx(0.047, rel=0.05)
+
+
+def test_a_slowed_step_does_not_price_every_prompt_token_as_it():
+    """Two pure prompt steps, the second slowed fourfold by a process beside it: 200
+    tokens in 0.4 s (2 ms each), 400 in 3.2 s (8 ms each). Their line's slope is
+    (3.2 - 0.4) / 200 = 14 ms; no token took more than 8 ms, and the ceiling, the low
+    decile of the two ratios, is 2 + 0.1 * (8 - 2) = 2.6 ms."""
+    model = OnlineCostModel(CostModel(Linear(0.0013, 0.02), Linear(0.0018, 0.047)))
+    model.observe(StepFeedback(StepKind.PREFILL, 200, 0, 0.4))
+    model.observe(StepFeedback(StepKind.PREFILL, 400, 0, 3.2))
+    assert model._prefill_fit.line.slope == pytest.approx(0.014, rel=0.01)  # the line's
+    assert model.prefill.slope == pytest.approx(0.0026)  # the price used
+    ceiling = SlopeCeiling()
+    assert ceiling.most() == math.inf  # nothing seen, nothing capped
+    ceiling.see(0, 1.0)  # a step of no units says nothing
+    assert ceiling.most() == math.inf
 
 
 def test_online_fit_skips_mixed_steps():
