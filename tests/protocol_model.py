@@ -259,7 +259,7 @@ class Model:
         return closed, rejected
 
     def _relquery(self, window) -> tuple[str, tuple]:
-        return f"q-{window.window_id}", tuple(self.identities[r.key] for r in window.rows)
+        return window.window_id("q").format(), tuple(self.identities[r.key] for r in window.rows)
 
     def _worker_poll(self, n, outcomes, dies=False, commit_fails=False, cut=None):
         if self.worker is None:

@@ -117,7 +117,9 @@ def reset(
         # With the windows recut (a dry run with --config), what a sink makes of the rows
         # is told from them, window by window: the guess from the snap alone said "under
         # the ids they had" above windows it then listed under new ids.
-        said = _recut_lines(move, recuts[move]) if move in recuts else [move.sinks()]
+        said = [move.sinks()]
+        if move in recuts:
+            said = _recut_lines(move, recuts[move], registration.name)
         for line in filter(None, said):
             console.print(f"    {line}", markup=False, soft_wrap=True)  # one line each
     if dry_run:
@@ -164,7 +166,7 @@ def _recut(consumer, registration, move, published: set[str], message_bytes: int
     return recut(registration, move.partition.partition, records, published, message_bytes)
 
 
-def _recut_lines(move, found) -> list[str]:
+def _recut_lines(move, found, query: str) -> list[str]:
     """A dry run's account of the windows cut again, each new one named."""
     known, new = found.known, found.new
     first, last = move.again()
@@ -177,7 +179,7 @@ def _recut_lines(move, found) -> list[str]:
     ]
     for window in new:
         lines.append(
-            f"new: {window.window_id} (offsets {window.first_offset}..{window.last_offset}, "
+            f"new: {window.window_id(query)} (offsets {window.first_offset}..{window.last_offset}, "
             f"{len(window.rows)} row(s)): a sink stores these rows a second time"
         )
     return lines

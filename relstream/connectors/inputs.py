@@ -1,23 +1,10 @@
-"""What makes stored results joinable: the query a result answers (from its window's id)
-and the input values of each of its rows (from its relQuery's rows, which
-`kafka.inputs.RelQueryInputs` reads from the relqueries topic)."""
+"""What makes stored results joinable: the input values of each of a result's rows (from
+its relQuery's rows, which `kafka.inputs.RelQueryInputs` reads from the relqueries topic).
+The query a result answers is its window id's (`wire.windowid.WindowId.query_of`)."""
 
 from __future__ import annotations
 
-import re
-
 from relstream.wire.messages import RelQueryRow
-
-# A window's relQuery id: `<query>-<partition>-<first offset>@<ms>` (`stream.windowing`),
-# or `<query>-<partition>-<first offset>` from earlier releases.
-_WINDOW_ID = re.compile(r"^(?P<query>.+)-\d+-\d+(?:@\d+)?$")
-
-
-def query_of(relquery_id: str) -> str | None:
-    """The registered query whose window `relquery_id` is; None for any other id (a
-    relQuery a client submitted itself)."""
-    match = _WINDOW_ID.match(relquery_id)
-    return match["query"] if match else None
 
 
 def input_values(rows: list[RelQueryRow] | None, index: int, key: str) -> dict | None:

@@ -23,11 +23,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from relstream.connectors.inputs import input_values, query_of
+from relstream.connectors.inputs import input_values
 from relstream.connectors.journal import FileJournal
 from relstream.connectors.postgres import PostgresUnavailable, connect, first_line, where
 from relstream.wire import ResultMessage
 from relstream.wire.messages import RelQueryRow
+from relstream.wire.windowid import WindowId
 
 LATENCY_PARTS = ("queued", "waiting", "core", "tail", "total")
 CSV_COLUMNS = ("relquery_id", "query", "row_key", "status", "output", "error", *LATENCY_PARTS)
@@ -117,7 +118,7 @@ class JsonlSink(_JournalledFile):
     def write(self, result: ResultMessage) -> bool:
         if result.id in self._seen:
             return False
-        line = {"query": query_of(result.id), **msgspec.to_builtins(result)}
+        line = {"query": WindowId.query_of(result.id), **msgspec.to_builtins(result)}
         if self._inputs is not None:
             rows = self._inputs(result.id)
             for index, row in enumerate(line["rows"]):
@@ -182,7 +183,7 @@ class CsvSink(_JournalledFile):
         for index, row in enumerate(result.rows):
             line = {
                 "relquery_id": result.id,
-                "query": query_of(result.id),
+                "query": WindowId.query_of(result.id),
                 "row_key": row.key,
                 "status": row.status,
                 "output": row.output,
@@ -254,7 +255,7 @@ class PostgresSink:
         ).format(self.table)
         from psycopg.types.json import Jsonb
 
-        query = query_of(result.id)
+        query = WindowId.query_of(result.id)
         inputs = self._inputs(result.id) if self._inputs is not None else None
         inserted = 0
         with self._conn.cursor() as cursor:

@@ -19,26 +19,22 @@ and the move says that the rows from there come under new ids.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from relstream.kafka.bounds import Span, extents, partitions
-
-# a window's relQuery id, as `stream.windowing` names it; ids of earlier releases (no
-# `@<ms>`) do not say which rows they had, so they are never a known start
-WINDOW_ID = re.compile(r"(?P<query>.+)-(?P<partition>\d+)-(?P<offset>\d+)@(?P<ms>\d+)")
+from relstream.wire.windowid import WindowId
 
 
 def known_starts(ids: Iterable[str], query: str) -> dict[int, dict[int, int]]:
     """The window starts named by `query`'s ids among `ids`: partition -> {first offset:
-    first row's ms}."""
+    first row's ms}. Ids of earlier releases (no `@<ms>`) do not say which rows they had,
+    so they are never a known start (`WindowId.parse`)."""
     starts: dict[int, dict[int, int]] = {}
     for relquery_id in ids:
-        match = WINDOW_ID.fullmatch(relquery_id)
-        if match and match["query"] == query:
-            offsets = starts.setdefault(int(match["partition"]), {})
-            offsets[int(match["offset"])] = int(match["ms"])
+        window = WindowId.parse(relquery_id)
+        if window is not None and window.query == query:
+            starts.setdefault(window.partition, {})[window.offset] = window.ms
     return starts
 
 

@@ -17,16 +17,15 @@ a window's.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from relstream.wire.windowid import WindowId
 
 MAX_RELQUERIES = 1000  # relQueries one door holds at once, served here or forwarded
 MAX_ROWS = 200_000  # their rows: two of the largest relQueries (MAX_RELQUERY_ROWS)
 MAX_BODY_MIB = 256  # their request bodies
 RETRY_AFTER_S = 1  # what a 429 tells its client to wait, in seconds
 
-# The worker's window id (`Window.window_id` after the query's name).
-_WINDOW_ID = re.compile(r".+-[0-9]+-[0-9]+@-?[0-9]+", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class HttpError(Exception):
 
 def is_window_id(relquery_id: str) -> bool:
     """Whether `relquery_id` has the form of a worker's window id."""
-    return _WINDOW_ID.fullmatch(relquery_id) is not None
+    return WindowId.parse(relquery_id) is not None
 
 
 class DoorAdmission:

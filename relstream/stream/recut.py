@@ -52,6 +52,6 @@ def recut(
     if cutter.open is not None:
         windows.append(cutter.open)
     for window in windows:
-        name = f"{registration.name}-{window.window_id}"
+        name = window.window_id(registration.name).format()
         (found.known if name in published else found.new).append(window)
     return found

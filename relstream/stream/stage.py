@@ -215,7 +215,7 @@ class WindowStage:
         for window in closed:
             sent = self._published.get(window.partition, {}).get(window.start)
             if not exactly_once and sent == window.last_offset:  # a replay, cut the same
-                name = f"{self.registration.name}-{window.window_id}"
+                name = window.window_id(self.registration.name)
                 log.info("window %s: replayed as published, not sent again", name)
                 continue
             part = await self._window_part(window)
@@ -326,5 +326,7 @@ def _encoded(
     registration: QueryRegistration, window: Window, placed: bool
 ) -> tuple[RelQueryMessage, bytes, Demand | None]:
     priority = window_priority(registration, window.first_ms, time.time())
-    message = relquery_for_window(registration, window.rows, window.window_id, priority)
+    message = relquery_for_window(
+        registration, window.rows, window.window_id(registration.name), priority
+    )
     return message, encode(message), demand_of(message) if placed else None

@@ -57,6 +57,7 @@ from relstream.wire import MessageError, RelQueryMessage, RelQueryRow, RowMessag
 from relstream.wire.convert import output_message, sampling_fields
 from relstream.wire.formats import Headers, decode_record
 from relstream.wire.messages import MAX_PRIORITY, MAX_ROW_BYTES
+from relstream.wire.windowid import WindowId
 
 # Kafka's default message limit, and relstream producers' request limit
 # (`kafka.clients.MAX_REQUEST_BYTES`): the bound where none is given.
@@ -64,8 +65,6 @@ MESSAGE_BYTES = 1_048_576
 # Room in a message for what is not the relQuery's value: its key (the id, at most 1 KiB
 # in UTF-8), headers (none today), the record's varints and the record batch's 61 bytes.
 ENVELOPE_BYTES = 4096
-# A window id with the most digits it can have: partition, first offset, milliseconds.
-_LONGEST_WINDOW_ID = f"{2**31 - 1}-{2**63 - 1}@-{2**63 - 1}"
 _ROWS_HEADER_BYTES = 5  # msgpack's array header for the rows: 1 byte when empty, at most 5
 _ENCODER = msgspec.msgpack.Encoder()
 # A RelQueryRow's own bytes besides its key and values: a 2-entry map and the two names.
@@ -118,14 +117,14 @@ def window_priority(registration: QueryRegistration, first_ms: int, now: float) 
 def relquery_for_window(
     registration: QueryRegistration,
     rows: list[RowMessage],
-    window_id: str,
+    window_id: WindowId,
     priority: int | None = None,
 ) -> RelQueryMessage:
     """The relquery message for one window's rows (of class `priority`, the
     registration's unless given). `window_id` is the same when the window is replayed
     after a crash, so consumers de-duplicate on the id."""
     return RelQueryMessage(
-        id=f"{registration.name}-{window_id}",
+        id=window_id.format(),
         template=registration.template.text,
         rows=[RelQueryRow(key=row.key, values=row.values) for row in rows],
         system_prompt=registration.system_prompt,
@@ -150,7 +149,8 @@ def rows_budget(registration: QueryRegistration, message_bytes: int) -> int:
     """The bytes a window's rows may take (`row_bytes` summed) so that its relQuery, with
     the longest id a window can have, and its Kafka envelope fit in `message_bytes`."""
     # The longest id, and the class that encodes longest (msgpack: -100 takes 2 bytes).
-    frame = relquery_for_window(registration, [], _LONGEST_WINDOW_ID, -MAX_PRIORITY)
+    longest = WindowId(registration.name, 2**31 - 1, 2**63 - 1, -(2**63 - 1))  # most digits
+    frame = relquery_for_window(registration, [], longest, -MAX_PRIORITY)
     fixed = len(encode(frame)) - 1 + _ROWS_HEADER_BYTES  # the empty list's header was 1 byte
     return message_bytes - ENVELOPE_BYTES - fixed
 
@@ -174,10 +174,10 @@ class Window:
         incarnation of the topic (offsets alone repeat once a topic is made again)."""
         return self.first_offset, self.first_ms
 
-    @property
-    def window_id(self) -> str:
-        """Unique across incarnations of the topic, the same on a replay (module doc)."""
-        return f"{self.partition}-{self.first_offset}@{self.first_ms}"
+    def window_id(self, query: str) -> WindowId:
+        """Its relQuery's id as `query`'s window: unique across incarnations of the
+        topic, the same on a replay (module doc)."""
+        return WindowId(query, self.partition, self.first_offset, self.first_ms)
 
 
 class PartitionWindows:

@@ -99,7 +99,7 @@ def test_a_window_closed_during_an_outage_is_replayed_with_the_same_rows_not_the
     assert replay.expire(now=161.0, lateness=1.0) is None  # not before it has its rows
     assert replay.add(569, stamps[569], rows[569]) == []
     again = replay.add(570, stamps[570], rows[570])  # late: within the deadline
-    assert [(w.window_id, keys(w)) for w in again] == [(published.window_id, keys(published))]
+    assert [(w.start, keys(w)) for w in again] == [(published.start, keys(published))]
     replay.add(571, stamps[571], rows[571])
     rest = replay.expire(now=161.0, lateness=1.0)
     assert keys(rest) == ["r570", "r571"] and rest.first_offset == 570

@@ -115,11 +115,12 @@ def test_a_dry_run_recuts_the_rows_read_again_as_the_worker_will():
     records[8] = Record(8, 2200, b"not a row", [])  # dead-lettered; 6-9 holds 3 rows
     published = {"q-0-0@1000", "q-0-4@1400", "q-0-6@2000"}
     snapped = recut(registration, 0, records[4:], published)  # from a window's start
-    assert [(w.window_id, len(w.rows)) for w in snapped.known] == [("0-4@1400", 2), ("0-6@2000", 3)]
+    known = [(str(w.window_id("q")), len(w.rows)) for w in snapped.known]
+    assert known == [("q-0-4@1400", 2), ("q-0-6@2000", 3)]
     assert (snapped.new, snapped.rejected) == ([], 1)
     asked = recut(registration, 0, records[5:], published)  # mid-window: 5 alone, then 6-9
-    assert [w.window_id for w in asked.new] == ["0-5@1500"]
-    assert [w.window_id for w in asked.known] == ["0-6@2000"]
+    assert [str(w.window_id("q")) for w in asked.new] == ["q-0-5@1500"]
+    assert [str(w.window_id("q")) for w in asked.known] == ["q-0-6@2000"]
     assert (asked.rows(asked.new), asked.rows(asked.known)) == (1, 3)
 
 
@@ -335,7 +336,7 @@ def test_a_reset_mid_window_answers_each_row_again_under_the_id_it_had(broker, t
                 "(a sink stores the new ones' rows again)" in said
             )
             assert "sinks store each once" not in said
-            assert f"new: 0-5@{base + STAMPS[5] - 1000} (offsets 5..5, 1 row(s))" in said
+            assert f"new: {QUERY}-0-5@{base + STAMPS[5] - 1000} (offsets 5..5, 1 row(s))" in said
         finally:
             stop.set()
             await engine

@@ -199,7 +199,7 @@ def test_past_its_bound_of_rows_or_bytes_a_request_is_a_429_and_one_over_it_alon
 def test_an_id_in_the_workers_window_form_is_refused_and_others_are_not():
     window = Window(partition=0, first_offset=12, deadline=0.0, rows=[], last_offset=12,
                     first_ms=1763800000000)  # fmt: skip
-    workers = f"reviews-{window.window_id}"  # as the worker names a window's relQuery
+    workers = str(window.window_id("reviews"))  # as the worker names a window's relQuery
 
     async def scenario(client):
         ids = (workers, "reviews-0-12", "fill-1", "a@b")

@@ -2,14 +2,11 @@
 and the Prometheus counters by query (docs/usage.md). Hand-computed fixtures; the real
 engine's counts are checked against vLLM's own in tests/engine/test_vllm_engine.py."""
 
-from relstream.model import RelQueryResult, RowResult, RowStatus, Template
+from relstream.model import RelQueryResult, RowResult, RowStatus
 from relstream.service import metrics as engine_metrics
 from relstream.service.metrics import EngineMetrics
-from relstream.stream.registrations import QueryRegistration
-from relstream.stream.windowing import Window, relquery_for_window
 from relstream.wire import RowUsage, Usage
 from relstream.wire.convert import metrics_message, partial_result_message, result_message
-from relstream.wire.windowid import WindowId
 
 ROWS = [
     RowResult(0, "ran", RowStatus.OK, "a", output_tokens=5, prompt_tokens=40,
@@ -77,12 +74,3 @@ def test_the_query_label_is_bounded(monkeypatch):
     assert (relqueries("a"), relqueries("b"), relqueries("(other)")) == (2, 1, 1)
     assert relqueries("c") is None
 
-
-def test_a_windows_relquery_id_names_its_query():
-    registration = QueryRegistration("movie-reviews-2", "t", Template("{x}"))
-    window = Window(3, 1200, 0.0, [], 1250, -5)
-    relquery_id = relquery_for_window(registration, [], window.window_id).id
-    assert WindowId.parse(relquery_id) == WindowId("movie-reviews-2", 3, 1200, -5)
-    assert str(WindowId.parse(relquery_id)) == relquery_id
-    assert WindowId.parse("movie-reviews-2") is None  # sent straight to the engine
-    assert WindowId.parse("q-0-12") is None  # a window id of a release before `@ms`

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from relstream.connectors.inputs import query_of
 from relstream.connectors.sinks import CsvSink, JsonlSink, default_group, open_sink
 from relstream.connectors.sources import read_query, read_rows
 from relstream.kafka.brokers import free_port
@@ -79,12 +78,6 @@ def test_file_sinks_store_each_relquery_once(tmp_path, sink_class, name):
         assert [json.loads(line)["id"] for line in lines] == ["q1", "q2"]
     else:
         assert lines[0].startswith("relquery_id,query,row_key") and len(lines) == 1 + 2 * 2
-
-
-def test_the_query_is_read_from_a_window_id():
-    assert query_of("review-sentiment-3-120@1764000000123") == "review-sentiment"
-    assert query_of("review-sentiment-3-120") == "review-sentiment"  # earlier releases
-    assert query_of("q1") is None  # a relQuery a client submitted itself
 
 
 def test_a_csv_sink_widens_for_input_columns_and_old_files(tmp_path):

@@ -29,7 +29,7 @@ def cut(records, expire_at=()):
     for now in [t for t in expire_at if t > records[-1][1]]:
         window = cutter.expire(now, lateness=1.0)
         closed += [window] if window else []
-    return [(w.window_id, [r.key for r in w.rows]) for w in closed], cutter
+    return [(str(w.window_id("q")), [r.key for r in w.rows]) for w in closed], cutter
 
 
 RECORDS = [
@@ -44,13 +44,13 @@ RECORDS = [
 
 def test_windows_close_on_the_row_cap_and_on_a_row_past_the_deadline():
     windows, cutter = cut(RECORDS)
-    assert windows == [("2-10@0", ["a", "b", "c"]), ("2-14@10000", ["d"])]
+    assert windows == [("q-2-10@0", ["a", "b", "c"]), ("q-2-14@10000", ["d"])]
     assert cutter.committable() == 15  # e's window is open: a replay starts there
 
 
 def test_with_no_row_past_the_deadline_the_clock_closes_the_window_late():
     windows, cutter = cut(RECORDS, expire_at=(14.5, 15.0))  # e's deadline 14, +1 s lateness
-    assert windows[-1] == ("2-15@12000", ["e"])
+    assert windows[-1] == ("q-2-15@12000", ["e"])
     assert cutter.committable() == 16
 
 
@@ -67,7 +67,7 @@ def test_a_recreated_topic_names_its_windows_anew():
     after, _ = cut([(offset, stamp + 3600.5, key) for offset, stamp, key in RECORDS])
     assert [keys for _, keys in before] == [keys for _, keys in after]
     assert not {i for i, _ in before} & {i for i, _ in after}
-    assert [i for i, _ in after] == ["2-10@3600500", "2-14@3610500"]
+    assert [i for i, _ in after] == ["q-2-10@3600500", "q-2-14@3610500"]
 
 
 # Windows cut by bytes: up to 10 rows, so only the byte budget closes them here.
@@ -120,9 +120,10 @@ def test_a_window_closes_before_the_row_that_would_take_it_over_the_byte_budget(
     ]
     assert (cutter.open.rows_bytes, cutter.committable()) == (21, 4)  # e's window, open
     _, replayed = feed()
-    assert [w.window_id for w in replayed] == [w.window_id for w in closed] == ["0-0@0", "0-2@200"]
+    ids = [str(w.window_id("q")) for w in closed]
+    assert [str(w.window_id("q")) for w in replayed] == ids == ["q-0-0@0", "q-0-2@200"]
     for window in closed:  # the relQuery with its envelope fits, with the id's room to spare
-        message = relquery_for_window(BY_BYTES, window.rows, f"q-{window.window_id}")
+        message = relquery_for_window(BY_BYTES, window.rows, window.window_id("q"))
         assert len(encode(message)) + ENVELOPE_BYTES <= limit
     # A row that alone takes more: 1 + 4 + 4 ("big") + 7 + 1 + 2 + (2 + 40) = 61 bytes.
     alone = RowMessage(table="t", key="big", values={"x": "y" * 40})
