@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from relstream.model import RelQuery, RelQueryResult, RowResult
+from relstream.placement.load import Load
 
 BACKLOG_KV_MULTIPLE = 32  # the backlog holds this many KV-fulls of rows
 TOKENS_PER_ROW = 512  # a row's prompt and answer, for sizing the backlog only
@@ -55,12 +56,7 @@ class RelQueryHandle(Protocol):
 
 @runtime_checkable
 class RelQueryBackend(Protocol):
-    """Something that serves relQueries: submit, then follow the handle.
-
-    A backend may also answer `load() -> Load | None`, its load now
-    (`relstream.placement.load`), which the service reports for placement
-    (`placement/reports.py`); one without it, or that
-    answers None (the vLLM runtime before its plug-in's first write), reports nothing."""
+    """Something that serves relQueries: submit, then follow the handle."""
 
     model_name: str  # reported with every result
 
@@ -80,9 +76,28 @@ class RelQueryBackend(Protocol):
         are reported through the handle, never raised here."""
         ...
 
+    def load(self) -> Load | None:
+        """Its load now, as its scheduler prices it, which the service reports for
+        placement (`placement/reports.py`); None where it cannot tell one (the vLLM
+        runtime before its plug-in's first write, a backend that does not price its
+        work), and then it reports nothing."""
+        ...
+
     def shutdown(self) -> None:
         """Release the engine. Idempotent."""
         ...
+
+
+def missing_members(backend: object) -> list[str]:
+    """What `backend` lacks of `RelQueryBackend`, each named as the contract names it
+    (`load()` came a release after `submit`: a backend without it would stop the load
+    reporter, not the engine, so `relstream engine` refuses it at start)."""
+    members = [*RelQueryBackend.__annotations__, *(
+        name for name, value in vars(RelQueryBackend).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    )]  # fmt: skip
+    return [f"{name}()" if callable(getattr(RelQueryBackend, name)) else name
+            for name in members if not hasattr(backend, name)]  # fmt: skip
 
 
 async def run(backend: RelQueryBackend, relquery: RelQuery) -> RelQueryResult:

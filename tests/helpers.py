@@ -314,6 +314,9 @@ class CachingBackend:
     def backlog_rows(self) -> int:
         return 10_000
 
+    def load(self) -> None:
+        """It does not price its work: it reports no load."""
+
     def shutdown(self) -> None:
         """Nothing to release."""
 

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import click
 
+from relstream.backend import missing_members
 from relstream.cli.common import (
     broker_kind_option,
     exit_quietly,
@@ -287,7 +288,10 @@ async def _start_backend(opts: dict):
     if opts["backend"] not in BUILT_IN_BACKENDS:
         factory = _registered_backends()[opts["backend"]].load()
         backend = factory(MappingProxyType(opts))
-        return await backend if inspect.isawaitable(backend) else backend
+        backend = await backend if inspect.isawaitable(backend) else backend
+        if missing := missing_members(backend):  # one line at start, not a dead reporter
+            raise click.ClickException(f"backend {opts['backend']!r} lacks {', '.join(missing)}")
+        return backend
     if opts["backend"] == "sim":
         from relstream.sim.backend import SIM_PROCESSES, SimRelQueryBackend, SimSettings
 

@@ -87,40 +87,29 @@ async def _hang_up(_reader, writer) -> None:
 
 
 def engine_load(report: LoadReportMessage) -> EngineLoad:
-    """A report as the placer keeps it."""
-    load = Load(
-        report.outstanding_s,
-        report.per_prompt_token_s,
-        report.per_output_token_s,
-        tuple(report.size_counts),
-        tuple(report.templates),
-        tuple(map(tuple, report.class_work)),
-    )
-    return EngineLoad(report.engine, tuple(report.partitions), load, report.at)
+    """A report as the placer keeps it: its `Load` read back field by field."""
+    fields = {name: getattr(report, name) for name in Load.__struct_fields__}
+    return EngineLoad(report.engine, tuple(report.partitions), msgspec.convert(fields, Load),
+                      report.at)  # fmt: skip
 
 
 def load_report(
     backend: RelQueryBackend, consumer, topic: str, engine: str, listens: str | None = None
 ):
-    """The engine's report now, or None where its backend cannot tell its load yet (or at
-    all: a backend without `load`), or tells one that is not finite. `listens`: a port the
-    engine listens on while it runs (`listening`)."""
-    load = backend.load() if hasattr(backend, "load") else None
+    """The engine's report now, or None where its backend cannot tell its load yet, or
+    tells one that is not finite. `listens`: a port the engine listens on while it runs
+    (`listening`). The report carries each field of `Load` under its name (the wire's
+    form of the one type, `placement/load.py`)."""
+    load = backend.load()
     if load is None:
         return None
     owned = sorted(p.partition for p in consumer.assignment() if p.topic == topic)
+    fields = {
+        name: list(value) if isinstance(value, tuple) else value
+        for name, value in msgspec.structs.asdict(load).items()
+    }
     report = LoadReportMessage(
-        engine=engine,
-        topic=topic,
-        partitions=owned,
-        outstanding_s=load.outstanding_s,
-        per_prompt_token_s=load.per_prompt_token_s,
-        per_output_token_s=load.per_output_token_s,
-        templates=list(load.templates),
-        size_counts=list(load.size_counts),
-        class_work=list(load.class_work),
-        at=time.time(),
-        listens=listens,
+        engine=engine, topic=topic, partitions=owned, at=time.time(), listens=listens, **fields
     )
     return report if report.finite else None
 

@@ -92,6 +92,31 @@ def test_the_engine_names_every_backend_it_can_start(tmp_path):
     assert "unknown backend 'nope'; choose one of: vllm, sim, mine" in finished.stderr
 
 
+def test_a_registered_backend_without_part_of_the_contract_is_refused_at_start(
+    broker, tmp_path
+):
+    # A backend written before `load()` joined the contract: refused in one line naming
+    # what it lacks, before it is handed any relQuery, not a load reporter dying later.
+    (tmp_path / "oldbackend.py").write_text(
+        "class Old:\n    model_name = 'old'\n    policy = 'fcfs'\n"
+        "    def backlog_rows(self): return 1\n    async def submit(self, relquery): ...\n"
+        "    def shutdown(self): ...\n\ndef make(options): return Old()\n"
+    )
+    registered = entry_point_folder(tmp_path, "relstream.backends", "old", "oldbackend:make")
+    path = os.pathsep.join(filter(None, [str(registered), os.environ.get("PYTHONPATH")]))
+    finished = subprocess.run(
+        [sys.executable, "-m", "relstream", "engine", "--bootstrap", broker.bootstrap,
+         "--broker-kind", broker.kind, "--backend", "old"],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert finished.returncode == 1, finished.stderr
+    assert "Error: backend 'old' lacks load()" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
 def test_fair_share_is_refused_in_one_line_where_it_cannot_apply():
     # Each before anything starts: no broker is asked, no model loaded.
     cases = {

@@ -6,7 +6,7 @@ import msgspec
 
 from relstream.placement.choice import Choice, EngineLoad, Placement, hash_partition
 from relstream.placement.load import SIZE_CLASSES, Load, class_work, size_class, size_counts
-from relstream.placement.reports import engine_load
+from relstream.placement.reports import engine_load, load_report
 from relstream.wire import LoadReportMessage, decode, encode
 from relstream.wire.messages import MAX_SIZE_CLASSES
 
@@ -211,6 +211,23 @@ def test_work_is_counted_at_the_relquerys_class_and_above():
     assert room.estimate("b", 1) == 0.0 and room.estimate("a", 1) == 0.0
     assert class_work([(0, 1.0), (-1, 4.0), (-1, 6.0)]) == ((0, 1.0), (-1, 10.0))
     assert class_work([(0, 1.0), (0, 2.0)]) == ()  # all class 0: nothing to say
+
+
+def test_every_field_of_a_load_crosses_the_wire_under_its_name():
+    # One shape from the policy to the placer: the report is `Load` field by field, so a
+    # field added to `Load` without its wire twin fails here.
+    from types import SimpleNamespace
+
+    from aiokafka import TopicPartition
+
+    assert set(Load.__struct_fields__) <= set(LoadReportMessage.__struct_fields__)
+    load = Load(7.5, 0.001, 0.02, (0, 2, 1), ("t1", "t0"), ((1, 2.5), (0, 5.0)))
+    backend = SimpleNamespace(load=lambda: load)
+    consumer = SimpleNamespace(assignment=lambda: {TopicPartition("rq", 3), TopicPartition("x", 1)})
+    report = load_report(backend, consumer, "rq", "e1")
+    assert (report.engine, report.topic, report.partitions) == ("e1", "rq", [3])
+    assert engine_load(decode(LoadReportMessage, encode(report))).load == load
+    assert load_report(SimpleNamespace(load=lambda: None), consumer, "rq", "e1") is None
 
 
 def test_a_reports_class_work_crosses_the_wire():
