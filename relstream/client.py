@@ -5,9 +5,8 @@
     result = client.ask("Is this review positive? {review}", rows, timeout=60)
     for result in client.results(follow=True): ...
 
-It speaks the same wire contract as every relstream process (`relstream.wire`). The
-engine service itself stays on aiokafka, which Faust is built on; this is for callers
-that are not asyncio programs. `relstream produce`, `results` and `sink` use it.
+It speaks the wire contract of every relstream process (`relstream.wire`), for callers
+that are not asyncio programs: `relstream produce`, `results` and `sink` use it.
 """
 
 from __future__ import annotations
@@ -19,11 +18,16 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from relstream.kafka.clients import MAX_REQUEST_BYTES, client_settings, portable_session
-from relstream.kafka.membership import close_leaving, member_slot
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.sync import AckedPrefix, BrokerUnavailable, sync_consumer, sync_producer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import MAX_REQUEST_BYTES, client_settings, portable_session
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.sync import (
+    AckedPrefix,
+    BrokerUnavailable,
+    sync_consumer,
+    sync_producer,
+)
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.membership.static import close_leaving, member_slot
 from relstream.model import RelQuery, Row, Template
 from relstream.outputs import OutputSpec, Sampling
 from relstream.placement.book import placement_of
@@ -47,9 +51,7 @@ __all__ = ["BrokerUnavailable", "RelstreamClient", "ResultsUnavailable"]
 M = TypeVar("M", bound=Message)
 POLL_MS = 200
 JOIN_TIMEOUT_S = 60.0  # a reader's group must hand it partitions within this
-# The longest a group reader's close may take (kafka-python's default is its 30 s request
-# timeout): Ctrl-C during a slow group join left `sink --follow` running past 20 s in CI.
-CLOSE_MS = 5000
+CLOSE_MS = 5000  # a group reader's close at most (kafka-python's 30 s left `sink` hanging)
 
 
 class ResultsUnavailable(RuntimeError):
@@ -78,7 +80,6 @@ class RelstreamClient:
         self._submitted: dict[str, dict] = {}  # relQuery id -> results offsets before it
         self._placer: LoadReader | None = None  # started by the first submit
 
-    # in
     def produce_rows(
         self,
         table: str,
@@ -178,7 +179,6 @@ class RelstreamClient:
         message = encode(ControlMessage(cancel=relquery_id))
         self._producer.send(self.topics.control, message).get(timeout=30)
 
-    # out
     def result(self, relquery_id: str, timeout: float = 60.0) -> ResultMessage:
         """Block until the result of a relQuery this client submitted arrives."""
         starts = self._submitted.get(relquery_id)
@@ -336,7 +336,7 @@ class RelstreamClient:
         """Messages of `topic` from its log start, with no consumer group: to the ends found
         at the start (true ends, `bounds.extents`), then on while following or until
         `idle_seconds` pass without a message."""
-        from relstream.kafka.bounds import Span, extents, partitions
+        from relstream.kafka.clients.bounds import Span, extents, partitions
 
         consumer = sync_consumer(self.bootstrap, security=self.security, enable_auto_commit=False)
         try:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from relstream.extras import MissingExtra
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 
 STREAM_BIN = "RELSTREAM_STREAM_BIN"  # the folder of the worker environment's executables
 

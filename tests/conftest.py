@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.scheduler import CostModel, EngineLimits, Linear
 
 # The commands the tests start print as to a pipe, whole lines (`cli/common.py`), unless
@@ -67,7 +67,7 @@ def broker(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def default_broker(tmp_path_factory):
     """The broker `relstream broker` starts unless told otherwise (noida-db, on disk)."""
-    from relstream.kafka.brokers import STORED_BROKER
+    from relstream.kafka.tools.brokers import STORED_BROKER
 
     embedded = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path_factory.mktemp("broker"))
     embedded.start()
@@ -78,7 +78,7 @@ def default_broker(tmp_path_factory):
 @pytest.fixture
 def own_broker(tmp_path):
     """A default broker of the test's own, for a test that restarts it (`noida_kafka`)."""
-    from relstream.kafka.brokers import STORED_BROKER
+    from relstream.kafka.tools.brokers import STORED_BROKER
 
     embedded = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
     embedded.start()

@@ -6,7 +6,7 @@ import collections
 import sys
 import time
 
-from relstream.kafka.clients import Subscription
+from relstream.kafka.clients.aio import Subscription
 from relstream.launch import spawn_logged
 from relstream.wire import MetricsMessage, decode
 from relstream.wire.formats import is_load_report

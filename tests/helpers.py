@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer
 from relstream import launch
 from relstream.backend import EngineFailure
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.brokers import free_port
-from relstream.kafka.clients import read_messages
+from relstream.kafka.clients.aio import read_messages
+from relstream.kafka.tools.brokers import free_port
 from relstream.model import RelQuery, Row, Template
 from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
 from relstream.sim.backend import SimRelQueryBackend
@@ -173,10 +173,10 @@ def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
 
 def group_members(bootstrap: str, group: str) -> list[str]:
     """The members of `group` as the broker describes them (Tansu's answer included:
-    `kafka.inspect.group_members`); [] where it describes none."""
+    `kafka.tools.inspect.group_members`); [] where it describes none."""
     from kafka import KafkaAdminClient
 
-    from relstream.kafka.inspect import group_members as described
+    from relstream.kafka.tools.inspect import group_members as described
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
@@ -396,8 +396,8 @@ async def zombie_and_owner(bootstrap: str, group: str, partition, zombie: dict, 
     """Two processes' producers for one input partition (`PartitionProducers` with the
     options given each) and a consumer each, assigned it: (zombie, owner, consumers), all
     stopped on leaving. Which takes the partition over when is the test's to say."""
-    from relstream.kafka.clients import new_consumer
-    from relstream.kafka.transactions import PartitionProducers
+    from relstream.kafka.clients.aio import new_consumer
+    from relstream.kafka.delivery.transactions import PartitionProducers
 
     producers = [PartitionProducers(bootstrap, group, stall_s=60.0, **options)
                  for options in (zombie, owner)]  # fmt: skip

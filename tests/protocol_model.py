@@ -15,10 +15,10 @@ data but forgetting which partitions each open transaction wrote (`restart_keepi
 noida-db does: committed after that, the offset commit counts and the records stay
 invisible for good; a batch resent into such a transaction after the restart gets no
 marker, and holds readers back until the broker's look for hanging transactions aborts
-it, `kafka/hanging.py`, unless its producer names the partitions again before it aborts,
+it, `kafka/delivery/hanging.py`, unless its producer names the partitions again before it aborts,
 `txprobe._announce_again`); each restart breaks every producer's
 connection (`restarts`), and so does a reset after a commit the broker took (its answer
-lost: the outcome is found out from the broker's record, `kafka/outcome.py`, and only
+lost: the outcome is found out from the broker's record, `kafka/delivery/outcome.py`, and only
 records it cannot show are redone); re-delivery (a consumer re-reads from the committed
 offset); consumers killed at any step (an open transaction left for the next owner's
 fencing to abort, work in flight lost) or rebalanced to the other engine, knowingly
@@ -145,7 +145,7 @@ class Kafka:
             record.dangling = record.late
 
     def end_hanging(self) -> None:
-        """The embedded broker's look (`kafka/hanging.py`): a record that holds readers
+        """The embedded broker's look (`kafka/delivery/hanging.py`): a record that holds readers
         back in a transaction no coordinator knows (late: appended after a restart forgot
         its transaction) is aborted, whoever wrote it."""
         for log in (self.rows, self.relqueries, self.results, self.letters):
@@ -215,7 +215,7 @@ class Model:
     # (`txprobe._announce_again`); False: as before, a batch resent after a restart pins.
     ANNOUNCE_AGAIN = True
     KILLED_WITH_A_LATE_BATCH = True  # killed after a batch resent past a restart
-    # The embedded broker aborts transactions no coordinator knows (`kafka/hanging.py`);
+    # The embedded broker aborts transactions no coordinator knows (`kafka/delivery/hanging.py`);
     # False: as before, a batch resent after a restart by a writer then killed pins.
     END_HANGING = True
     CHECK_OURS = True  # a renewed producer checks the group's mark first; False: as before

@@ -29,7 +29,7 @@ def answers() -> None:
 def purge(bootstrap: str, prefix: str, broker_kind: str | None, yes: bool, security) -> None:
     """Tombstone every answer on <prefix>answers: running engines drop them as they read
     the tombstones, restarted ones never load them, and compaction deletes them."""
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.topics import Topics
     from relstream.service.answercache import purge_answers
 
     topic = Topics(prefix).answers

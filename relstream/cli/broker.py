@@ -11,8 +11,8 @@ from click.core import ParameterSource
 
 from relstream.cli.common import console, prefix_option, show_logs
 from relstream.extras import require
-from relstream.kafka.brokers import BROKERS, STORED_BROKER
-from relstream.kafka.topics import KEEP_DAYS
+from relstream.kafka.clients.topics import KEEP_DAYS
+from relstream.kafka.tools.brokers import BROKERS, STORED_BROKER
 
 
 @click.command()
@@ -57,12 +57,12 @@ def broker(
 ) -> None:
     """Run an embedded Kafka-protocol broker on 127.0.0.1 until Ctrl-C. It keeps its topics
     on disk, so stopping and starting it loses nothing; --memory keeps them in memory."""
-    from relstream.kafka.brokers import EmbeddedBroker
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.topics import Topics
+    from relstream.kafka.tools.brokers import EmbeddedBroker
 
     kind = _broker_kind(kind, memory, data_dir)
     require("broker")
-    show_logs("relstream.kafka")  # a hanging transaction it aborts is said (kafka.hanging)
+    show_logs("relstream.kafka")  # a hanging transaction it aborts is said (kafka.delivery.hanging)
 
     # A Python handler, set before the broker starts, so SIGTERM unwinds through the
     # `finally` that stops it. (Blocking SIGTERM and sigwait-ing for it was not enough:

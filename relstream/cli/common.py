@@ -17,8 +17,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from relstream.kafka.brokers import BROKERS
-from relstream.kafka.security import MECHANISMS, PROTOCOLS, KafkaSecurity, SecurityError
+from relstream.kafka.clients.security import MECHANISMS, PROTOCOLS, KafkaSecurity, SecurityError
+from relstream.kafka.tools.brokers import BROKERS
 from relstream.scheduler import DEFAULT_POLICY, POLICIES, policy_spec
 
 

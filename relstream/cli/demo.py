@@ -22,9 +22,9 @@ from rich.table import Table
 from relstream.cli.common import broker_choice, console, policy_option, progress
 from relstream.connectors.sources import read_rows
 from relstream.extras import require
-from relstream.kafka.brokers import DEFAULT_BROKER, EmbeddedBroker
-from relstream.kafka.clients import Subscription, produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription, produce
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.launch import (
     check_alive,
     relstream_command,

@@ -232,7 +232,7 @@ def serve(http_host: str, http_port: int, **opts) -> None:
 
 def _run(opts: dict, http: tuple[str, int] | None) -> None:
     from relstream.backend import EngineFailure
-    from relstream.kafka.delivery import quiet_outages
+    from relstream.kafka.delivery.publish import quiet_outages
 
     opts["answer_secret"] = _answer_secret(opts)  # refused before the engine loads
     opts["fair_share"] = fair_share(opts)
@@ -322,14 +322,14 @@ async def _start_backend(opts: dict):
 
 
 async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.topics import Topics
     from relstream.service.service import KafkaService, ServiceConfig
 
     door = _listening(http) if http is not None else None
     if opts["metrics_port"]:  # in use: one line now, not a traceback once the model loaded
         _listening((opts["metrics_host"], opts["metrics_port"]), "--metrics-port").close()
     if opts["bootstrap"]:  # before the model loads, not minutes after
-        from relstream.kafka.clients import BrokerSilent, check_broker
+        from relstream.kafka.clients.aio import BrokerSilent, check_broker
 
         try:
             await check_broker(opts["bootstrap"], opts["security"])
@@ -346,7 +346,7 @@ async def _serve(opts: dict, http: tuple[str, int] | None) -> None:
     doors = []
     service = None
     if opts["bootstrap"]:
-        from relstream.kafka.membership import member_slot
+        from relstream.kafka.membership.static import member_slot
 
         # Its static member id (held for the life of the process), the same after a restart.
         slot = member_slot(

@@ -18,8 +18,8 @@ from relstream.cli.common import (
     stop_signals,
 )
 from relstream.connectors.postgres import where
-from relstream.kafka.security import KafkaSecurity
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.security import KafkaSecurity
+from relstream.kafka.clients.topics import Topics
 from relstream.wire import RowMessage
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ def _produce_rows(
     while others do is refused as a likely typo, unless `create`; `strict` refuses any
     that does not exist)."""
     from relstream.client import RelstreamClient
-    from relstream.kafka.clients import create_topics
+    from relstream.kafka.clients.aio import create_topics
 
     topics = Topics(prefix)
     listed = asyncio.run(create_topics(bootstrap, {}, security))  # lists, creates none

@@ -13,11 +13,11 @@ from relstream.cli.common import (
     prefix_option,
     security_options,
 )
-from relstream.kafka.security import KafkaSecurity
+from relstream.kafka.clients.security import KafkaSecurity
 
 
 def _time(ctx, param, value: str | None) -> float | None:
-    from relstream.kafka.replay import parse_time
+    from relstream.kafka.tools.replay import parse_time
 
     if value is None:
         return None
@@ -54,9 +54,9 @@ def replay(
     template corrected, a registration added). Times are ISO 8601 (local unless they
     say otherwise) or seconds since 1970. Replaying a letter twice sends it twice."""
     from relstream.client import RelstreamClient
-    from relstream.kafka.clients import produce
-    from relstream.kafka.refetch import refetch
-    from relstream.kafka.replay import LetterFilter, plan_replay
+    from relstream.kafka.clients.aio import produce
+    from relstream.kafka.tools.refetch import refetch
+    from relstream.kafka.tools.replay import LetterFilter, plan_replay
 
     try:
         chosen = LetterFilter(reason, origin, since, until)

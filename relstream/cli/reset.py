@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from relstream.cli.common import bootstrap_option, console, prefix_option, security_options
-from relstream.kafka.security import KafkaSecurity
+from relstream.kafka.clients.security import KafkaSecurity
 
 
 def _target(ctx, param, value: str):
-    from relstream.kafka.reset import parse_target
+    from relstream.kafka.tools.reset import parse_target
 
     try:
         return parse_target(value)
@@ -61,7 +61,9 @@ def reset(
     from there. A target before the committed offset snaps back to the start of its
     window, so the rows read again come under the ids they had. Refused while a worker
     runs the group."""
-    from relstream.kafka.reset import (
+    from relstream.kafka.clients.sync import sync_admin, sync_consumer
+    from relstream.kafka.clients.topics import Topics
+    from relstream.kafka.tools.reset import (
         GroupBusy,
         ResetError,
         check_idle,
@@ -69,9 +71,7 @@ def reset(
         committed_topics,
         plan_moves,
     )
-    from relstream.kafka.sync import sync_admin, sync_consumer
-    from relstream.kafka.topics import Topics
-    from relstream.kafka.windowstarts import known_starts
+    from relstream.kafka.tools.windowstarts import known_starts
     from relstream.stream.registrations import worker_group
 
     group = worker_group(app_id, query)
@@ -142,23 +142,23 @@ def _registration(config_path: Path, query: str):
 
 def _published(consumer, topics) -> set[str]:
     """Every relQuery id on the relqueries and results topics: the windows published."""
-    from relstream.kafka.windowstarts import published_ids
+    from relstream.kafka.tools.windowstarts import published_ids
 
     return set(published_ids(consumer, [topics.relqueries, topics.results]))
 
 
 def _message_limit(bootstrap: str, topic: str, security: KafkaSecurity) -> int:
-    """The byte limit the worker cuts windows under (`kafka.limits.message_limit`)."""
+    """The byte limit the worker cuts windows under (`kafka.clients.limits.message_limit`)."""
     import asyncio
 
-    from relstream.kafka.limits import message_limit
+    from relstream.kafka.clients.limits import message_limit
 
     return asyncio.run(message_limit(bootstrap, topic, security))
 
 
 def _recut(consumer, registration, move, published: set[str], message_bytes: int):
     """The windows the worker will cut from the rows `move` reads again."""
-    from relstream.kafka.bounds import Span
+    from relstream.kafka.clients.bounds import Span
     from relstream.stream.recut import recut
 
     first, last = move.again()

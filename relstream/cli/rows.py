@@ -14,8 +14,8 @@ from relstream.cli.common import (
     stop_signals,
 )
 from relstream.cli.show import print_result, print_skipped
-from relstream.kafka.security import KafkaSecurity
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.security import KafkaSecurity
+from relstream.kafka.clients.topics import Topics
 
 
 @click.command()
@@ -100,7 +100,7 @@ def sink(
     on relQuery id), each row with its query's name; --with-input adds its input values."""
     from relstream.client import RelstreamClient
     from relstream.connectors.sinks import default_group, open_sink
-    from relstream.kafka.inputs import RelQueryInputs
+    from relstream.kafka.tools.inputs import RelQueryInputs
 
     group = group or default_group(target)
     inputs = None
@@ -157,7 +157,7 @@ def deadletters(
     """Print every dead letter (bad input the worker or an engine refused) with its reason,
     from the beginning (joining no consumer group), then a count per cause."""
     from relstream.client import RelstreamClient
-    from relstream.kafka.inspect import DeadLetterCauses
+    from relstream.kafka.tools.inspect import DeadLetterCauses
 
     causes = DeadLetterCauses()
     try:

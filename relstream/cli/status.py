@@ -14,7 +14,7 @@ from relstream.cli.common import (
     security_options,
     stop_signals,
 )
-from relstream.kafka.security import KafkaSecurity
+from relstream.kafka.clients.security import KafkaSecurity
 
 
 @click.command()
@@ -35,8 +35,8 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity, watch: float | 
     engines seen answering (those whose load reports stopped marked stale), partitions an
     open transaction holds, and the dead letters by cause. Joins no consumer group and
     answers within 10 s, on a live pipeline too."""
-    from relstream.kafka.inspect import pipeline_status
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.topics import Topics
+    from relstream.kafka.tools.inspect import pipeline_status
 
     names = Topics(prefix)
     if watch is None:
@@ -54,7 +54,7 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity, watch: float | 
 
 
 def show(found, bootstrap: str, names) -> None:
-    from relstream.kafka.inspect import STALE_REPORT_S, TAIL_MESSAGES
+    from relstream.kafka.tools.inspect import STALE_REPORT_S, TAIL_MESSAGES
     from relstream.placement.choice import IDLE_EXPIRY_S
 
     if not found.topics:

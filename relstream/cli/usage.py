@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from relstream.cli.common import bootstrap_option, console, prefix_option, security_options
-from relstream.kafka.security import KafkaSecurity
+from relstream.kafka.clients.security import KafkaSecurity
 
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -48,8 +48,8 @@ def usage(
     """Tokens, rows and relQueries of each query answered in a period: prompt tokens (and
     the share vLLM's prefix cache held), output tokens, rows the answer cache answered.
     Read from the metrics topic (kept a day by default), joining no consumer group."""
-    from relstream.kafka.topics import Topics
-    from relstream.kafka.usage import usage_by_query
+    from relstream.kafka.clients.topics import Topics
+    from relstream.kafka.tools.usage import usage_by_query
 
     now = time.time()
     start = moment(since, now)

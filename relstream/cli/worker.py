@@ -17,7 +17,7 @@ from relstream.cli.common import (
     show_logs,
 )
 from relstream.extras import MissingExtra
-from relstream.kafka.security import KafkaSecurity
+from relstream.kafka.clients.security import KafkaSecurity
 from relstream.ready import clear_ready
 
 TOPICS_TRIES = 60  # a second apart: the worker's topics made in a broker's restarts
@@ -79,9 +79,9 @@ def worker(
     security: KafkaSecurity,
 ) -> None:
     """Run the Faust worker: windows of rows become relQueries (needs relstream[stream])."""
-    from relstream.kafka.clients import BrokerSilent
-    from relstream.kafka.membership import member_slot
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.aio import BrokerSilent
+    from relstream.kafka.clients.topics import Topics
+    from relstream.kafka.membership.static import member_slot
     from relstream.stream.registrations import RegistrationError, load_registrations
 
     try:
@@ -112,7 +112,7 @@ def worker(
         except AgentsError as exc:
             raise click.ClickException(str(exc)) from None
     show_logs("relstream.worker")
-    from relstream.kafka.delivery import quiet_outages
+    from relstream.kafka.delivery.publish import quiet_outages
 
     quiet_outages()  # a broker outage: one line per kind and period, with a count
     try:
@@ -129,8 +129,8 @@ async def _topics_made(bootstrap: str, layout: dict[str, int], security: KafkaSe
     """The worker's topics made, a broker restarting waited for: refused connections are
     tried again for `BROKER_CHECK_S` (then one line, `BrokerSilent`), and a request a
     restart cut after that is tried again with them."""
-    from relstream.kafka.clients import check_broker, create_topics
-    from relstream.kafka.delivery import unavailable
+    from relstream.kafka.clients.aio import check_broker, create_topics
+    from relstream.kafka.delivery.publish import unavailable
 
     for tries in range(TOPICS_TRIES, 0, -1):
         await check_broker(bootstrap, security)

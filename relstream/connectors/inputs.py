@@ -1,5 +1,5 @@
 """What makes stored results joinable: the input values of each of a result's rows (from
-its relQuery's rows, which `kafka.inputs.RelQueryInputs` reads from the relqueries topic).
+its relQuery's rows, which `kafka.tools.inputs.RelQueryInputs` reads from the relqueries topic).
 The query a result answers is its window id's (`wire.windowid.WindowId.query_of`)."""
 
 from __future__ import annotations

@@ -1,2 +1,4 @@
-"""Kafka for every relstream process: topic names (`topics`), client settings and the one
-consume/produce helper (`clients`), and the embedded brokers (`brokers`)."""
+"""Kafka for every relstream process, in four rooms (docs/architecture.md, "Kafka's
+rooms"): `clients` (every client made, its settings, topic names), `delivery` (publishing
+and exactly once), `membership` (static group membership) and `tools` (the operator's:
+the embedded brokers, status, usage, replay, reset)."""

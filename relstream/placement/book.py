@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from typing import NamedTuple
 
-from relstream.kafka.loglimit import RateLimited
+from relstream.kafka.clients.loglimit import RateLimited
 from relstream.placement.choice import EXPIRY_S, Choice, Placement
 from relstream.placement.load import CHARS_PER_TOKEN, template_id
 from relstream.placement.reports import engine_load, report_mac

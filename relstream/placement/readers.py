@@ -15,11 +15,11 @@ import time
 
 from aiokafka.errors import KafkaError
 
-from relstream.kafka.clients import assign_all, new_consumer
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.supervise import supervised
-from relstream.kafka.sync import sync_consumer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import assign_all, new_consumer
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.supervise import supervised
+from relstream.kafka.clients.sync import sync_consumer
+from relstream.kafka.clients.topics import Topics
 from relstream.placement.book import Demand, LoadBook
 from relstream.placement.choice import EXPIRY_S, Choice
 from relstream.placement.reports import engines_secret
@@ -55,7 +55,7 @@ class LoadReader:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = sync_consumer(bootstrap, security=security, enable_auto_commit=False)
-        from relstream.kafka.bounds import partitions
+        from relstream.kafka.clients.bounds import partitions
 
         consumer = self._consumer
         self._relqueries = topics.relqueries

@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from relstream.backend import RelQueryBackend
-from relstream.kafka.delivery import publish_best_effort
-from relstream.kafka.supervise import supervised
+from relstream.kafka.clients.supervise import supervised
+from relstream.kafka.delivery.publish import publish_best_effort
 from relstream.placement.choice import EngineLoad
 from relstream.placement.load import Load
 from relstream.wire import LoadReportMessage, encode

@@ -30,9 +30,9 @@ from typing import Protocol
 
 import msgspec
 
-from relstream.kafka.clients import create_topics, new_consumer, start_all
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.supervise import supervised
+from relstream.kafka.clients.aio import create_topics, new_consumer, start_all
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.supervise import supervised
 from relstream.wire import AnswerMessage, MessageError, decode, encode
 
 log = logging.getLogger("relstream.engine")
@@ -298,7 +298,7 @@ async def purge_answers(
     """Tombstone every key of the answers topic (`relstream answers purge`): running
     engines drop those answers as they read the tombstones, later ones never load them,
     and compaction deletes them. Returns the keys tombstoned."""
-    from relstream.kafka.clients import new_producer, running
+    from relstream.kafka.clients.aio import new_producer, running
 
     keys = await _keys_of(bootstrap, topic, broker_kind, security)
     producer = new_producer(bootstrap, security)

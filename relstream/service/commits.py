@@ -1,5 +1,5 @@
 """How the engine commits what it answered, through the one delivery layer
-(`kafka.outputs`): exactly once where the broker has transactions (`ExactlyOnce`, over
+(`kafka.delivery.outputs`): exactly once where the broker has transactions (`ExactlyOnce`, over
 `Transacted`), at least once elsewhere (`AtLeastOnce`, over `Acked`). Both publish a
 relQuery's answer (result parts or dead letter), mark its offset finished, say whether a
 message was already answered, and follow the partitions' assignment.
@@ -33,11 +33,11 @@ from collections import Counter
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.clients import commit_assigned
-from relstream.kafka.delivery import Send
-from relstream.kafka.letters import Part, dead_letter_of, deliver_letter
-from relstream.kafka.outputs import Acked, Transacted
-from relstream.kafka.txfaults import Fenced
+from relstream.kafka.clients.aio import commit_assigned
+from relstream.kafka.delivery.letters import Part, dead_letter_of, deliver_letter
+from relstream.kafka.delivery.outputs import Acked, Transacted
+from relstream.kafka.delivery.publish import Send
+from relstream.kafka.delivery.txfaults import Fenced
 from relstream.service.offsets import OffsetBook, PublishedOffsets, decode_ahead, encode_ahead
 
 log = logging.getLogger("relstream.engine")
@@ -109,7 +109,7 @@ class ExactlyOnce:
     async def publish(self, partition, message, parts: list[Part], stalled) -> None:
         """Publish `parts` and commit the message's offset as finished, in one
         transaction; the offset is marked finished in the book once committed. A part
-        the broker refuses for good is replaced (`kafka.letters`). Raises `Fenced` if the
+        the broker refuses for good is replaced (`kafka.delivery.letters`). Raises `Fenced` if the
         partition is gone."""
         offset = message.offset
         reserved = await self._room(partition, offset)

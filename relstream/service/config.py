@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from relstream.kafka.delivery import STALL_S
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import STALL_S
 from relstream.placement.reports import LOAD_HEARTBEAT_S
 from relstream.service.backlog import DEFAULT_MAX_BACKLOG_ROWS
 from relstream.wire.formats import Format

@@ -20,9 +20,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 
-from relstream.kafka.clients import new_consumer, start_all
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.supervise import supervised
+from relstream.kafka.clients.aio import new_consumer, start_all
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.supervise import supervised
 from relstream.wire import ControlMessage, MessageError
 from relstream.wire.formats import decode_record
 

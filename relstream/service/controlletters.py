@@ -21,11 +21,11 @@ import logging
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.delivery import Backoff
-from relstream.kafka.letters import dead_letter_of, deliver_letter, send_dead_letter
-from relstream.kafka.outputs import Transacted
-from relstream.kafka.transactions import PartitionProducers
-from relstream.kafka.txfaults import Fenced
+from relstream.kafka.delivery.letters import dead_letter_of, deliver_letter, send_dead_letter
+from relstream.kafka.delivery.outputs import Transacted
+from relstream.kafka.delivery.publish import Backoff
+from relstream.kafka.delivery.transactions import PartitionProducers
+from relstream.kafka.delivery.txfaults import Fenced
 
 log = logging.getLogger("relstream.engine")
 

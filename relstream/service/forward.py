@@ -30,11 +30,11 @@ import time
 import msgspec
 from aiokafka.errors import KafkaError
 
-from relstream.kafka.clients import MAX_REQUEST_BYTES, assign_all, new_consumer, new_producer
-from relstream.kafka.delivery import Refused, publish_acked
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.supervise import supervised
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import MAX_REQUEST_BYTES, assign_all, new_consumer, new_producer
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.supervise import supervised
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import Refused, publish_acked
 from relstream.placement.book import Demand, demand_of, placement_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.wire import (

@@ -6,7 +6,7 @@ import collections
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from relstream.kafka.delivery import DROPPED
+from relstream.kafka.delivery.publish import DROPPED
 from relstream.model import RelQueryResult
 from relstream.service.backlog import RowBudget
 from relstream.wire.convert import usage_message

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from relstream.kafka.clients import RESULT_PART_BYTES
+from relstream.kafka.clients.aio import RESULT_PART_BYTES
 from relstream.model import RelQuery, RelQueryResult, cancelled_result
 from relstream.wire import MetricsMessage, RelQueryMessage
 from relstream.wire.convert import metrics_message, relquery_from_message, result_message

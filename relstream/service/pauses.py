@@ -6,7 +6,7 @@ group, nothing exits):
 - **The row budget is full**: relQueries already wait for room, so every assigned
   partition pauses until some finish (`backlog.RowBudget`).
 - **The broker does not take a result or dead letter** of the partition's work: its
-  delivery stalled (`kafka.delivery.publish_acked`). The partition's offset cannot be
+  delivery stalled (`kafka.delivery.publish.publish_acked`). The partition's offset cannot be
   committed past that relQuery, so taking more of its work would only pile up answers
   in memory. It resumes once every held delivery of it is acknowledged.
 

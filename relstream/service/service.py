@@ -15,7 +15,7 @@ work. Results are keyed by relQuery id; consumers de-duplicate on it.
   the error (naming its rows' keys), so it never blocks its partition.
 - **A broker outage loses nothing.** A result or dead letter the broker does not take is
   held, computed once, and re-published with backoff until it is acknowledged
-  (`kafka.delivery`); its offset is not committable before. Meanwhile its partition is
+  (`kafka.delivery.publish`); its offset is not committable before. Meanwhile its partition is
   paused (`pauses.Pauses`), so no new work piles up, and resumed when the broker is back.
 - **An engine failure** (`EngineFailure`) is nobody's row error: the service publishes
   nothing more, commits nothing past the relQueries it was serving, and `run` raises, so
@@ -38,11 +38,11 @@ import time
 from dataclasses import dataclass
 
 from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
-from relstream.kafka.clients import RevocationListener, new_consumer, new_producer
-from relstream.kafka.delivery import Refused, publish_best_effort
-from relstream.kafka.letters import Part, dead_letter_of, letter_part, send_dead_letter
-from relstream.kafka.membership import rejoin, start_waiting, stop_leaving
-from relstream.kafka.outputs import open_outputs
+from relstream.kafka.clients.aio import RevocationListener, new_consumer, new_producer
+from relstream.kafka.delivery.letters import Part, dead_letter_of, letter_part, send_dead_letter
+from relstream.kafka.delivery.outputs import open_outputs
+from relstream.kafka.delivery.publish import Refused, publish_best_effort
+from relstream.kafka.membership.static import rejoin, start_waiting, stop_leaving
 from relstream.model import RelQuery, RelQueryResult, with_queued
 from relstream.placement.reports import report_load
 from relstream.ready import mark_ready_when

@@ -22,10 +22,10 @@ from pathlib import Path
 import faust
 import platformdirs
 
-from relstream.kafka.clients import client_settings, portable_session
-from relstream.kafka.membership import member_slot
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import client_settings, portable_session
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.membership.static import member_slot
 from relstream.placement.book import placement_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.ready import mark_ready
@@ -55,7 +55,7 @@ def build_app(
     (`relstream.ready`), for launchers and a container's healthcheck.
     Faust keeps its (here empty) state under `data_dir` / `app_id`: by default the user
     data dir, never the current directory (Faust's own default). `instance_id`: each
-    stage's static member id in its group (`kafka.membership`; None: this host's slot)."""
+    stage's static member id in its group (`kafka.membership.static`; None: this host's slot)."""
     topics = topics or Topics()
     data_dir = data_dir if data_dir is not None else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last folder

@@ -1,4 +1,4 @@
-"""The window stage's commits, through the one delivery layer (`kafka.outputs`).
+"""The window stage's commits, through the one delivery layer (`kafka.delivery.outputs`).
 
 Per input rows partition, each step delivers what it settled there: the relQueries of the
 windows it closed and the dead letters of the rejected rows its commit passes, with the
@@ -20,7 +20,7 @@ and then goes with that commit. The held letters are those of the rows rejected 
 window is open: the open window closes by rows, bytes or `window_seconds` + lateness, so
 they are the rejected rows of at most that span, each letter's original cut to
 `DEAD_LETTER_ORIGINAL_BYTES`. A message the broker refuses for good is replaced
-(`kafka.letters`): a relQuery by its rows' dead letters; nothing stops the partition.
+(`kafka.delivery.letters`): a relQuery by its rows' dead letters; nothing stops the partition.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import logging
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
-from relstream.kafka.letters import Part, dead_letter_of, letter_part
-from relstream.kafka.outputs import Outputs
-from relstream.kafka.txfaults import Fenced
+from relstream.kafka.clients.aio import DEAD_LETTER_ORIGINAL_BYTES
+from relstream.kafka.delivery.letters import Part, dead_letter_of, letter_part
+from relstream.kafka.delivery.outputs import Outputs
+from relstream.kafka.delivery.txfaults import Fenced
 from relstream.stream.windowing import Window
 from relstream.wire import encode
 from relstream.wire.convert import dead_letter_message

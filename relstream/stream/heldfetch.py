@@ -1,4 +1,4 @@
-"""Faust's own consumer with empty fetches held (`relstream.kafka.idlefetch`).
+"""Faust's own consumer with empty fetches held (`relstream.kafka.clients.idlefetch`).
 
 The worker's window stages read through relstream's consumers, which hold empty fetches
 on a broker that does not long-poll; Faust's consumer, made by Faust's aiokafka driver,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from faust.transport.drivers import aiokafka as driver
 
-from relstream.kafka.idlefetch import EMPTY_FETCH_HOLD_S, hold_empty_fetches
+from relstream.kafka.clients.idlefetch import EMPTY_FETCH_HOLD_S, hold_empty_fetches
 
 
 class _ConsumerThread(driver.AIOKafkaConsumerThread):

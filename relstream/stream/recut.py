@@ -36,7 +36,7 @@ def recut(
     """Cut `records` (kafka-python's, in offset order, from a window start or the move's
     target) as the worker will; the window still open at the end is counted too (the
     worker closes it on the rows after it, or by its clock). `message_bytes`: the broker's
-    message limit the worker cuts under (`kafka.limits.message_limit`)."""
+    message limit the worker cuts under (`kafka.clients.limits.message_limit`)."""
     cutter = PartitionWindows(registration, partition, message_bytes=message_bytes)
     windows: list[Window] = []
     found = Recut()

@@ -6,10 +6,10 @@ publishes a window's relQuery, and only once the broker has it commits the parti
 to the start of the window still open. A crashed worker therefore replays from there
 and cuts the same windows under the same ids. A relQuery or dead letter the broker does
 not take (an outage) is held and re-published with backoff until it is acknowledged
-(`kafka.delivery`); meanwhile the stage's partitions are paused and nothing is committed,
+(`kafka.delivery.publish`); meanwhile the stage's partitions are paused and nothing is committed,
 so an outage holds at most one fetch (`BATCH_RECORDS` rows) and the windows it closed.
 Windows are cut under the relqueries topic's message limit, asked of the broker at start
-(`windowing`, `kafka.limits`); a relQuery the broker still refuses for good (`Refused`)
+(`windowing`, `kafka.clients.limits`); a relQuery the broker still refuses for good (`Refused`)
 becomes a dead letter for each of its rows, and the stage goes on.
 Each registration reads with its own consumer group, so registrations over one table keep
 their own offsets.
@@ -18,7 +18,7 @@ Where the broker has transactions (found at start) the above is exactly once ins
 each rows partition's windows, dead letters and offset commit go in one transaction, and
 a replacement fences a killed worker and resumes from its commit. Without them (Tansu)
 the stage says so once and runs at least once as described. Both through the one
-delivery layer the engine uses too (`kafka.outputs`, `commits`).
+delivery layer the engine uses too (`kafka.delivery.outputs`, `commits`).
 """
 
 from __future__ import annotations
@@ -33,20 +33,20 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 
-from relstream.kafka.clients import (
+from relstream.kafka.clients.aio import (
     RevocationListener,
     commit_assigned,
     new_consumer,
     new_producer,
     portable_session,
 )
-from relstream.kafka.delivery import Refused, Send
-from relstream.kafka.letters import Part
-from relstream.kafka.limits import message_limit
-from relstream.kafka.membership import rejoin, start_waiting, stop_leaving
-from relstream.kafka.outputs import open_outputs
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.limits import message_limit
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.letters import Part
+from relstream.kafka.delivery.outputs import open_outputs
+from relstream.kafka.delivery.publish import Refused, Send
+from relstream.kafka.membership.static import rejoin, start_waiting, stop_leaving
 from relstream.placement.book import Demand, demand_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.stream.commits import WindowCommits, commit_all, row_letters
@@ -75,10 +75,10 @@ class StageSettings:
     security: KafkaSecurity = PLAINTEXT
     lateness: float = 1.0  # seconds past a window's deadline before it closes live
     # The largest relQuery message, its windows cut under it (`windowing`); None: the
-    # relqueries topic's limit, asked of the broker at start (`kafka.limits`).
+    # relqueries topic's limit, asked of the broker at start (`kafka.clients.limits`).
     message_bytes: int | None = None
     instance_id: str | None = None  # its static member id in the group (None: dynamic)
-    transactions: bool = True  # exactly once where the broker has them (`kafka.outputs`)
+    transactions: bool = True  # exactly once where the broker has them (`kafka.delivery.outputs`)
 
 
 class WindowStage:
@@ -140,7 +140,7 @@ class WindowStage:
 
     async def _choose_delivery(self) -> None:
         """Exactly once where the broker has transactions, else at least once, said once
-        in the log (`kafka.outputs`)."""
+        in the log (`kafka.delivery.outputs`)."""
         settings = self.settings
         outputs = await open_outputs(
             f"query {self.registration.name}", "windows",

@@ -27,7 +27,7 @@ restarted worker, which has forgotten them, can still cut differently.
 
 A window also closes before the row that would take its relQuery message over
 `message_bytes`, the largest message the broker takes on the relqueries topic (the stage
-reads it from the broker when it starts: `kafka.limits`), so no valid row can make a
+reads it from the broker when it starts: `kafka.clients.limits`), so no valid row can make a
 message the broker refuses. The cut sums each row's own encoded size in the relQuery
 (`row_bytes`: exact, a row is encoded once, never the whole window again) against a budget
 fixed when the cutter is made (`rows_budget`): `message_bytes` less `ENVELOPE_BYTES` for the
@@ -60,7 +60,7 @@ from relstream.wire.messages import MAX_PRIORITY, MAX_ROW_BYTES
 from relstream.wire.windowid import WindowId
 
 # Kafka's default message limit, and relstream producers' request limit
-# (`kafka.clients.MAX_REQUEST_BYTES`): the bound where none is given.
+# (`kafka.clients.aio.MAX_REQUEST_BYTES`): the bound where none is given.
 MESSAGE_BYTES = 1_048_576
 # Room in a message for what is not the relQuery's value: its key (the id, at most 1 KiB
 # in UTF-8), headers (none today), the record's varints and the record batch's 61 bytes.

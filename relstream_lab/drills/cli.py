@@ -54,7 +54,7 @@ def flood(
     """Flood a broker, worker and engine (sim backend) with bad messages of every kind
     while valid relQueries stream through; per kind: sent, dead-lettered, first reason;
     per process: RSS baseline, peak and growth."""
-    from relstream.kafka.brokers import EmbeddedBroker
+    from relstream.kafka.tools.brokers import EmbeddedBroker
     from relstream_lab.common.report import machine_description
     from relstream_lab.drills.flood import report_table, run_flood
 

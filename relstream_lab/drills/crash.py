@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import metadata_ok
-from relstream.kafka.delivery import quiet_outages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import metadata_ok
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import quiet_outages
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 from relstream_lab.drills import netfaults
 from relstream_lab.drills.crash_report import CrashReport, Fault, collect, watch_visibility

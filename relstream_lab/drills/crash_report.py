@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.clients import assign_all, new_consumer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import assign_all, new_consumer
+from relstream.kafka.clients.topics import Topics
 from relstream.wire import (
     DeadLetterMessage,
     MetricsMessage,

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import msgspec
 
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import (
+from relstream.kafka.clients.aio import (
     Subscription,
     create_topics,
     new_producer,
     running,
 )
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 from relstream.wire import DeadLetterMessage, ResultMessage, decode
 

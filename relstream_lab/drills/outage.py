@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription
-from relstream.kafka.delivery import quiet_outages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import quiet_outages
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready
 from relstream.wire import DeadLetterMessage, ResultMessage, decode
 from relstream_lab.drills.parts import (

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import msgspec
 
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import Subscription, metadata_ok, new_producer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription, metadata_ok, new_producer
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import relstream_command
 
 TABLE = "reviews"

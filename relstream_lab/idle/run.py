@@ -22,9 +22,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from relstream.kafka.brokers import free_port
-from relstream.kafka.clients import assign_all, new_consumer, produce, running
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import assign_all, new_consumer, produce, running
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import free_port
 from relstream.launch import relstream_command, spawn_logged, wait_ready
 from relstream.wire import ResultMessage, RowMessage, decode, encode
 

@@ -9,7 +9,7 @@ import click
 
 from relstream.cli.common import console, csv_list, unwind_on_sigterm
 from relstream.engine.cpu import reexec_with_tcmalloc
-from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER
+from relstream.kafka.tools.brokers import BROKERS, DEFAULT_BROKER
 from relstream.scheduler import DEFAULT_POLICY
 from relstream_lab.common.options import canonical_command, engine_options, trace_of, trace_options
 

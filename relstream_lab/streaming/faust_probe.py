@@ -40,8 +40,8 @@ HERE = Path(__file__).resolve()
 def _worker(args: argparse.Namespace) -> None:
     import faust
 
-    from relstream.kafka.clients import portable_session
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.aio import portable_session
+    from relstream.kafka.clients.topics import Topics
     from relstream.stream.registrations import load_registrations
     from relstream.stream.windowing import PartitionWindows, RowRejection, check_row
     from relstream.stream.windowing import relquery_for_window as relquery
@@ -109,7 +109,7 @@ def _worker(args: argparse.Namespace) -> None:
 def measure(stream_python: str, rows: int, repeats: int) -> None:
     """Each worker's window-stage figures, `repeats` runs of `rows` rows each, alternating,
     as JSON on stdout (each run's also on stderr as it ends)."""
-    from relstream.kafka.brokers import EmbeddedBroker
+    from relstream.kafka.tools.brokers import EmbeddedBroker
 
     commands = {
         "current stage (aiokafka batches)": [stream_python, "-m", "relstream"],
@@ -134,8 +134,8 @@ def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
 
     import psutil
 
-    from relstream.kafka.clients import Subscription, create_topics
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.aio import Subscription, create_topics
+    from relstream.kafka.clients.topics import Topics
     from relstream.launch import start_worker
     from relstream_lab.streaming import run as streambench
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relstream.kafka.brokers import DEFAULT_BROKER
+from relstream.kafka.tools.brokers import DEFAULT_BROKER
 from relstream_lab.streaming.overhead import Overhead, paired_overhead
 
 OVERHEAD_GOAL = 0.05  # the bound on what Kafka adds to mean latency

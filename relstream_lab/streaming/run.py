@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relstream.kafka.brokers import BROKERS, DEFAULT_BROKER, EmbeddedBroker
-from relstream.kafka.clients import Subscription, create_topics, new_producer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription, create_topics, new_producer
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import BROKERS, DEFAULT_BROKER, EmbeddedBroker
 from relstream.wire import RelQueryMessage, ResultMessage, RowMessage, decode, encode
 from relstream.wire.convert import relquery_message
 from relstream_lab.campaign.run import replay

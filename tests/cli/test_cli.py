@@ -249,7 +249,7 @@ def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_br
     # A second `relstream broker` (forgotten in another terminal): on the same port it was
     # reported "ready" (the first broker answered its probe) and waited forever; on the
     # same data dir, a traceback around noida-db's own "already running".
-    from relstream.kafka.brokers import free_port
+    from relstream.kafka.tools.brokers import free_port
 
     command = [sys.executable, "-m", "relstream", "broker"]
     port = str(default_broker.port)

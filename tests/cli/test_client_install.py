@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from relstream.kafka.clients import produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import produce
+from relstream.kafka.clients.topics import Topics
 from relstream.wire import ResultMessage, RowMessage, encode
 from relstream.wire.convert import dead_letter_message
 from relstream.wire.messages import ResultRow

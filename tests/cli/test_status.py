@@ -19,8 +19,8 @@ from engines import engine_process
 from helpers import stream_bin
 
 from relstream import launch
-from relstream.kafka.clients import create_topics
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.topics import Topics
 
 STATUS_LIMIT_S = 10.0
 
@@ -210,7 +210,7 @@ def test_status_and_deadletters_read_from_the_log_start_after_retention(broker):
         pytest.skip("Tansu's build here drops the connection on DeleteRecords")
     from kafka import KafkaAdminClient, TopicPartition
 
-    from relstream.kafka.clients import produce as produce_values
+    from relstream.kafka.clients.aio import produce as produce_values
     from relstream.wire import encode
     from relstream.wire.convert import dead_letter_message
 
@@ -262,7 +262,7 @@ def test_status_and_deadletters_read_from_the_log_start_after_retention(broker):
     ],
 )
 def test_a_dead_letters_cause_drops_numbers_but_not_the_digits_of_a_name(reason, cause):
-    from relstream.kafka.inspect import reason_kind
+    from relstream.kafka.tools.inspect import reason_kind
 
     assert reason_kind(reason) == cause
 
@@ -276,9 +276,9 @@ def test_status_marks_a_silent_engine_stale_counts_records_and_names_a_held_part
     # left open on results partition 0 (a writer killed mid-commit). status marks the
     # silent engine stale, the idle group lags 0 (on 7c0b11f: the markers counted, 1 a
     # partition) and names the held partition.
-    from relstream.kafka.clients import new_producer
-    from relstream.kafka.delivery import Send
-    from relstream.kafka.transactions import PartitionProducers
+    from relstream.kafka.clients.aio import new_producer
+    from relstream.kafka.delivery.publish import Send
+    from relstream.kafka.delivery.transactions import PartitionProducers
     from relstream.wire import LoadReportMessage, encode
 
     prefix = f"s{uuid.uuid4().hex[:6]}."
@@ -354,7 +354,7 @@ def test_status_marks_a_sigkilled_idle_engine_stale_at_once(default_broker, tmp_
     # store after any write): its report says where it listens while it runs (its
     # metrics endpoint, or a port of its own), and status finds nothing listening there
     # right after the SIGKILL (issue 49: within 60 s).
-    from relstream.kafka.brokers import free_port
+    from relstream.kafka.tools.brokers import free_port
 
     topics = Topics(prefix=f"k{uuid.uuid4().hex[:6]}.")
     asyncio.run(create_topics(default_broker.bootstrap, topics.layout()))
@@ -381,7 +381,7 @@ def test_status_marks_a_sigkilled_idle_engine_stale_at_once(default_broker, tmp_
 def test_a_sink_that_ended_is_not_counted_as_a_member(default_broker, tmp_path):
     # A sink run to its end leaves its group (static membership is for a killed one to
     # take its partitions back): status counts 0 members (on 7c0b11f, 1 for good).
-    from relstream.kafka.clients import produce as send
+    from relstream.kafka.clients.aio import produce as send
     from relstream.wire import ResultMessage, encode
 
     prefix = f"m{uuid.uuid4().hex[:6]}."

@@ -20,7 +20,7 @@ import pytest
 
 from relstream.connectors.sinks import CsvSink, JsonlSink, default_group, open_sink
 from relstream.connectors.sources import read_query, read_rows
-from relstream.kafka.brokers import free_port
+from relstream.kafka.tools.brokers import free_port
 from relstream.wire import ResultMessage, encode, validate
 from relstream.wire.messages import RelQueryRow
 

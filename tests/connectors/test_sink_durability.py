@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 
 from relstream.connectors.sinks import CsvSink, JsonlSink
-from relstream.kafka.clients import create_topics, produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, produce
+from relstream.kafka.clients.topics import Topics
 from relstream.wire import ResultMessage, encode
 from relstream.wire.messages import ResultRow
 

@@ -14,8 +14,8 @@ import uuid
 import pytest
 
 from relstream import launch
-from relstream.kafka.clients import create_topics, produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, produce
+from relstream.kafka.clients.topics import Topics
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import RowMessage, encode

@@ -14,7 +14,7 @@ import uuid
 import psutil
 import pytest
 
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.topics import Topics
 from relstream.launch import spawn_logged, wait_ready
 from relstream.sim.backend import SIM_PROCESSES
 

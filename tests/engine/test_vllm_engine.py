@@ -478,7 +478,7 @@ def test_the_http_door_answers_from_the_real_engine(tmp_path):
     import time
     import urllib.request
 
-    from relstream.kafka.brokers import free_port
+    from relstream.kafka.tools.brokers import free_port
 
     port = free_port()
     command = [sys.executable, "-m", "relstream", "serve", "--http-port", str(port)]

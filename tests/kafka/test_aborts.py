@@ -1,5 +1,5 @@
 """A read_committed reader that starts past an aborted transaction's end still reads the
-committed records its producer wrote after it (`kafka.aborts`): noida-db lists, with a
+committed records its producer wrote after it (`kafka.clients.aborts`): noida-db lists, with a
 fetch, aborted transactions that ended before the fetch offset, and the clients then
 skipped the producer's later batches (the short crash drill lost a relQuery so: a window
 aborted and committed again by the same producer, the partition taken over between)."""
@@ -9,8 +9,8 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from relstream.kafka.clients import create_topics, new_consumer
-from relstream.kafka.sync import sync_consumer
+from relstream.kafka.clients.aio import create_topics, new_consumer
+from relstream.kafka.clients.sync import sync_consumer
 
 
 async def written(bootstrap: str, topic: str) -> None:

@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from helpers import FaultyBackend, entry_point_folder, relquery
 
 from relstream.backend import EngineFailure
-from relstream.kafka.clients import create_topics, produce, read_messages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, produce, read_messages
+from relstream.kafka.clients.topics import Topics
 from relstream.model import Row
 from relstream.service.backlog import RowBudget
 from relstream.service.service import KafkaService, ServiceConfig
@@ -246,7 +246,7 @@ def test_metrics_reach_the_topic_and_the_prometheus_endpoint(broker):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from relstream.kafka.brokers import free_port
+    from relstream.kafka.tools.brokers import free_port
     from relstream.wire import MetricsMessage
 
     topics, group, port = fresh_topics(), f"g{uuid.uuid4().hex[:6]}", free_port()

@@ -18,13 +18,13 @@ from aiokafka import TopicPartition
 from engines import engine_process, wait_for
 from helpers import committed_offsets, read_all, relquery, wait_until, zombie_and_owner
 
-from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import create_topics, new_admin, new_producer, produce
-from relstream.kafka.delivery import Backoff, Send
-from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import PartitionProducers
-from relstream.kafka.txfaults import Breaks, Fenced
-from relstream.kafka.txprobe import has_transactions
+from relstream.kafka.clients.aio import create_topics, new_admin, new_producer, produce
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import Backoff, Send
+from relstream.kafka.delivery.transactions import PartitionProducers
+from relstream.kafka.delivery.txfaults import Breaks, Fenced
+from relstream.kafka.delivery.txprobe import has_transactions
+from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings

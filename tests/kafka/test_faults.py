@@ -14,9 +14,9 @@ from engines import answers_by, engine_process, scrape, served_by, wait_for
 from helpers import encode_row, relquery, sink_results, start_worker
 
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.brokers import EmbeddedBroker, free_port
-from relstream.kafka.clients import Subscription, create_topics, produce, read_messages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription, create_topics, produce, read_messages
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker, free_port
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode

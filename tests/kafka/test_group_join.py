@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 
-from relstream.kafka.clients import create_topics, new_consumer, produce
+from relstream.kafka.clients.aio import create_topics, new_consumer, produce
 
 PARTITIONS = 2
 

@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaClient, AIOKafkaProducer, TopicPartition
 from helpers import read_all, wait_until
 
-from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import create_topics
-from relstream.kafka.hanging import HangingTransactions
+from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.delivery.hanging import HangingTransactions
+from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 from relstream_lab.drills.parts import noida_kafka
 
 TOPIC = "hanging"

@@ -24,8 +24,8 @@ import pytest
 from helpers import stream_bin
 
 from relstream import launch
-from relstream.kafka.clients import create_topics, new_consumer, new_producer, running
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, new_consumer, new_producer, running
+from relstream.kafka.clients.topics import Topics
 
 IDLE_S = 5.0  # the idle spell measured
 MAX_CORE_SHARE = 0.05  # of one core, over the spell

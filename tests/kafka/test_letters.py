@@ -1,10 +1,16 @@
-"""What replaces a message the broker refuses for good (`kafka.letters`), one rule for the
+"""What replaces a message the broker refuses for good (`kafka.delivery.letters`), one rule for the
 worker's windows, the engine's results and every dead letter: hand-made parts, no broker."""
 
 import asyncio
 
-from relstream.kafka.delivery import Refused, Send
-from relstream.kafka.letters import LOST_LETTERS, Part, deliver_parts, letter_part, replaced
+from relstream.kafka.delivery.letters import (
+    LOST_LETTERS,
+    Part,
+    deliver_parts,
+    letter_part,
+    replaced,
+)
+from relstream.kafka.delivery.publish import Refused, Send
 from relstream.wire import DeadLetterMessage, decode
 from relstream.wire.convert import dead_letter_message
 

@@ -13,9 +13,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from engines import engine_process, wait_for
 
-from relstream.kafka.brokers import EmbeddedBroker, free_port
-from relstream.kafka.clients import Subscription, create_topics
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription, create_topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker, free_port
 from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode
 from relstream.wire.messages import RelQueryMessage, RelQueryRow
 from relstream.wire.parts import ResultJoiner

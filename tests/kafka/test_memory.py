@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics, new_producer, read_messages, running
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, new_producer, read_messages, running
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.model import RelQuery, Row, Template
 from relstream.service.backlog import RowBudget
 from relstream.service.service import KafkaService, ServiceConfig

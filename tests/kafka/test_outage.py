@@ -9,11 +9,11 @@ import logging
 import pytest
 from helpers import until
 
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import new_producer, read_messages
-from relstream.kafka.delivery import Backoff, publish_acked
-from relstream.kafka.loglimit import OUTAGE_LINE, InOurWords, RateLimited
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import new_producer, read_messages
+from relstream.kafka.clients.loglimit import OUTAGE_LINE, InOurWords, RateLimited
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import Backoff, publish_acked
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.model import Template
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import PartitionWindows

@@ -16,12 +16,12 @@ import pytest
 from aiokafka import ConsumerRecord
 from helpers import UnencodableBackend, committed_offsets, relquery, until
 
-from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import create_topics, new_producer, read_messages
-from relstream.kafka.delivery import publish_acked, publish_best_effort
-from relstream.kafka.letters import LOST_LETTERS, send_dead_letter
-from relstream.kafka.security import PLAINTEXT
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, new_producer, read_messages
+from relstream.kafka.clients.security import PLAINTEXT
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.letters import LOST_LETTERS, send_dead_letter
+from relstream.kafka.delivery.publish import publish_acked, publish_best_effort
+from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.placement.book import Demand
 from relstream.placement.readers import AsyncLoadReader
 from relstream.placement.reports import HEADERS
@@ -423,7 +423,7 @@ def test_a_best_effort_publish_waits_at_most_its_bound_during_an_outage(tmp_path
     # The broker stops; a metrics message to a topic the producer has no metadata for
     # would wait for it up to the client's request timeout (40 s). It is dropped within
     # its bound, and counted.
-    from relstream.kafka import delivery
+    from relstream.kafka.delivery.publish import DROPPED
 
     broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
     broker.start()
@@ -440,18 +440,17 @@ def test_a_best_effort_publish_waits_at_most_its_bound_during_an_outage(tmp_path
             async with asyncio.timeout(30):
                 await producer.stop()
 
-    dropped = getattr(delivery, "DROPPED", {})  # by topic
-    before = dropped.get("metrics-of-nobody", 0)
+    before = DROPPED["metrics-of-nobody"]  # dropped, by topic
     try:
         handed, waited = asyncio.run(scenario())
     finally:
         broker.stop()
     assert waited < 3.0  # its bound, 1 s, and a little
-    assert handed is False and dropped["metrics-of-nobody"] == before + 1
+    assert handed is False and DROPPED["metrics-of-nobody"] == before + 1
 
 
 def test_a_task_that_dies_is_logged_and_started_again(caplog):
-    from relstream.kafka.supervise import supervised
+    from relstream.kafka.clients.supervise import supervised
 
     runs = []
 
@@ -470,7 +469,7 @@ def test_a_task_that_dies_is_logged_and_started_again(caplog):
         await asyncio.gather(task, return_exceptions=True)
         return task.cancelled()
 
-    with caplog.at_level(logging.ERROR, logger="relstream.kafka.supervise"):
+    with caplog.at_level(logging.ERROR, logger="relstream.kafka.clients.supervise"):
         assert asyncio.run(scenario())
     died = [r for r in caplog.records if "the flaky follower died" in r.getMessage()]
     assert len(died) == 2 and all(r.exc_info for r in died)

@@ -15,10 +15,10 @@ The glue, the order of calls the real code makes, is re-implemented in `Model`, 
   `stream/stage.py` `_assigned` (`Transacted.assigned`, `PartitionProducers.take_over`:
   fence by opening the producer, read the commit, seek), `_step` (rejected rows' letters
   held, `WindowCommits.hold`), `_deliver`/`commit_all`/`WindowCommits.commit` over
-  `kafka/outputs.py` `Transacted.deliver` (the closed windows' relQueries and the held
+  `kafka/delivery/outputs.py` `Transacted.deliver` (the closed windows' relQueries and the held
   letters the commit passes, in one transaction with the offset; nothing if nothing is
-  new), `kafka/transactions.py` `transact`/`_once` (`Refused`: renewed, which aborts, and
-  redone with the relQuery's rows' letters instead, `kafka/letters.py`
+  new), `kafka/delivery/transactions.py` `transact`/`_once` (`Refused`: renewed, which aborts, and
+  redone with the relQuery's rows' letters instead, `kafka/delivery/letters.py`
   `replaced`/`Part.instead`; a timeout, or `BrokerLost` before the commit: renewed and
   redone; `Unanswered`, a connection broken during the commit: renewed, and only the
   records a read_committed reader cannot see sent again, `outcome.find_outcome`), and
@@ -456,7 +456,7 @@ def _a_batch_resent_after_a_restart(m: Protocol) -> None:
 def _killed_after_a_batch_resent_after_a_restart(m: Protocol) -> None:
     # The same, the worker killed before it renews: its replacement's fencing aborts only
     # what the broker knows; without the embedded broker's look for hanging transactions
-    # (`kafka/hanging.py`) the resent batch pinned the partition until the broker
+    # (`kafka/delivery/hanging.py`) the resent batch pinned the partition until the broker
     # restarted again (noida-db; docs/architecture.md, Brokers).
     m.produce(["small"] * 6, 0.001)
     m._worker_poll(6, [], dies=True, cut="mid")

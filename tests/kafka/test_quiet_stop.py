@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import relquery, wait_until
 
-from relstream.kafka.clients import create_topics
+from relstream.kafka.clients.aio import create_topics
 from relstream.wire import encode
 from relstream.wire.convert import relquery_message
 
@@ -42,7 +42,7 @@ async def send(bootstrap: str, topic: str, count: int) -> None:
 def test_a_busy_sim_engine_stopped_by_its_process_group_says_no_error(
     default_broker, tmp_path, sig
 ):
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.topics import Topics
 
     topics = Topics(prefix=f"q{uuid.uuid4().hex[:6]}.")
     asyncio.run(create_topics(default_broker.bootstrap, topics.layout()))

@@ -13,9 +13,9 @@ import uuid
 import pytest
 from helpers import stream_bin, wait_until
 
-from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import BROKER_CHECK_S, create_topics, produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import BROKER_CHECK_S, create_topics, produce
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 from relstream.wire import ResultMessage, encode
 from relstream.wire.convert import dead_letter_message
 from relstream.wire.messages import ResultRow

@@ -16,14 +16,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from relstream import launch
-from relstream.kafka.clients import (
+from relstream.kafka.clients.aio import (
     DEAD_LETTER_ORIGINAL_BYTES,
     create_topics,
     produce,
     read_messages,
 )
-from relstream.kafka.replay import LetterFilter, parse_time, plan_replay
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.replay import LetterFilter, parse_time, plan_replay
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import DeadLetterMessage, RowMessage, decode, encode, validate

@@ -19,12 +19,12 @@ from kafka import KafkaAdminClient, TopicPartition
 
 from relstream import launch
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.bounds import Span, extents, partitions
-from relstream.kafka.clients import create_topics, new_producer, produce
-from relstream.kafka.reset import Move, ResetTarget, parse_target
-from relstream.kafka.sync import sync_consumer
-from relstream.kafka.topics import Topics
-from relstream.kafka.windowstarts import Snap, known_starts, snap
+from relstream.kafka.clients.aio import create_topics, new_producer, produce
+from relstream.kafka.clients.bounds import Span, extents, partitions
+from relstream.kafka.clients.sync import sync_consumer
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.reset import Move, ResetTarget, parse_target
+from relstream.kafka.tools.windowstarts import Snap, known_starts, snap
 from relstream.model import Template
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend

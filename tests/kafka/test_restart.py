@@ -23,9 +23,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from relstream import launch
 from relstream.client import RelstreamClient
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.brokers import free_port
-from relstream.kafka.clients import metadata_ok, read_messages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import metadata_ok, read_messages
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import free_port
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import ResultMessage, RowMessage, decode, encode
@@ -202,9 +202,9 @@ def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
     # drill, one run in twelve). A service's clients wait for the broker, saying so.
     import logging
 
-    from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-    from relstream.kafka.clients import new_consumer, new_producer
-    from relstream.kafka.membership import start_waiting
+    from relstream.kafka.clients.aio import new_consumer, new_producer
+    from relstream.kafka.membership.static import start_waiting
+    from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 
     port = free_port()
     broker = EmbeddedBroker(STORED_BROKER, port=port, data_dir=tmp_path / "broker")
@@ -236,7 +236,7 @@ def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
 def test_a_worker_started_while_the_broker_restarts_waits_for_it(tmp_path):
     # A worker SIGKILLed and restarted as the broker restarted found no broker and exited
     # (the short crash drill, one run in twelve). It waits, as an engine does.
-    from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
+    from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 
     port = free_port()
     broker = EmbeddedBroker(STORED_BROKER, port=port, data_dir=tmp_path / "broker")

@@ -7,9 +7,9 @@ import asyncio
 
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from relstream.kafka.brokers import STORED_BROKER, EmbeddedBroker
-from relstream.kafka.clients import new_admin
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import new_admin
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
 
 
 async def retention(bootstrap: str, topic: str) -> str | None:

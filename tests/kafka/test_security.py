@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from relstream.cli import main
-from relstream.kafka.clients import Subscription, new_admin, new_consumer, new_producer
-from relstream.kafka.security import KafkaSecurity, SecurityError
+from relstream.kafka.clients.aio import Subscription, new_admin, new_consumer, new_producer
+from relstream.kafka.clients.security import KafkaSecurity, SecurityError
 
 COMMANDS = (
     ["engine", "--backend", "sim"],

@@ -18,8 +18,8 @@ import pytest
 from engines import engine_process
 from helpers import encode_row, relquery, start_worker
 
-from relstream.kafka.clients import Subscription, create_topics, produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import Subscription, create_topics, produce
+from relstream.kafka.clients.topics import Topics
 from relstream.launch import stop_all, wait_ready
 from relstream.wire import ResultMessage, decode, encode
 from relstream.wire.convert import relquery_message
@@ -288,7 +288,7 @@ def test_a_slot_is_the_lowest_free_one_per_broker_and_group_and_freed_by_its_hol
 ):
     import socket
 
-    from relstream.kafka.membership import member_slot
+    from relstream.kafka.membership.static import member_slot
 
     monkeypatch.delenv("RELSTREAM_INSTANCE_ID", raising=False)
     host = socket.gethostname()

@@ -15,12 +15,12 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from helpers import read_all, zombie_and_owner
 
-from relstream.kafka.clients import create_topics, new_admin, new_consumer
-from relstream.kafka.delivery import Backoff, Send
-from relstream.kafka.topics import Topics
-from relstream.kafka.transactions import PartitionProducers
-from relstream.kafka.txfaults import Fenced
-from relstream.kafka.txprobe import STOP_S, has_transactions
+from relstream.kafka.clients.aio import create_topics, new_admin, new_consumer
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import Backoff, Send
+from relstream.kafka.delivery.transactions import PartitionProducers
+from relstream.kafka.delivery.txfaults import Fenced
+from relstream.kafka.delivery.txprobe import STOP_S, has_transactions
 
 
 def fresh() -> tuple[Topics, str]:
@@ -73,7 +73,7 @@ def test_an_acknowledged_commit_whose_answer_was_lost_is_not_redone(default_brok
             assert time.monotonic() < deadline, "the reset was not seen"
             await asyncio.sleep(0.01)
 
-    caplog.set_level(logging.INFO, "relstream.kafka.transactions")
+    caplog.set_level(logging.INFO, "relstream.kafka.delivery.transactions")
     topics, group = fresh()
     assert asyncio.run(committed_once(default_broker.bootstrap, group, topics, cut)) == (
         9, [b"once"]
@@ -88,7 +88,7 @@ def test_a_commit_that_never_reached_the_broker_is_redone_once(default_broker, c
         reset_connections(producer)
         raise KafkaConnectionError("the commit never reached the broker")
 
-    caplog.set_level(logging.INFO, "relstream.kafka.transactions")
+    caplog.set_level(logging.INFO, "relstream.kafka.delivery.transactions")
     topics, group = fresh()
     assert asyncio.run(committed_once(default_broker.bootstrap, group, topics, cut)) == (
         9, [b"once"]
@@ -136,7 +136,7 @@ def test_a_broker_that_does_not_answer_the_probe_is_waited_for_not_taken_as_none
         silent.close()
         return done
 
-    caplog.set_level(logging.WARNING, "relstream.kafka.transactions")
+    caplog.set_level(logging.WARNING, "relstream.kafka.delivery.transactions")
     assert asyncio.run(scenario()) is False
     assert "cannot tell yet whether the broker at 127.0.0.1:" in caplog.text
 
@@ -228,7 +228,7 @@ def test_a_take_over_that_cannot_read_its_offsets_asks_again_and_seeks_them(
     # the partition paused meanwhile, and seeks to the committed mark (on 7c0b11f the
     # error escaped into aiokafka's callback, which only logs it, and the partition
     # resumed from the consumer's own position: answered work done again).
-    import relstream.kafka.outcome as outcome
+    import relstream.kafka.delivery.outcome as outcome
 
     admins = []
 
@@ -265,7 +265,7 @@ def test_a_take_over_whose_producer_never_starts_says_so_and_starts_another(
     # served again). The start is bounded (`START_S`), said and tried again.
     from aiokafka import AIOKafkaProducer
 
-    import relstream.kafka.transactions as transactions
+    import relstream.kafka.delivery.transactions as transactions
 
     starts, start = [], AIOKafkaProducer.start
 
@@ -294,7 +294,7 @@ def test_a_take_over_whose_producer_never_starts_says_so_and_starts_another(
             await consumer.stop()
             await producers.close_all()
 
-    with caplog.at_level(logging.WARNING, logger="relstream.kafka.transactions"):
+    with caplog.at_level(logging.WARNING, logger="relstream.kafka.delivery.transactions"):
         assert asyncio.run(scenario()) == (True, set())
     assert len(starts) == 2 and "not started (TimeoutError" in caplog.text
 
@@ -335,7 +335,7 @@ def test_a_bad_control_message_is_dead_lettered_once_by_two_engines_and_a_restar
     # engines share: one letter.
     from helpers import until
 
-    from relstream.kafka.clients import new_producer
+    from relstream.kafka.clients.aio import new_producer
     from relstream.service.service import KafkaService, ServiceConfig
     from relstream.sim.backend import SimRelQueryBackend
 

@@ -9,9 +9,9 @@ import sys
 import time
 import uuid
 
-from relstream.kafka.clients import create_topics
-from relstream.kafka.topics import Topics
-from relstream.kafka.usage import usage_by_query
+from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.usage import usage_by_query
 from relstream.wire import MetricsMessage, Usage, encode
 from relstream.wire.messages import KIND_HEADER
 

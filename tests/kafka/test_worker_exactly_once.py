@@ -17,9 +17,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from helpers import encode_row, group_members, read_all, start_worker, until
 
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics, produce
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, produce
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import wait_ready
 from relstream.stream.registrations import load_registrations
 from relstream.stream.stage import StageSettings, WindowStage

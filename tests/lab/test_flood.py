@@ -4,7 +4,7 @@ rows and relQueries stream through both. Tansu: noida-db refuses messages over 1
 
 import pytest
 
-from relstream.kafka.brokers import EmbeddedBroker
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream_lab.drills.flood import KINDS, RSS_BOUND_MB, report_table, run_flood
 
 

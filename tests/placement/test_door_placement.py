@@ -16,11 +16,11 @@ from aiokafka.structs import ConsumerRecord
 from engines import answers_by, engine_process, keys_written, scrape, wait_for
 from helpers import door_serving, http_server, post_and_leave
 
-from relstream.kafka.brokers import EmbeddedBroker, free_port
-from relstream.kafka.clients import create_topics, new_producer, read_messages, start_all
-from relstream.kafka.delivery import publish_acked
-from relstream.kafka.security import PLAINTEXT
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, new_producer, read_messages, start_all
+from relstream.kafka.clients.security import PLAINTEXT
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.delivery.publish import publish_acked
+from relstream.kafka.tools.brokers import EmbeddedBroker, free_port
 from relstream.placement.readers import LoadReader
 from relstream.placement.reports import HEADERS
 from relstream.service.doorlimits import DoorLimits

@@ -14,9 +14,9 @@ from engines import answers_by, engine_process, keys_written, wait_for
 from helpers import encode_row, sink_results, start_worker
 
 from relstream.client import RelstreamClient
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import wait_ready
 from relstream.placement.readers import AsyncLoadReader, LoadReader
 from relstream.service.service import KafkaService, ServiceConfig

@@ -41,7 +41,7 @@ def test_commands_exist_in_the_cli():
 
 
 def test_topic_script_matches_the_topic_layout():
-    from relstream.kafka.topics import Topics
+    from relstream.kafka.clients.topics import Topics
 
     script = (REPO / "deploy" / "create-topics.sh").read_text()
     for topic, partitions in Topics().layout().items():

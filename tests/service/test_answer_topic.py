@@ -14,14 +14,14 @@ import pytest
 from helpers import CachingBackend
 
 from relstream.engine.answers import AnswerCache, SharedOutcome
-from relstream.kafka.clients import (
+from relstream.kafka.clients.aio import (
     create_topics,
     new_admin,
     new_producer,
     read_messages,
     start_all,
 )
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.service.answercache import (
     TOPIC_CONFIG,

@@ -8,9 +8,9 @@ import pytest
 from engines import engine_process
 
 from relstream.client import RelstreamClient
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import create_topics, read_messages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics, read_messages
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.wire import RowMessage, decode
 
 

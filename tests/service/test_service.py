@@ -11,8 +11,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import relquery
 
-from relstream.kafka.clients import MAX_REQUEST_BYTES, create_topics, read_messages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import MAX_REQUEST_BYTES, create_topics, read_messages
+from relstream.kafka.clients.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.service.offsets import OffsetBook, PublishedOffsets
 from relstream.service.service import KafkaService, ServiceConfig

@@ -21,8 +21,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from relstream import launch
 from relstream.client import RelstreamClient
-from relstream.kafka.clients import create_topics
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.topics import Topics
 
 REPO = Path(__file__).resolve().parents[2]
 JSON_HEADER = ("content-type", b"application/json")

@@ -16,8 +16,7 @@ from aiokafka import AIOKafkaProducer
 from helpers import encode_row, start_worker, stream_bin
 
 from relstream import launch
-from relstream.kafka.brokers import EmbeddedBroker
-from relstream.kafka.clients import (
+from relstream.kafka.clients.aio import (
     MAX_REQUEST_BYTES,
     Subscription,
     assign_all,
@@ -28,7 +27,8 @@ from relstream.kafka.clients import (
     produce,
     read_messages,
 )
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import (
@@ -252,7 +252,7 @@ async def set_topic_config(broker, topic: str, configs: dict[str, str]) -> None:
 def test_a_topics_message_limit_is_asked_of_the_broker_within_the_request_limit(broker):
     """What the worker cuts its windows under: a topic's own max.message.bytes, never over
     the producer's request limit (which is also what a broker telling none gets)."""
-    from relstream.kafka.limits import message_limit
+    from relstream.kafka.clients.limits import message_limit
 
     prefix = f"l{uuid.uuid4().hex[:6]}."
     small, plain = f"{prefix}small", f"{prefix}plain"

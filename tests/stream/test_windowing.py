@@ -91,7 +91,7 @@ def test_a_row_takes_its_key_and_values_encoded_in_a_relquery():
 
 
 def test_the_rows_budget_is_the_message_limit_less_the_envelope_and_the_other_fields():
-    from relstream.kafka.clients import MAX_REQUEST_BYTES
+    from relstream.kafka.clients.aio import MAX_REQUEST_BYTES
     from relstream.stream.windowing import ENVELOPE_BYTES, MESSAGE_BYTES, rows_budget
 
     assert rows_budget(BY_BYTES, 10_000) == 10_000 - ENVELOPE_BYTES - BY_BYTES_FIXED == 5_723

@@ -11,8 +11,8 @@ from aiokafka import AIOKafkaProducer
 
 from relstream.client import RelstreamClient
 from relstream.connectors.sinks import open_sink
-from relstream.kafka.clients import MAX_REQUEST_BYTES, create_topics, read_messages
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.aio import MAX_REQUEST_BYTES, create_topics, read_messages
+from relstream.kafka.clients.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relstream.engine.tags import window_query
-from relstream.kafka.windowstarts import known_starts
+from relstream.kafka.tools.windowstarts import known_starts
 from relstream.model import Template
 from relstream.service.doorlimits import is_window_id
 from relstream.stream.registrations import QueryRegistration

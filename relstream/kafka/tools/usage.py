@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from relstream.kafka.bounds import Span, extents, partitions
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.sync import sync_consumer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.bounds import Span, extents, partitions
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.sync import sync_consumer
+from relstream.kafka.clients.topics import Topics
 from relstream.wire import MessageError, MetricsMessage
 from relstream.wire.formats import decode_record, is_load_report
 from relstream.wire.windowid import WindowId

@@ -1,6 +1,6 @@
 """What a step publishes (`Part`s) and what stands in for a part the broker refuses for
 good: one rule for the worker's windows and the engine's results, and for every dead
-letter, whoever publishes it (`kafka.outputs`, the control letters, a plain producer).
+letter, whoever publishes it (`kafka.delivery.outputs`, the control letters, a plain producer).
 
 A part refused for good is replaced by its `instead`: a window's relQuery by a dead
 letter for each of its rows, a result (all its parts: they stand or fall together) by
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import msgspec
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
-from relstream.kafka.clients import DEAD_LETTER_ORIGINAL_BYTES
-from relstream.kafka.delivery import Refused, Send, publish_sends
+from relstream.kafka.clients.aio import DEAD_LETTER_ORIGINAL_BYTES
+from relstream.kafka.delivery.publish import Refused, Send, publish_sends
 from relstream.wire import DeadLetterMessage, encode
 from relstream.wire.convert import dead_letter_message
 
-log = logging.getLogger("relstream.kafka.delivery")
+log = logging.getLogger("relstream.kafka.delivery.publish")
 lost = logging.getLogger("relstream.deadletters")
 
 LOST_LETTERS: Counter[str] = Counter()  # dead letters the broker refused for good, by kind

@@ -3,24 +3,19 @@ partition, so a message's output and its partition's offset are committed togeth
 
 An input partition's producer has the transactional id `{group}.{topic}.{partition}`.
 The owner a rebalance hands the partition to starts a producer with that id, and the
-broker then aborts whatever transaction the previous owner had open and refuses it any
-later one (`ProducerFenced`): a consumer that lost its partitions without knowing it (a
-stalled process, a zombie) cannot commit, nor commit after its own renewal what the
-owner committed (`_check_ours`). aiokafka's `send_offsets_to_transaction` sends no
-generation, so the group itself would take a zombie's offsets.
+broker aborts the previous owner's open transaction and refuses it any later one
+(`ProducerFenced`): a zombie cannot commit, nor commit after its own renewal what the
+owner committed (`_check_ours`; aiokafka's `send_offsets_to_transaction` sends no
+generation, so the group itself would take a zombie's offsets).
 
 One transaction at a time per partition (a lock), its offset commit computed under it
-(`offsets`), so each extends the previous one's. A transaction the broker does not take
-(an outage) is retried with the same messages, by a new producer under the same id
-(starting it aborts the open one), for as long as the partition stays assigned; a
-message the broker refuses for good aborts it as `Refused`. A transaction during which
-the producer lost its connection before the commit is redone (`BrokerLost`): noida-db,
-the default broker, forgets at a restart which partitions an open transaction wrote; a
-commit is sent only over the connections its transaction began with, else as an abort
-(`txfaults.Breaks`). A commit whose answer was lost has an unknown outcome: found out
-from the broker's record (`kafka.outcome`), only what did not land is done again.
-Without transactions (Tansu, found at start: `txprobe.has_transactions`) the caller runs
-at least once.
+(`offsets`). One the broker does not take (an outage) is retried with the same messages
+by a new producer under the same id while the partition stays assigned; a message
+refused for good aborts it (`Refused`). One whose producer lost a connection before the
+commit is redone (`BrokerLost`; noida-db forgets an open transaction's partitions at a
+restart), a commit going only over the connections it began with (`txfaults.Breaks`). A
+commit whose answer was lost is found out from the broker's record (`outcome`), never
+guessed. Without transactions (Tansu: `txprobe.has_transactions`), at least once.
 """
 
 from __future__ import annotations
@@ -33,20 +28,26 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
 
-from relstream.kafka.clients import new_producer
-from relstream.kafka.delivery import STALL_S, Backoff, Refused, Send
-from relstream.kafka.outcome import Gone, Outcome, Written, find_outcome, group_marks, mark_moved
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.txfaults import Breaks, BrokerLost, Fenced, Unanswered, refusal
-from relstream.kafka.txprobe import STOP_S, stop_producer
+from relstream.kafka.clients.aio import new_producer
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.delivery.outcome import (
+    Gone,
+    Outcome,
+    Written,
+    find_outcome,
+    group_marks,
+    mark_moved,
+)
+from relstream.kafka.delivery.publish import STALL_S, Backoff, Refused, Send
+from relstream.kafka.delivery.txfaults import Breaks, BrokerLost, Fenced, Unanswered, refusal
+from relstream.kafka.delivery.txprobe import STOP_S, stop_producer
 
-log = logging.getLogger("relstream.kafka.transactions")
+log = logging.getLogger("relstream.kafka.delivery.transactions")
 
-# Kafka aborts a dead writer's open transaction after this (readers wait at most so
-# long); noida-db never does (co-partitioning bounds the harm there: `co_partition`).
+# Kafka aborts a dead writer's open transaction after this; noida-db never (`co_partition`).
 TRANSACTION_TIMEOUT_MS = 60_000
-# A producer's start (InitProducerId) not done in this long is given up, said and tried
-# anew: aiokafka asks for ever, silently, its take-over's partition paused meanwhile.
+# A producer's start (InitProducerId) given up, said and tried anew after this: aiokafka
+# asks for ever, silently, its take-over's partition paused meanwhile.
 START_S = 30.0
 
 
@@ -68,10 +69,9 @@ class PartitionProducers:
         co_partition: bool = False,
     ) -> None:
         self._bootstrap = bootstrap
-        # A message with no partition of its own goes to the partition of its topic that
-        # matches its input's (`_target`), as Kafka Streams co-partitions: a writer that
-        # dies mid-transaction then holds back `read_committed` readers of its own
-        # partitions only, never another process's results (issue 48, item 2).
+        # A message with no partition of its own goes to its topic's partition matching
+        # its input's (`_target`), as Kafka Streams co-partitions: a writer dead
+        # mid-transaction holds back readers of its own partitions only (issue 48).
         self._co_partition = co_partition
         # Called when a partition still assigned here is fenced: some other producer took
         # its id, a zombie's renewal or a rebalance not yet heard of. The caller asks its

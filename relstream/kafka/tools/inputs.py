@@ -11,9 +11,9 @@ it) gives no input values.
 
 from __future__ import annotations
 
-from relstream.kafka.bounds import Span, extents, partitions
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.sync import sync_consumer
+from relstream.kafka.clients.bounds import Span, extents, partitions
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.sync import sync_consumer
 from relstream.wire import MessageError, RelQueryMessage, decode
 from relstream.wire.messages import RelQueryRow
 

@@ -17,11 +17,11 @@ import logging
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from relstream.kafka.clients import new_producer
-from relstream.kafka.delivery import unavailable
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.aio import new_producer
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.delivery.publish import unavailable
 
-log = logging.getLogger("relstream.kafka.transactions")
+log = logging.getLogger("relstream.kafka.delivery.transactions")
 
 PROBE_S = 30.0  # how long one probe waits for the broker's answer, and between log lines
 STOP_S = 5.0  # how long a producer given up on may take to close

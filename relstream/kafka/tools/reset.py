@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relstream.kafka.bounds import extents, partitions
-from relstream.kafka.inspect import group_members
-from relstream.kafka.replay import parse_time
-from relstream.kafka.windowstarts import Snap, record_stamp, snap
+from relstream.kafka.clients.bounds import extents, partitions
+from relstream.kafka.tools.inspect import group_members
+from relstream.kafka.tools.replay import parse_time
+from relstream.kafka.tools.windowstarts import Snap, record_stamp, snap
 
 EARLIEST, LATEST = "earliest", "latest"
 

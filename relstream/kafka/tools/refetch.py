@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.clients import new_consumer, running
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.aio import new_consumer, running
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 from relstream.wire import DeadLetterMessage
 
 FETCH_S = 10.0  # how long one original is waited for

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger("relstream.kafka.supervise")
+log = logging.getLogger("relstream.kafka.clients.supervise")
 
 RESTART_FIRST_S = 0.5  # the wait before the first restart, doubled after each
 RESTART_CAP_S = 30.0  # at most this

@@ -50,7 +50,7 @@ from aiokafka.protocol.types import (
 )
 from aiokafka.record.memory_records import MemoryRecords
 
-from relstream.kafka.clients import new_client
+from relstream.kafka.clients.aio import new_client
 
 log = logging.getLogger("relstream.kafka")
 

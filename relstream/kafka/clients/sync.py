@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 
 # Give up on an address where no broker answers after this, not kafka-python's default
 # 30 s: a user hears of it within 10 s.
@@ -55,7 +55,7 @@ def sync_consumer(
 ):
     """A kafka-python consumer that reads only committed messages (`clients.new_consumer`),
     and says when its broker stops answering and answers again (`BrokerWatch`)."""
-    from relstream.kafka.aborts import drop_ended_aborts
+    from relstream.kafka.clients.aborts import drop_ended_aborts
 
     drop_ended_aborts()  # noida-db lists aborted transactions that ended before a fetch
     options = {"isolation_level": "read_committed", **options}

@@ -20,9 +20,9 @@ from pathlib import Path
 import platformdirs
 
 from relstream.extras import MissingExtra
-from relstream.kafka.clients import create_topics, metadata_ok
-from relstream.kafka.hanging import HangingTransactions
-from relstream.kafka.topics import KEEP_DAYS, Topics
+from relstream.kafka.clients.aio import create_topics, metadata_ok
+from relstream.kafka.clients.topics import KEEP_DAYS, Topics
+from relstream.kafka.delivery.hanging import HangingTransactions
 
 log = logging.getLogger("relstream.kafka")
 
@@ -30,7 +30,7 @@ BROKERS = ("noida-db", "tansu")
 # The default of the runs that start their own broker and throw it away (demo, benchmarks,
 # drills): chosen when an idle consumer spun ~85 % of a core on noida-db 0.2.3, which
 # answers empty fetches at once (relstream's consumers now wait them out:
-# kafka/idlefetch.py), and kept so that those runs stay comparable and leave no topics on
+# kafka/clients/idlefetch.py), and kept so that those runs stay comparable and leave no topics on
 # disk.
 DEFAULT_BROKER = "tansu"
 # `relstream broker`'s default: a broker users run keeps its topics on disk, so stopping
@@ -89,7 +89,7 @@ class EmbeddedBroker:
     topics: Topics = field(default_factory=Topics)
     tables: tuple[str, ...] = ()
     keep_days: float = KEEP_DAYS  # its topics' retention (`Topics.retention_ms`)
-    # noida-db: abort transactions no coordinator will end (`kafka.hanging`), as Kafka's
+    # noida-db: abort transactions no coordinator will end (`kafka.delivery.hanging`), as Kafka's
     # transaction timeout would
     end_hanging: bool = True
     _process: subprocess.Popen | None = None

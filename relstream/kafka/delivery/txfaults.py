@@ -1,4 +1,4 @@
-"""What can go wrong in a transaction, told apart (`kafka/transactions.py` acts on it):
+"""What can go wrong in a transaction, told apart (`kafka/delivery/transactions.py` acts on it):
 fencing (the partition is another owner's), a refusal of one message for good, the
 producer's own state, a connection that broke before the commit, a commit whose answer
 was lost.
@@ -25,8 +25,8 @@ from aiokafka.errors import (
 from aiokafka.producer.sender import EndTxnHandler
 from aiokafka.protocol.transaction import EndTxnRequest
 
-from relstream.kafka.delivery import Refused, Send, unavailable
-from relstream.kafka.outcome import Written
+from relstream.kafka.delivery.outcome import Written
+from relstream.kafka.delivery.publish import Refused, Send, unavailable
 
 
 class BrokerLost(Exception):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from relstream.kafka.bounds import Span, extents, partitions
+from relstream.kafka.clients.bounds import Span, extents, partitions
 from relstream.wire.windowid import WindowId
 
 

@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from relstream.kafka.bounds import Extent, Span, extents, partitions
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
-from relstream.kafka.sync import sync_admin, sync_consumer
-from relstream.kafka.topics import Topics
+from relstream.kafka.clients.bounds import Extent, Span, extents, partitions
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.sync import sync_admin, sync_consumer
+from relstream.kafka.clients.topics import Topics
 from relstream.wire import DeadLetterMessage, LoadReportMessage, MessageError, MetricsMessage
 from relstream.wire.formats import decode_record, is_load_report
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
-from relstream.kafka.clients import start_all
+from relstream.kafka.clients.aio import start_all
 
 if TYPE_CHECKING:
     from aiokafka import TopicPartition
@@ -185,7 +185,7 @@ def rejoin(consumer, partition: TopicPartition) -> None:
     engine forgets their work in flight) and assigns them anew (each fenced again and read
     from its commit). Kafka Streams does the same on a fenced producer; aiokafka has no
     public call for it."""
-    logging.getLogger("relstream.kafka.transactions").warning(
+    logging.getLogger("relstream.kafka.delivery.transactions").warning(
         "transactional producer for %s fenced while its partition is assigned here: "
         "asking the group to assign partitions again",
         partition,

@@ -17,8 +17,8 @@ import logging
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from relstream.kafka.clients import MAX_REQUEST_BYTES, new_admin
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.aio import MAX_REQUEST_BYTES, new_admin
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger("relstream.kafka")
 

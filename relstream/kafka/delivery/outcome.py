@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 
-from relstream.kafka.clients import new_admin, new_consumer
-from relstream.kafka.delivery import Backoff, Send
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.aio import new_admin, new_consumer
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.delivery.publish import Backoff, Send
 
-log = logging.getLogger("relstream.kafka.transactions")
+log = logging.getLogger("relstream.kafka.delivery.transactions")
 
 READ_S = 10.0  # the longest one look at the committed messages may take
 

@@ -31,9 +31,9 @@ from aiokafka.errors import (
     KafkaUnavailableError,
 )
 
-from relstream.kafka.loglimit import InOurWords, RateLimited
+from relstream.kafka.clients.loglimit import InOurWords, RateLimited
 
-log = logging.getLogger("relstream.kafka.delivery")
+log = logging.getLogger("relstream.kafka.delivery.publish")
 
 STALL_S = 5.0  # unacknowledged this long: the broker is taken to be out
 BEST_EFFORT_WAIT_S = 1.0  # the longest a best-effort message waits to be handed over

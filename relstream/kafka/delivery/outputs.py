@@ -3,12 +3,12 @@ into: the worker's window stage (a window's relQuery, its rows' dead letters) an
 engine (a relQuery's result or dead letter). As Kafka Streams' `StreamsProducer` serves
 every task, each fix to delivery is made once, here.
 
-A step's output is a list of `Part`s (`kafka.letters`: what replaces one the broker
+A step's output is a list of `Part`s (`kafka.delivery.letters`: what replaces one the broker
 refuses for good) and a mark, the input offset (and metadata) it finishes. `open_outputs`
 asks the broker once whether it has transactions and says in one log line what follows:
 
 - `Transacted`: exactly once. The parts and the mark in one transaction of the input
-  partition's producer (`kafka.transactions`), so a `read_committed` reader sees each
+  partition's producer (`kafka.delivery.transactions`), so a `read_committed` reader sees each
   output once whatever is killed, cut or rebalanced; `deliver` raises `Fenced` once the
   partition is not this process's (fenced, revoked): its new owner does the work again.
 - `Acked`: at least once (Tansu refuses `InitProducerId`, or transactions are off). Each
@@ -27,12 +27,12 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from relstream.kafka.delivery import STALL_S, publish_sends
-from relstream.kafka.letters import Part, deliver_parts
-from relstream.kafka.security import KafkaSecurity
-from relstream.kafka.transactions import PartitionProducers
-from relstream.kafka.txfaults import Fenced
-from relstream.kafka.txprobe import has_transactions
+from relstream.kafka.clients.security import KafkaSecurity
+from relstream.kafka.delivery.letters import Part, deliver_parts
+from relstream.kafka.delivery.publish import STALL_S, publish_sends
+from relstream.kafka.delivery.transactions import PartitionProducers
+from relstream.kafka.delivery.txfaults import Fenced
+from relstream.kafka.delivery.txprobe import has_transactions
 
 Mark = Callable[[], tuple[int, str]]  # the offset a step finishes and its metadata
 

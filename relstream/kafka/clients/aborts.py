@@ -96,7 +96,7 @@ class _PartitionRecords(fetcher.PartitionRecords):
 
 def drop_ended_aborts() -> None:
     """Install the check in aiokafka's fetcher, and in kafka-python's where it is
-    installed (`kafka.sync`'s readers: results, sinks, status); idempotent."""
+    installed (`kafka.clients.sync`'s readers: results, sinks, status); idempotent."""
     global _installed
     if _installed:
         return

@@ -23,10 +23,10 @@ from aiokafka.errors import (
     KafkaError,
 )
 
-from relstream.kafka.aborts import drop_ended_aborts
-from relstream.kafka.groupjoin import rejoin_on_empty_assignment
-from relstream.kafka.idlefetch import HeldFetchConsumer
-from relstream.kafka.security import PLAINTEXT, KafkaSecurity
+from relstream.kafka.clients.aborts import drop_ended_aborts
+from relstream.kafka.clients.groupjoin import rejoin_on_empty_assignment
+from relstream.kafka.clients.idlefetch import HeldFetchConsumer
+from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger("relstream.kafka")
 
