@@ -29,7 +29,7 @@ from relstream.kafka.clients.sync import (
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.membership.static import close_leaving, member_slot
 from relstream.model import RelQuery, Row, Template
-from relstream.outputs import OutputSpec, Sampling
+from relstream.outputspec import OutputSpec, Sampling
 from relstream.placement.book import placement_of
 from relstream.placement.readers import LoadReader
 from relstream.wire import (

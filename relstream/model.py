@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from relstream.outputs import OutputSpec, Sampling
+from relstream.outputspec import OutputSpec, Sampling
 
 
 class TemplateError(ValueError):

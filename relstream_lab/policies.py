@@ -11,11 +11,12 @@ import math
 
 from relstream.scheduler import POLICIES, CostModel, Policy, make_policy
 from relstream.scheduler.admission import StepAdmission
-from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.data import RelQueryInfo, StepPlan
 from relstream.scheduler.headroom import Headroom
-from relstream.scheduler.relstream import Rank, Relstream, RelstreamConfig
+from relstream.scheduler.paperlines import Coefficients
+from relstream.scheduler.relstream_policy import Rank, Relstream, RelstreamConfig
 from relstream.scheduler.steprecord import StepDecision
-from relstream.scheduler.view import EngineView, RelQueryInfo, StepPlan
+from relstream.scheduler.view import EngineView
 
 
 class RelstreamUngated(Relstream):
@@ -28,7 +29,7 @@ class RelstreamUngated(Relstream):
     def __init__(self, cost: CostModel, config: RelstreamConfig | None = None) -> None:
         super().__init__(cost, config or RelstreamConfig(deadlines=False))
 
-    def _step(
+    def fill_step(
         self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]], c: Coefficients
     ) -> StepPlan:
         step = StepAdmission.for_step(view)
@@ -66,7 +67,7 @@ class RelstreamGated(Relstream):
     def __init__(self, cost: CostModel) -> None:
         super().__init__(cost, RelstreamConfig(size_weight=math.inf, deadlines=False))
 
-    def _pressure(self, view: EngineView, c: Coefficients) -> float:
+    def pressure(self, view: EngineView, c: Coefficients) -> float:
         return 0.0
 
 

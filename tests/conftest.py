@@ -6,7 +6,8 @@ import os
 import pytest
 
 from relstream.kafka.tools.brokers import EmbeddedBroker
-from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits
 
 # The commands the tests start print as to a pipe, whole lines (`cli/common.py`), unless
 # COLUMNS says a width: xdist's workers inherit one from the terminal, which folded paths.

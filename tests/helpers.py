@@ -23,7 +23,9 @@ from relstream.connectors.sinks import JsonlSink
 from relstream.kafka.clients.aio import read_messages
 from relstream.kafka.tools.brokers import free_port
 from relstream.model import RelQuery, Row, Template
-from relstream.scheduler import EngineLimits, EngineView, RequestTracker, SeqInfo
+from relstream.scheduler import EngineView
+from relstream.scheduler.data import EngineLimits, SeqInfo
+from relstream.scheduler.tracker import RequestTracker
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import ResultMessage, RowMessage, decode, encode, validate
 

@@ -11,13 +11,13 @@ from relstream.cli.broker import broker
 from relstream.cli.common import quiet_bootstrap_errors
 from relstream.cli.demo import demo
 from relstream.cli.engine import engine, serve
-from relstream.cli.model import model
 from relstream.cli.produce import produce
 from relstream.cli.replay import replay
 from relstream.cli.reset import reset
 from relstream.cli.rows import deadletters, results, sink
 from relstream.cli.status import status
 from relstream.cli.usage import usage
+from relstream.cli.weights import model
 from relstream.cli.worker import worker
 from relstream.extras import MissingExtra, extra_of, install_hint
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from relstream.connectors.inputs import input_values
+from relstream.connectors.joins import input_values
 from relstream.connectors.journal import FileJournal
 from relstream.connectors.postgres import PostgresUnavailable, connect, first_line, where
 from relstream.wire import ResultMessage

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from relstream.model import RelQuery
-from relstream.outputs import OutputSpec, Sampling
+from relstream.outputspec import OutputSpec, Sampling
 
 ENTRY_OVERHEAD_BYTES = 256  # a cache entry's table slot and objects, beyond its data
 

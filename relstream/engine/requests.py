@@ -20,7 +20,7 @@ from relstream.model import (
     prepare_row,
     too_long,
 )
-from relstream.outputs import OutputKind
+from relstream.outputspec import OutputKind
 
 
 def seconds_left(relquery: RelQuery, taken_at: float) -> float | None:

@@ -1,6 +1,8 @@
-"""Engine-agnostic relQuery scheduling policy (never imports vLLM)."""
+"""Engine-agnostic relQuery scheduling policy (never imports vLLM): its policies, their
+registry and cost models from here, what a policy sees from `view` (`EngineView`), the
+plain data it sees and returns from `data` alone."""
 
-from relstream.scheduler.cost import (
+from relstream.scheduler.paperlines import (
     COST_MODEL_KINDS,
     CostModel,
     Linear,
@@ -19,36 +21,18 @@ from relstream.scheduler.registry import (
     make_policy,
     policy_spec,
 )
-from relstream.scheduler.tracker import RequestTracker
-from relstream.scheduler.view import (
-    EngineLimits,
-    EngineView,
-    PrefillChunk,
-    RelQueryInfo,
-    SeqInfo,
-    StepFeedback,
-    StepKind,
-    StepPlan,
-)
+from relstream.scheduler.view import EngineView
 
 __all__ = [
     "COST_MODEL_KINDS",
     "DEFAULT_POLICY",
     "POLICIES",
     "CostModel",
-    "EngineLimits",
     "EngineView",
     "Linear",
     "OnlineCostModel",
     "Policy",
     "PolicySpec",
-    "PrefillChunk",
-    "RelQueryInfo",
-    "RequestTracker",
-    "SeqInfo",
-    "StepFeedback",
-    "StepKind",
-    "StepPlan",
     "VllmQueue",
     "check_fair_share",
     "cost_model_of",

@@ -21,9 +21,8 @@ no policy can take fewer requests into a step than its order allows:
    ends admission, so a later request never overtakes an earlier one. Nobody is
    admitted in a step that preempted (V1).
 
-With `reserve` > 0 (relstream) KV is also kept for what running requests will still
-take: each one's prompt rest and expected output, times `reserve`, so a gated engine
-does not admit what it would soon have to preempt. With 0 (V1) nothing is kept.
+With `reserve` > 0 (relstream) KV is kept for each running request's prompt rest and
+expected output, times `reserve`, so as not to admit what it would soon preempt (V1: 0).
 
 `Stop` says why admission ended (SGLang's `PrefillAdder` answers the same question).
 """
@@ -34,9 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from relstream.scheduler.data import IDLE, PrefillChunk, RelQueryInfo, SeqInfo, StepPlan
 from relstream.scheduler.remaining import Oracle, expected_output, row_remaining_output
 from relstream.scheduler.tracker import prefill_cap
-from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, RelQueryInfo, SeqInfo, StepPlan
+from relstream.scheduler.view import EngineView
 
 Victim = Callable[[list[SeqInfo]], SeqInfo]  # the running request to evict first
 

@@ -37,8 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from relstream.scheduler.admission import StepAdmission
-from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.view import RelQueryInfo
+from relstream.scheduler.data import RelQueryInfo
+from relstream.scheduler.paperlines import Coefficients
 
 MAKE_WAY_ROWS = 8  # lower-class rows one step may preempt for a higher class
 SLOWDOWN = 1.2  # a step with lower-class decodes: at most this times the top class's own

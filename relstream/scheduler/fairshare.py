@@ -18,10 +18,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Mapping
 
-from relstream.scheduler.data import StepPlan
+from relstream.scheduler.data import RelQueryInfo, StepPlan
 from relstream.scheduler.ranking import Rank, RankedQueue
 from relstream.scheduler.tracker import RequestTracker
-from relstream.scheduler.view import RelQueryInfo
 
 
 class FairShare:

@@ -25,8 +25,9 @@ from typing import Protocol
 
 from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.classes import Slowdown, lowest_running, outranks
+from relstream.scheduler.data import RelQueryInfo, SeqInfo
 from relstream.scheduler.remaining import Remaining
-from relstream.scheduler.view import EngineView, RelQueryInfo, SeqInfo
+from relstream.scheduler.view import EngineView
 
 Ranked = tuple[tuple, RelQueryInfo]  # (rank, relQuery), best rank first
 

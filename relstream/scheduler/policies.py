@@ -6,10 +6,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from relstream.placement.load import Load, counted_load
-from relstream.scheduler.cost import Coefficients, CostModel
+from relstream.scheduler.data import PrefillChunk, StepFeedback, StepPlan
+from relstream.scheduler.paperlines import Coefficients, CostModel
 from relstream.scheduler.remaining import remaining
 from relstream.scheduler.steprecord import StepDecision
-from relstream.scheduler.view import EngineView, PrefillChunk, StepFeedback, StepPlan
+from relstream.scheduler.view import EngineView
 
 
 def unfinished_prefills(view: EngineView) -> list[PrefillChunk]:

@@ -13,17 +13,17 @@ waits.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from sortedcontainers import SortedList
 
-from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.data import RelQueryInfo
 from relstream.scheduler.deadlines import Urgency
+from relstream.scheduler.paperlines import Coefficients
 from relstream.scheduler.remaining import Remaining
 from relstream.scheduler.starvation import StarvationGuard
-from relstream.scheduler.view import RelQueryInfo
 
 Rank = tuple  # smaller first; the last item is the relQuery id
 
@@ -64,18 +64,19 @@ class WorkRanking:
     """relstream's order: rank(R) = arrival + γ·W(R), W its remaining work at the step's
     `prices` (engine seconds; γ = `size_weight`, inf: W alone). Past its starvation
     deadline R goes ahead of every relQuery that is not, earliest deadline first; once
-    it can no longer meet the deadline its user set (`lost_at`), behind those that can.
-    Ranks are (class negated, Urgency, aged W or starvation deadline, arrival, id):
-    starvation and deadlines act within a class."""
+    it can no longer meet the deadline its user set (`lost`, given by the caller, which
+    prices the deadline: `deadlines.lost_at`), behind those that can. Ranks are (class
+    negated, Urgency, aged W or starvation deadline, arrival, id): starvation and
+    deadlines act within a class."""
 
     starvation: StarvationGuard
     left: Mapping[str, Remaining]  # each relQuery's last estimate of remaining work
-    lost_at: Callable[[RelQueryInfo, Coefficients], float]
     size_weight: float
-    deadlines: bool  # honour the deadlines users set
     prices: Coefficients | None = None  # this step's, set before ranking
 
-    def rank(self, info: RelQueryInfo, now: float) -> Rank:
+    def rank(self, info: RelQueryInfo, now: float, lost: float | None = None) -> Rank:
+        """R's rank at `now`; `lost`: when R can no longer meet its deadline (None: it
+        has none, or deadlines are not honoured)."""
         relquery_id = info.relquery_id
         if self.starvation.is_starving(relquery_id):
             deadline = self.starvation.deadline(relquery_id)
@@ -83,7 +84,7 @@ class WorkRanking:
         c = self.prices
         assert c is not None, "prices are set each step before ranking"
         urgency = Urgency.OTHER
-        if info.deadline is not None and self.deadlines and now >= self.lost_at(info, c):
+        if lost is not None and now >= lost:
             urgency = Urgency.LOST
         work = c.work(self.left[relquery_id])
         if not math.isinf(self.size_weight):

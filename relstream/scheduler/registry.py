@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from importlib.metadata import entry_points
 
-from relstream.scheduler.cost import CostModel
 from relstream.scheduler.fairshare import FairShare
+from relstream.scheduler.paperlines import CostModel
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.relstream_policy import Relstream, RelstreamConfig
 from relstream.scheduler.stock_v1 import MODELLED_VLLM, V1Fcfs, V1Priority
 
 

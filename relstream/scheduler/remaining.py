@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from relstream.scheduler.view import RelQueryInfo, SeqInfo
+from relstream.scheduler.data import RelQueryInfo, SeqInfo
 
 Oracle = Callable[[SeqInfo], int]  # a row's true remaining output tokens
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Container
 
-from relstream.scheduler.view import RelQueryInfo
+from relstream.scheduler.data import RelQueryInfo
 
 
 def paper_deadline(info: RelQueryInfo, threshold: float) -> float:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relstream.scheduler.cost import CostModel
-from relstream.scheduler.view import StepFeedback
+from relstream.scheduler.data import StepFeedback
+from relstream.scheduler.paperlines import CostModel
 
 MIN_STEPS = 32  # below this many steps the prior stands
 PIN_WEIGHT = 4.0  # how many steps' worth of evidence holds each coefficient to its last fit

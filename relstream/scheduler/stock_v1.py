@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from relstream.scheduler.admission import StepAdmission
-from relstream.scheduler.cost import CostModel
+from relstream.scheduler.data import SeqInfo, StepPlan
+from relstream.scheduler.paperlines import CostModel
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.ranking import StaticRanking, vllm_priority
-from relstream.scheduler.view import EngineView, SeqInfo, StepPlan
+from relstream.scheduler.view import EngineView
 
 MODELLED_VLLM = (0, 32)  # the release installed here, whose real runs the simulator replays
 

@@ -2,37 +2,15 @@
 limits, prefix cache, KV) that vLLM's plug-in and the simulator each implement. The plain
 data it carries is in `data.py`; the request state in a `RequestTracker` (`tracker.py`)
 that the engine updates incrementally on arrival, step and finish, so a scheduling
-decision never rebuilds a snapshot of tens of thousands of waiting requests. The data's
-names are importable from here too."""
+decision never rebuilds a snapshot of tens of thousands of waiting requests. The data is
+imported from `data.py` alone, the view from here."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from relstream.scheduler.data import (
-    IDLE,
-    EngineLimits,
-    PrefillChunk,
-    RelQueryInfo,
-    SeqInfo,
-    StepFeedback,
-    StepKind,
-    StepPlan,
-)
+from relstream.scheduler.data import EngineLimits, SeqInfo
 from relstream.scheduler.tracker import RequestTracker
-
-__all__ = [
-    "IDLE",
-    "EngineLimits",
-    "EngineView",
-    "PrefillChunk",
-    "RelQueryInfo",
-    "RequestTracker",
-    "SeqInfo",
-    "StepFeedback",
-    "StepKind",
-    "StepPlan",
-]
 
 
 class EngineView(ABC):

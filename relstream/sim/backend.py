@@ -47,10 +47,10 @@ from relstream.model import (
     prepare_row,
     too_long,
 )
-from relstream.outputs import OutputKind
+from relstream.outputspec import OutputKind
 from relstream.placement.load import CHARS_PER_TOKEN, Load, RecentTemplates, size_counts
 from relstream.scheduler import DEFAULT_POLICY, make_policy
-from relstream.scheduler.cost import Coefficients
+from relstream.scheduler.paperlines import Coefficients
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator

@@ -15,8 +15,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from relstream.scheduler.cost import CostModel, Linear
-from relstream.scheduler.view import EngineLimits
+from relstream.scheduler.data import EngineLimits
+from relstream.scheduler.paperlines import CostModel, Linear
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relstream.model import LatencyBreakdown
+from relstream.scheduler.data import SeqInfo, StepFeedback, StepKind, StepPlan
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.registry import holds_twins
 from relstream.scheduler.tracker import RequestTracker
-from relstream.scheduler.view import EngineView, SeqInfo, StepFeedback, StepKind, StepPlan
+from relstream.scheduler.view import EngineView
 from relstream.sim.kvcache import PrefixCachedKV
 from relstream.sim.profiles import CostProfile
 from relstream.sim.sharing import CACHED, Follow, SharedWork, Sharing

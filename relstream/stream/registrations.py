@@ -40,7 +40,7 @@ import msgspec
 from msgspec import Meta
 
 from relstream.model import Template, TemplateError
-from relstream.outputs import OutputSpec, OutputSpecError, Sampling
+from relstream.outputspec import OutputSpec, OutputSpecError, Sampling
 from relstream.wire.codec import MessageError, convert
 from relstream.wire.messages import (
     MAX_RELQUERY_ROWS,

@@ -15,7 +15,7 @@ from relstream.model import (
     Template,
     TemplateError,
 )
-from relstream.outputs import OutputKind, OutputSpec, OutputSpecError, Sampling
+from relstream.outputspec import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.wire.codec import MessageError
 from relstream.wire.messages import (
     DeadLetterMessage,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from relstream.scheduler.cost import CostModel
+from relstream.scheduler.paperlines import CostModel
 
 
 class Arrangement(Enum):

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from relstream.scheduler.admission import Chunking, StepAdmission
-from relstream.scheduler.view import EngineView, PrefillChunk, SeqInfo
+from relstream.scheduler.data import PrefillChunk, SeqInfo
+from relstream.scheduler.view import EngineView
 
 # vLLM keeps 1% of the KV blocks free when admitting, so decodes can grow a little
 # before anything has to be preempted.

@@ -12,9 +12,10 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from relstream.scheduler.cost import CostModel
+from relstream.scheduler.data import RelQueryInfo
+from relstream.scheduler.paperlines import CostModel
 from relstream.scheduler.starvation import StarvationGuard, paper_deadline
-from relstream.scheduler.view import EngineView, RelQueryInfo
+from relstream.scheduler.view import EngineView
 from relstream_lab.baselines.pem import pem
 
 PriorityKey = tuple[float, float, str]  # (Prio, arrival, id): ties go to the older relQuery

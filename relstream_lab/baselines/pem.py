@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from relstream.scheduler.cost import CostModel
-from relstream.scheduler.view import EngineLimits
+from relstream.scheduler.data import EngineLimits
+from relstream.scheduler.paperlines import CostModel
 
 
 @dataclass

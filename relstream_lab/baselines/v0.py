@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from relstream.scheduler.cost import CostModel
+from relstream.scheduler.data import IDLE, PrefillChunk, SeqInfo, StepPlan
+from relstream.scheduler.paperlines import CostModel
 from relstream.scheduler.policies import Policy
 from relstream.scheduler.ranking import RankedQueue, StaticRanking
 from relstream.scheduler.tracker import prefill_cap
-from relstream.scheduler.view import IDLE, EngineView, PrefillChunk, SeqInfo, StepPlan
+from relstream.scheduler.view import EngineView
 from relstream_lab.baselines.aba import Arrangement, Decision, PrefillCandidate, arrange
 from relstream_lab.baselines.batching import (
     decode_candidate,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relstream.scheduler.data import StepFeedback
 from relstream.scheduler.policies import Policy
-from relstream.scheduler.view import StepFeedback
 from relstream.sim.profiles import LinearProfile
 
 TERMS = ("base", "prompt", "decode", "context")

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from relstream.scheduler import CostModel, Policy
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.relstream_policy import Relstream
 from relstream.sim.profiles import profile_from_document
 from relstream.sim.simulator import Simulator
 from relstream_lab.campaign.checkpoint import Checkpoint

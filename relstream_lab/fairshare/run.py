@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from relstream.scheduler.data import StepPlan
 from relstream.scheduler.fairshare import FairShare
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
-from relstream.scheduler.view import StepPlan
+from relstream.scheduler.relstream_policy import Relstream, RelstreamConfig
 from relstream.sim.simulator import SimRelQuery, Simulator
 from relstream_lab.common.report import pooled_document, rebuild, write_report
 from relstream_lab.common.runner import make_cost_model

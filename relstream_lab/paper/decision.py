@@ -8,8 +8,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from relstream.scheduler import DEFAULT_POLICY, EngineLimits, make_policy
-from relstream.scheduler.view import StepKind
+from relstream.scheduler import DEFAULT_POLICY, make_policy
+from relstream.scheduler.data import EngineLimits, StepKind
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import RooflineProfile, get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relstream.placement.choice import EngineLoad, Placement, hash_partition
-from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.data import StepKind
+from relstream.scheduler.paperlines import Coefficients
+from relstream.scheduler.relstream_policy import Relstream
 from relstream.scheduler.remaining import Remaining
-from relstream.scheduler.view import StepKind
 from relstream.sim.profiles import CostProfile, get_profile
 from relstream.sim.simulator import RelQueryOutcome, SimRelQuery, Simulator
 from relstream_lab.common.runner import make_cost_model

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.relstream_policy import Relstream, RelstreamConfig
 from relstream.sim.profiles import PROFILE_NAMES, CostProfile, get_profile, profile_from_document
 from relstream.sim.simulator import SimRun, Simulator
 from relstream_lab.common.runner import make_cost_model, run_pooled, summarize

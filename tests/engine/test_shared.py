@@ -15,7 +15,7 @@ from relstream.engine.answers import (
 )
 from relstream.engine.twins import SharedRequests
 from relstream.model import RelQuery, Row, Template
-from relstream.outputs import Sampling
+from relstream.outputspec import Sampling
 
 GREEDY = Sampling()
 
@@ -173,7 +173,7 @@ def test_a_json_schema_output_is_part_of_the_key_with_its_property_order():
     # Constrained decoding generates an object's properties in the schema's order, so
     # {reasoning, answer} and {answer, reasoning} get different answers: the schema is
     # kept as written, never sorted.
-    from relstream.outputs import OutputSpec
+    from relstream.outputspec import OutputSpec
 
     def keyed(properties: dict):
         schema = {"type": "object", "properties": properties, "required": list(properties)}

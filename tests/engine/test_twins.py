@@ -10,11 +10,11 @@ from helpers import ScriptedView
 from relstream.engine.answers import SharedOutcome, request_key
 from relstream.engine.twins import SharedRequests
 from relstream.model import RelQuery, RelQueryResult, Row, RowResult, RowStatus, Template
-from relstream.outputs import Sampling
-from relstream.scheduler import CostModel, EngineLimits, Linear
-from relstream.scheduler.relstream import RelstreamConfig
+from relstream.outputspec import Sampling
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits, PrefillChunk, StepPlan
+from relstream.scheduler.relstream_policy import RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
-from relstream.scheduler.view import PrefillChunk, StepPlan
 from relstream.service.metrics import EngineMetrics
 from relstream.wire.convert import metrics_message
 from relstream_lab.policies import RelstreamUngated  # V1's batches: the order alone under test

@@ -18,7 +18,7 @@ from helpers import step_logged
 from relstream.backend import run
 from relstream.engine.runtime import EngineSettings, VllmRuntime
 from relstream.model import RelQuery, Row, Template
-from relstream.outputs import OutputSpec, Sampling
+from relstream.outputspec import OutputSpec, Sampling
 from relstream.placement.load import template_id
 from relstream.wire.convert import usage_message
 

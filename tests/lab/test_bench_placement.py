@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.relstream_policy import Relstream
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import Simulator
 from relstream_lab.common.runner import make_cost_model

@@ -1,7 +1,7 @@
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import SeqInfo
+from relstream.scheduler.data import SeqInfo
 from relstream_lab.baselines.dpu import DPUConfig, DynamicPriorityUpdater
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from relstream.scheduler import EngineLimits
+from relstream.scheduler.data import EngineLimits
 from relstream_lab.baselines.pem import batch_decompose, pem
 
 

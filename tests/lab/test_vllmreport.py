@@ -3,8 +3,7 @@
 import pytest
 
 from relstream.model import RelQuery, Row, Template
-from relstream.scheduler import EngineLimits
-from relstream.scheduler.data import StepFeedback, StepKind
+from relstream.scheduler.data import EngineLimits, StepFeedback, StepKind
 from relstream.scheduler.steprecord import StepLogStart, StepRecord
 from relstream.sim.profiles import LinearProfile
 from relstream_lab.campaign import frontier, report

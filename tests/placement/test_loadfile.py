@@ -10,7 +10,8 @@ from helpers import ScriptedView
 from relstream.engine.core.loadwriter import MAX_SHARE, WRITE_EVERY_S, LoadWriter
 from relstream.engine.tags import read_load
 from relstream.placement.load import Load
-from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits
 from relstream.scheduler.registry import make_policy
 
 # 1 ms a prompt token; a decode step 30 ms plus 2 ms a request.

@@ -174,6 +174,31 @@ def test_each_kafka_module_sits_in_a_room_and_imports_only_the_rooms_its_row_all
                     assert parts[2] in allowed[room], f"kafka/{module} imports {name}"
 
 
+def test_the_schedulers_data_has_one_import_path():
+    # The plain data a policy sees and returns is imported from `scheduler.data` alone:
+    # not through the view, nor the package (they no longer re-export it).
+    import ast
+    from pathlib import Path
+
+    import relstream
+    from relstream.scheduler import data
+
+    names = {n for n, v in vars(data).items() if getattr(v, "__module__", "") == data.__name__}
+    names |= {"IDLE"}
+    root = Path(relstream.__file__).parents[1]
+    offenders = []
+    for folder in ("relstream", "relstream_lab", "tests"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(parsed(path.read_text())):
+                if (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module in ("relstream.scheduler", "relstream.scheduler.view")
+                    and {alias.name for alias in node.names} & names
+                ):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert offenders == []
+
+
 def test_no_test_module_imports_another():
     # Shared helpers live in tests/helpers.py (plain functions and classes) or conftest.py
     # (fixtures): importing a test module runs its module-level code again and ties one

@@ -5,9 +5,10 @@ less work into a step than stock V1 when a backlog waits. Every case is computed
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear, make_policy
+from relstream.scheduler import CostModel, Linear, make_policy
 from relstream.scheduler.admission import Chunking, StepAdmission, Stop
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.data import EngineLimits
+from relstream.scheduler.relstream_policy import Relstream, RelstreamConfig
 from relstream.scheduler.tracker import prefill_cap
 from relstream_lab.policies import RelstreamUngated
 

@@ -5,16 +5,16 @@ on cases computed by hand."""
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear, vllm_priority
+from relstream.scheduler import CostModel, Linear, vllm_priority
 from relstream.scheduler.classes import (
     BACKGROUND_MIN_TOKENS,
     BACKGROUND_STEP_S,
     MAKE_WAY_ROWS,
     within_slowdown,
 )
-from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.data import PrefillChunk, StepPlan
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.data import EngineLimits, PrefillChunk, StepPlan
+from relstream.scheduler.paperlines import Coefficients
+from relstream.scheduler.relstream_policy import Relstream
 from relstream.scheduler.stock_v1 import V1Priority
 
 COST = CostModel(Linear(0.001, 0.02), Linear(0.002, 0.02))

@@ -3,15 +3,9 @@ import random
 
 import pytest
 
-from relstream.scheduler import (
-    CostModel,
-    Linear,
-    OnlineCostModel,
-    StepFeedback,
-    StepKind,
-    cost_model_of,
-)
-from relstream.scheduler.cost import RecursiveLeastSquares, SlopeCeiling
+from relstream.scheduler import CostModel, Linear, OnlineCostModel, cost_model_of
+from relstream.scheduler.data import StepFeedback, StepKind
+from relstream.scheduler.paperlines import RecursiveLeastSquares, SlopeCeiling
 
 
 def test_fixed_model_ignores_feedback(cost):

@@ -5,10 +5,11 @@ order; the clock alone moves it there; without deadlines nothing changes."""
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.lengths import WINDOW, OutputLengths
-from relstream.scheduler.relstream import RelstreamConfig
+from relstream.scheduler.relstream_policy import RelstreamConfig
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator

@@ -4,10 +4,10 @@ order, on cases computed by hand."""
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear
-from relstream.scheduler.data import PrefillChunk, StepPlan
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits, PrefillChunk, StepPlan
 from relstream.scheduler.fairshare import FairQueue, FairShare
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.relstream_policy import Relstream, RelstreamConfig
 
 COST = CostModel(Linear(0.001, 0.02), Linear(0.002, 0.02))
 

@@ -5,11 +5,12 @@ import random
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear
-from relstream.scheduler.cost import Coefficients
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits
 from relstream.scheduler.gate import RunningSet, admission_pays
 from relstream.scheduler.headroom import Headroom, StepWork
-from relstream.scheduler.relstream import Relstream, RelstreamConfig
+from relstream.scheduler.paperlines import Coefficients
+from relstream.scheduler.relstream_policy import Relstream, RelstreamConfig
 from relstream.scheduler.remaining import Remaining
 from relstream_lab.policies import RelstreamUngated
 

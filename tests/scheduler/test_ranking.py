@@ -2,7 +2,7 @@
 
 from helpers import ScriptedView
 
-from relstream.scheduler import EngineLimits
+from relstream.scheduler.data import EngineLimits
 from relstream.scheduler.ranking import RankedQueue, StaticRanking
 
 

@@ -106,5 +106,5 @@ def test_without_the_lab_a_baseline_names_the_lab_extra(lab_entry_point):
     assert "pip install 'relstream[lab]'" in said
     # The product's own need nothing of the lab.
     assert policy_in_a_fresh_process("relstream", lab=False, entry_point=None) == (
-        "relstream.scheduler.relstream"
+        "relstream.scheduler.relstream_policy"
     )

@@ -4,12 +4,12 @@ starvation guard on cases computed by hand, and the step-cost fit."""
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear, StepFeedback, StepKind
-from relstream.scheduler.cost import Coefficients
-from relstream.scheduler.relstream import RelstreamConfig
+from relstream.scheduler import CostModel, Linear
+from relstream.scheduler.data import EngineLimits, SeqInfo, StepFeedback, StepKind
+from relstream.scheduler.paperlines import Coefficients
+from relstream.scheduler.relstream_policy import RelstreamConfig
 from relstream.scheduler.remaining import Remaining, expected_output, remaining
 from relstream.scheduler.stepcost import OnlineStepCost
-from relstream.scheduler.view import SeqInfo
 from relstream_lab.policies import RelstreamUngated  # V1's batches: the order alone under test
 
 # b = 20 ms per step, 1 ms per prompt token, 2 ms per decode; 10 requests running.

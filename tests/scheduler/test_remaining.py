@@ -3,6 +3,7 @@ row, whatever the tracker went through."""
 
 import random
 
+from relstream.scheduler.data import SeqInfo
 from relstream.scheduler.remaining import (
     Remaining,
     RemainingBook,
@@ -11,7 +12,6 @@ from relstream.scheduler.remaining import (
     row_remaining_output,
 )
 from relstream.scheduler.tracker import RequestTracker
-from relstream.scheduler.view import SeqInfo
 
 
 def every_row(info):

@@ -3,9 +3,10 @@
 import pytest
 from helpers import ScriptedView
 
-from relstream.scheduler import CostModel, EngineLimits, Linear
+from relstream.scheduler import CostModel, Linear
 from relstream.scheduler.admission import StepAdmission, Stop
-from relstream.scheduler.relstream import Relstream
+from relstream.scheduler.data import EngineLimits
+from relstream.scheduler.relstream_policy import Relstream
 from relstream.scheduler.reserve import DECAY_STEPS, ReserveShare
 
 

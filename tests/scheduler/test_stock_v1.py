@@ -2,8 +2,8 @@
 rules (running first under the token budget, chunked prompts, admission only when the
 whole sequence fits and nothing was preempted, the last running request preempted)."""
 
-from relstream.scheduler import EngineLimits, StepKind, make_policy
-from relstream.scheduler.view import PrefillChunk
+from relstream.scheduler import make_policy
+from relstream.scheduler.data import EngineLimits, PrefillChunk, StepKind
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import LinearProfile
 from relstream.sim.simulator import SimRelQuery, SimRequest, Simulator

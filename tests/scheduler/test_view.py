@@ -1,7 +1,8 @@
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from relstream.scheduler import RequestTracker, SeqInfo
+from relstream.scheduler.data import SeqInfo
+from relstream.scheduler.tracker import RequestTracker
 
 
 def test_recompute_after_preemption_covers_prompt_and_output():

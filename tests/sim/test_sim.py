@@ -5,8 +5,8 @@ import random
 import pytest
 
 from relstream.scheduler import POLICIES, make_policy
+from relstream.scheduler.data import StepPlan
 from relstream.scheduler.stock_v1 import V1Fcfs
-from relstream.scheduler.view import StepPlan
 from relstream.sim.kvcache import block_hashes
 from relstream.sim.profiles import get_profile
 from relstream.sim.sharing import Sharing

@@ -5,7 +5,7 @@ import msgpack
 import pytest
 
 from relstream.model import RelQuery, Row, Template
-from relstream.outputs import OutputKind, OutputSpec, OutputSpecError, Sampling
+from relstream.outputspec import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.wire import MessageError, RelQueryMessage, decode, encode
 from relstream.wire.convert import relquery_from_message, relquery_message
 

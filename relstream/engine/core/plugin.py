@@ -43,18 +43,15 @@ from relstream.engine.tags import EXTRA_ARGS_KEY, SETTINGS_KEY
 from relstream.scheduler import (
     DEFAULT_POLICY,
     CostModel,
-    EngineLimits,
     EngineView,
-    RequestTracker,
-    SeqInfo,
-    StepKind,
-    StepPlan,
     cost_model_of,
     make_policy,
     policy_spec,
 )
+from relstream.scheduler.data import EngineLimits, SeqInfo, StepKind, StepPlan
 from relstream.scheduler.registry import queue_conflict
 from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
+from relstream.scheduler.tracker import RequestTracker
 
 # Until the online fit has seen steps: the CPU build's first step costs (docs/architecture.md)
 DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}

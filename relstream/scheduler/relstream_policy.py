@@ -47,7 +47,7 @@ the query served least goes first within a class, then this order (`fairshare`).
 Which regime holds is a fact of the machine (the step-cost fit prices both sides) and of
 the moment (the load). The benchmarks' references (the gate with no pressure, V1's
 batches, a clairvoyant order, other exponents of the pressure) are the lab's subclasses
-(`relstream_lab.policies`): each overrides one hook (`_step`, `_pressure`, `oracle`).
+(`relstream_lab.policies`): each overrides one hook (`fill_step`, `pressure`, `oracle`).
 """
 
 from __future__ import annotations
@@ -62,12 +62,13 @@ from dataclasses import dataclass, replace
 from relstream.placement.load import Load, counted_load
 from relstream.scheduler.admission import StepAdmission, Stop
 from relstream.scheduler.classes import Slowdown, best_waiting, make_way, within_slowdown
-from relstream.scheduler.cost import Coefficients, CostModel
+from relstream.scheduler.data import RelQueryInfo, StepFeedback, StepPlan
 from relstream.scheduler.deadlines import DeadlineWatch, lost_at
 from relstream.scheduler.fairshare import FairQueue, FairShare, fair_key
 from relstream.scheduler.gate import full_batch, gated_fill, sample
 from relstream.scheduler.headroom import Headroom, StepWork
 from relstream.scheduler.lengths import OutputLengths
+from relstream.scheduler.paperlines import Coefficients, CostModel
 from relstream.scheduler.policies import Policy, load_batch
 from relstream.scheduler.ranking import RankedQueue, WorkRanking
 from relstream.scheduler.remaining import Oracle, Remaining, RemainingBook, remaining
@@ -75,7 +76,7 @@ from relstream.scheduler.reserve import ReserveShare
 from relstream.scheduler.starvation import StarvationGuard
 from relstream.scheduler.stepcost import OnlineStepCost
 from relstream.scheduler.steprecord import StepDecision
-from relstream.scheduler.view import EngineView, RelQueryInfo, StepFeedback, StepPlan
+from relstream.scheduler.view import EngineView
 
 # (class negated, Urgency, aged W or starvation deadline, arrival, id)
 Rank = tuple[int, int, float, float, str]
@@ -120,10 +121,7 @@ class Relstream(Policy):
         self._size: dict[str, int] = {}  # rows of each unfinished relQuery
         self._planned = (0.0, 1, False, False)  # last plan: when, full batch, held, gated
         self.deadlines = DeadlineWatch()
-        self.ranking = WorkRanking(
-            self.starvation, self._left, self._lost_at, self.config.size_weight,
-            self.config.deadlines,
-        )  # fmt: skip
+        self.ranking = WorkRanking(self.starvation, self._left, self.config.size_weight)
         self._last: Coefficients | None = None  # the last step's prices
         self._lengths: OutputLengths | None = None  # the engine's finished rows' outputs
         self.reserve_share = ReserveShare()  # share of running rows' future KV kept
@@ -173,18 +171,16 @@ class Relstream(Policy):
             started = (info.query for info in active if info.waiting)
             self.fair.backlogged(itertools.chain(self._order.queries(), started))
         # Active relQueries changed this step, so _refresh has just estimated them afresh.
-        ranked = sorted(
-            ((fair_key(self.fair, self.ranking.rank(info, now), info), info) for info in active),
-            key=_first,
-        )
-        plan = self._step(view, ranked, coefficients)
+        ranks = ((self._rank(info, coefficients, now), info) for info in active)
+        ranked = sorted(((fair_key(self.fair, r, info), info) for r, info in ranks), key=_first)
+        plan = self.fill_step(view, ranked, coefficients)
         if self.fair is not None:
             self.fair.charge(view.tracker.unshared(plan), view.tracker)  # twins run once
         decision = self.decision or StepDecision()
         self._planned = (now, full_batch(view), decision.held, decision.gated)
         return plan
 
-    def _step(
+    def fill_step(
         self, view: EngineView, ranked: list[tuple[Rank, RelQueryInfo]], c: Coefficients
     ) -> StepPlan:
         """Decode every running request, then prompts and admissions through the Δ gate
@@ -233,7 +229,7 @@ class Relstream(Policy):
             self.decision = StepDecision(gated=True, stop=Stop.PREEMPTED)
         else:
             queued = len(self._order) + sum(1 for info in active if info.waiting)
-            arriving = self._pressure(view, c)
+            arriving = self.pressure(view, c)
             waiting = self.waiting_ranked(view)
             held = gated_fill(
                 view, step, ranked, waiting, queued, self._left.__getitem__, c, arriving,
@@ -246,7 +242,7 @@ class Relstream(Policy):
         cut = slowdown.budget is not None and plan.prefill
         return replace(plan, budget=slowdown.budget) if cut else plan
 
-    def _pressure(self, view: EngineView, c: Coefficients) -> float:
+    def pressure(self, view: EngineView, c: Coefficients) -> float:
         """Relqueries a lost second of capacity delays beyond those queued, at today's
         load and backlog (`headroom`)."""
         return self.headroom.pressure(view.now(), c.work(self._left.total()))
@@ -280,16 +276,21 @@ class Relstream(Policy):
         step = c.base + c.per_decode * c.batch
         return c.per_token * left.prompt_tokens + step * steps
 
-    def _lost_at(self, info: RelQueryInfo, c: Coefficients) -> float:
-        assert info.deadline is not None
+    def _lost_at(self, info: RelQueryInfo, c: Coefficients) -> float | None:
+        """When R can no longer meet its deadline (None: none, or not honoured)."""
+        if info.deadline is None or not self.config.deadlines:
+            return None
         return lost_at(info.deadline, self._needed(info, c))
+
+    def _rank(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
+        return self.ranking.rank(info, now, self._lost_at(info, c))
 
     def _rank_waiting(self, info: RelQueryInfo, c: Coefficients, now: float) -> Rank:
         """R's rank, and a look again when it may lose its deadline."""
-        if info.deadline is not None and self.config.deadlines:
-            at = self._lost_at(info, c)
+        at = self._lost_at(info, c)
+        if at is not None:
             self.deadlines.watch(info.relquery_id, at if at > now else None)
-        return self.ranking.rank(info, now)
+        return self.ranking.rank(info, now, at)
 
     def _refresh(self, view: EngineView, coefficients: Coefficients) -> None:
         """Re-estimate what changed; the rest keeps its rank (a fully waiting relQuery's

@@ -15,8 +15,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from relstream.scheduler.data import StepFeedback, StepKind
 from relstream.scheduler.remaining import Remaining
-from relstream.scheduler.view import StepFeedback, StepKind
 
 CEILING_DECILE = 0.1  # the quantile of time per unit that caps a slope (`SlopeCeiling`)
 
