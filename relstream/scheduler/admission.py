@@ -2,27 +2,31 @@
 engine's limits, and why it stopped.
 
 A policy decides *order* (which running request is worth more, which waiting one comes
-next); `StepAdmission` alone decides *how much fits*, the same way for every policy, so
-no policy can take fewer requests into a step than its order allows:
+next) and, for relstream, which relQueries a step offers and a `limit` on their prompt
+tokens (the Δ gate, `gate.gated_fill`, which decides whether to call `admit` at all);
+`StepAdmission` alone decides *how much fits*, the same way for every policy, so no
+policy can take fewer requests into a step than its order allows:
 
 1. Running requests, one of two ways:
    - `run_running` (V1's batches): in the policy's order while the token budget lasts,
      a decode taking one token and an unfinished prompt the rest of it, cut to the
      budget left and to vLLM's `long_prefill_token_threshold` (`tracker.prefill_cap`).
-     A request whose next tokens find no free KV preempts others by recompute, the
-     policy's `victim` first, until they fit (vLLM V1's `schedule()`, step 1).
+     (vLLM V1's `schedule()`, step 1).
    - `decode` then `continue_prompts` (relstream's gated steps, `gate.gated_fill`):
      every running request decodes first, then unfinished prompts continue in rank
-     order, each under the gate's `limit` on its prompt tokens; on a KV shortfall the
-     worst-ranked row goes.
+     order, each under the gate's `limit` on its prompt tokens.
+   Either way one rule preempts: a request whose next tokens find no free KV preempts
+   others by recompute until they fit, the policy's `victim` among the running requests
+   in its order first (the last, unless the policy says otherwise: V1's priority queue),
+   and `_evict` gives back what the victim held.
 2. `admit`: waiting requests in the policy's order while seats (`max_num_seqs`), token
    budget, KV and a `limit` on prompt tokens last; a request is taken only if its whole
    current sequence fits after its prefix-cache hit, and the first one that does not
    ends admission, so a later request never overtakes an earlier one. Nobody is
    admitted in a step that preempted (V1).
 
-With `reserve` > 0 (relstream) KV is kept for each running request's prompt rest and
-expected output, times `reserve`, so as not to admit what it would soon preempt (V1: 0).
+With `reserve` > 0 (relstream) KV is kept for each request's prompt rest and expected
+output, times `reserve` (`future_kv`), so as not to admit what it would soon preempt (V1: 0).
 
 `Stop` says why admission ended (SGLang's `PrefillAdder` answers the same question).
 """
@@ -64,6 +68,12 @@ def victim_last(running: list[SeqInfo]) -> SeqInfo:
     return running[-1]
 
 
+def future_kv(total: int, held: int, block: int, share: float) -> int:
+    """KV a request will still take, times `share`: the blocks its `total` tokens fill
+    beyond those its `held` tokens fill."""
+    return int((-(-total // block) - -(-held // block)) * block * share)
+
+
 @dataclass
 class StepAdmission:
     """One step being composed: budget, seats and KV left, and what it will run."""
@@ -77,6 +87,7 @@ class StepAdmission:
     reserve: float = 0.0  # share of running requests' future KV kept back
     oracle: Oracle | None = None  # true remaining outputs (the lab's clairvoyant)
     scheduled: dict[str, int] = field(default_factory=dict)  # running id -> tokens this step
+    holding: dict[str, int] = field(default_factory=dict)  # running id -> budget it holds
     growth: dict[str, int] = field(default_factory=dict)  # running id -> KV its tokens take
     preempted: list[SeqInfo] = field(default_factory=list)
     admitted: list[PrefillChunk] = field(default_factory=list)
@@ -84,8 +95,8 @@ class StepAdmission:
     reserved: int = 0  # KV kept for running requests' future tokens, summed
     reserving: dict[str, int] = field(default_factory=dict)  # request id -> its share
     expected: dict[str, int] = field(default_factory=dict)  # relQuery id -> output a row
-    rows: list[SeqInfo] = field(default_factory=list)  # `decode`'s rows, best first
-    idle: list[SeqInfo] = field(default_factory=list)  # running, not run, ranked after rows
+    order: list[SeqInfo] = field(default_factory=list)  # running, the policy's order
+    victim: Victim = victim_last  # whom of `order` a KV shortfall preempts first
 
     @classmethod
     def for_step(
@@ -124,11 +135,11 @@ class StepAdmission:
         the requests after it, which may fit in what it freed (0.33). A request whose
         every output token is already in flight (async scheduling) keeps its seat and
         runs nothing, as in vLLM's AsyncScheduler."""
-        running = list(running)
-        self.seats = self.view.limits.max_num_seqs - len(running)
+        self.order, self.victim = list(running), victim
+        self.seats = self.view.limits.max_num_seqs - len(self.order)
         index = 0
-        while index < len(running) and self.budget > 0:
-            seq = running[index]
+        while index < len(self.order) and self.budget > 0:
+            seq = self.order[index]
             if not seq.remaining_output:  # every token in flight (async scheduling)
                 index += 1
                 continue
@@ -136,11 +147,8 @@ class StepAdmission:
             need = self.view.growth_kv_tokens(seq, tokens)
             preempted_itself = False
             while need > self.free_kv and not preempted_itself:
-                evicted = victim(running)
-                if running.index(evicted) < index:
-                    index -= 1
-                running.remove(evicted)
-                self._release(evicted)
+                at, evicted = self._preempt_one()
+                index -= at < index
                 preempted_itself = evicted is seq
             if preempted_itself:
                 if self_preemption_ends_pass:
@@ -148,22 +156,16 @@ class StepAdmission:
                 continue  # `index` already points at the request after it
             self.free_kv -= need
             self.budget -= tokens
-            self.scheduled[seq.request_id] = tokens
+            self.scheduled[seq.request_id] = self.holding[seq.request_id] = tokens
             self.growth[seq.request_id] = need
             index += 1
 
-    def _release(self, seq: SeqInfo) -> None:
-        self.preempted.append(seq)
-        self.seats += 1
-        self.free_kv += self.view.releasable_kv_tokens(seq) + self.growth.pop(seq.request_id, 0)
-        self.budget += self.scheduled.pop(seq.request_id, 0)
-
-    def decode(self, active: list[RelQueryInfo]) -> None:
+    def decode(self, active: list[RelQueryInfo], idle: list[SeqInfo] = ()) -> None:
         """Decode every running request of `active` (relQueries best first; each decode
         takes one token of the budget first), in rank order; on a KV shortfall preempt
-        the worst-ranked relQuery's last row. Keep KV for what every running request will
-        still take (`reserve`)."""
-        self.rows = [seq for info in active for seq in info.running.values()]
+        the worst-ranked (`idle`: running requests not run this step, ranked after them).
+        Keep KV for what every running request will still take (`reserve`)."""
+        self.order = [seq for info in active for seq in info.running.values()] + list(idle)
         self.expected = {info.relquery_id: expected_output(info) for info in active}
         decoding: list[SeqInfo] = []
         for info in active:
@@ -180,6 +182,7 @@ class StepAdmission:
                 if seq.max_tokens > seq.output_tokens and request_id not in prompting
             )
         self.budget -= len(decoding)
+        self.holding.update((seq.request_id, 1) for seq in decoding)
         self.reserved = sum(self.reserving.values())
         if self.oracle is None and type(self.view).growth_kv_tokens is EngineView.growth_kv_tokens:
             done = self._decode_unpreempted(decoding)
@@ -221,9 +224,7 @@ class StepAdmission:
             if seq.max_tokens < cap:
                 cap = seq.max_tokens
             left = cap - generated if cap - generated > 1 else 1
-            total = seq.prompt_tokens + generated + left
-            blocks = -(-total // block) - -(-(computed + 1) // block)
-            later = blocks * block if reserve == 1.0 else int(blocks * block * reserve)
+            later = future_kv(seq.prompt_tokens + generated + left, computed + 1, block, reserve)
             reserved += later
             scheduled.append(seq.request_id)
             laters.append(later)
@@ -252,6 +253,7 @@ class StepAdmission:
             if tokens <= 0 or not self._schedule(seq, tokens):
                 return
             self.budget -= tokens
+            self.holding[seq.request_id] = tokens
             allowed -= tokens
 
     def _chunk(self, tokens: int) -> int:
@@ -262,10 +264,9 @@ class StepAdmission:
         """KV `seq` will still take after this step's `tokens`: its prompt's rest and its
         expected output, scaled by the reserve share."""
         left = row_remaining_output(seq, self.expected[seq.relquery_id], self.oracle)
-        block = self.view.limits.block_size
-        after = seq.computed_tokens + tokens
         total = seq.prompt_tokens + seq.output_tokens + left  # computed + uncomputed + left
-        return int((-(-total // block) - -(-after // block)) * block * self.reserve)
+        block = self.view.limits.block_size
+        return future_kv(total, seq.computed_tokens + tokens, block, self.reserve)
 
     def _schedule(self, seq: SeqInfo, tokens: int) -> bool:
         need = self.view.growth_kv_tokens(seq, tokens)
@@ -281,39 +282,37 @@ class StepAdmission:
         return True
 
     def _make_room(self, seq: SeqInfo, need: int) -> bool:
-        """Preempt the last ranked rows until `need` KV is free; False if `seq` went."""
+        """Preempt victims until `need` KV is free; False if `seq` went."""
         while need > self.free_kv:
-            victim = self._pop_victim()
-            if victim is seq:
+            if self._preempt_one()[1] is seq:
                 return False
         return True
 
     def last_victim(self) -> SeqInfo | None:
-        return (self.idle or self.rows or [None])[-1]  # `preempt_last`'s (None: none left)
+        """Whom `preempt_last` would preempt (None: nobody runs)."""
+        return self.victim(self.order) if self.order else None
 
     def preempt_last(self) -> SeqInfo:
-        self.seats += 1  # the last ranked running row preempted, its seat freed
-        return self._pop_victim()
+        return self._preempt_one()[1]
 
-    def _pop_victim(self) -> SeqInfo:
-        """The last ranked row preempted, an idle one (it took nothing) first."""
-        if self.idle:
-            victim = self.idle.pop()
-            self.preempted.append(victim)
-            self.free_kv += self.view.releasable_kv_tokens(victim)
-        else:
-            victim = self.rows.pop()
-            self._evict(victim)
-        return victim
+    def _preempt_one(self) -> tuple[int, SeqInfo]:
+        """The policy's victim among the running requests preempted; where it stood."""
+        victim = self.victim(self.order)
+        at = len(self.order) - 1 if victim is self.order[-1] else self.order.index(victim)
+        del self.order[at]
+        self._evict(victim)
+        return at, victim
 
     def _evict(self, victim: SeqInfo) -> None:
-        """`victim` preempted: its KV, its reserve and its decode token or chunk back."""
+        """`victim` preempted by recompute: its seat, its KV (held and grown this step),
+        its reserve and the budget it held back this step, given back."""
+        request_id = victim.request_id
         self.preempted.append(victim)
-        self.free_kv += self.view.releasable_kv_tokens(victim)
-        self.reserved -= self.reserving.pop(victim.request_id, 0)
-        tokens = self.scheduled.pop(victim.request_id, 0)
-        self.free_kv += self.growth.pop(victim.request_id, 0)
-        self.budget += 1 if victim.prefill_done else tokens
+        self.seats += 1
+        self.free_kv += self.view.releasable_kv_tokens(victim) + self.growth.pop(request_id, 0)
+        self.reserved -= self.reserving.pop(request_id, 0)
+        self.scheduled.pop(request_id, None)
+        self.budget += self.holding.pop(request_id, 0)
 
     # waiting requests, every policy's way
     def admit(self, candidates: Iterable[SeqInfo], limit: int | None = None) -> Stop:
@@ -332,10 +331,8 @@ class StepAdmission:
         """The reserve's share of the KV a waiting row will take after its prompt."""
         if not self.reserve:
             return 0
-        block = self.view.limits.block_size
         total = seq.uncomputed_tokens + row_remaining_output(seq, self._expected(seq), self.oracle)
-        blocks = -(-total // block) - -(-seq.uncomputed_tokens // block)
-        return int(blocks * block * self.reserve)
+        return future_kv(total, seq.uncomputed_tokens, self.view.limits.block_size, self.reserve)
 
     def _watermark(self) -> int:
         """vLLM's watermark, kept once any request runs (planned or not) or was admitted."""

@@ -214,8 +214,7 @@ class Relstream(Policy):
         idle = ranked[slowdown.decoding :]
         ranked = ranked[: slowdown.decoding]
         active = [info for _, info in ranked]
-        step.idle = [seq for _, info in idle for seq in info.running.values()]
-        step.decode(active)
+        step.decode(active, [seq for _, info in idle for seq in info.running.values()])
         ran = bool(step.scheduled or step.preempted)  # running rows had their step
         short_of_kv = bool(step.preempted)
         if not short_of_kv:  # for one this step can admit: ranked to run, or waiting

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from typing import Any
 
 from relstream.model import (
     LatencyBreakdown,
@@ -144,20 +145,10 @@ def usage_message(result: RelQueryResult, rows: list[RowUsage] | None = None) ->
 
 def result_message(result: RelQueryResult) -> ResultMessage:
     usages = [row_usage(row) for row in result.rows]
+    pairs = zip(result.rows, usages, strict=True)
     return ResultMessage(
         id=result.relquery_id,
-        rows=[
-            ResultRow(
-                key=row.row_key,
-                status=row.status.value,
-                output=row.output,
-                error=row.error,
-                value=row.value,
-                cached=row.cached,
-                usage=used,
-            )
-            for row, used in zip(result.rows, usages, strict=True)
-        ],
+        rows=[ResultRow(**_row_fields(row, used)) for row, used in pairs],
         latency=latency_message(result.latency),
         policy=result.policy,
         model=result.model,
@@ -169,16 +160,21 @@ def result_message(result: RelQueryResult) -> ResultMessage:
 
 def partial_result_message(relquery_id: str, row: RowResult) -> PartialResultMessage:
     return PartialResultMessage(
-        relquery_id=relquery_id,
-        row_index=row.row_index,
-        key=row.row_key,
-        status=row.status.value,
-        output=row.output,
-        error=row.error,
-        value=row.value,
-        cached=row.cached,
-        usage=row_usage(row),
+        relquery_id=relquery_id, row_index=row.row_index, **_row_fields(row, row_usage(row))
     )
+
+
+def _row_fields(row: RowResult, usage: RowUsage | None) -> dict[str, Any]:
+    """A row result's fields as a result row and a partial result both carry them."""
+    return {
+        "key": row.row_key,
+        "status": row.status.value,
+        "output": row.output,
+        "error": row.error,
+        "value": row.value,
+        "cached": row.cached,
+        "usage": usage,
+    }
 
 
 def dead_letter_message(
