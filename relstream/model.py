@@ -192,7 +192,7 @@ class RelQuery:
 
 # Value visits one relQuery's free field layout may spend (a group of m rows scored over
 # k fields costs m x (k + 1)); past it the groups left keep the given field order. Its
-# cost on this project's machines is in docs/architecture.md ("Bounded work").
+# cost on this project's machines is in docs/architecture/engine.md ("Bounded work").
 FIELD_LAYOUT_BUDGET = 1_000_000
 
 

@@ -12,7 +12,7 @@ input topic as the rows topics are created (`relstream broker --table raw_review
 
 The agent runs under Faust's own acknowledgements: an event is committed once the agent
 has handled it and the app's producer has flushed what it sent. It reads one event at a
-time, Faust's way, which is much slower than the window stage (docs/architecture.md,
+time, Faust's way, which is much slower than the window stage (docs/architecture/stream.md,
 "Why the window stage is not a Faust agent", which also says where Faust's
 acknowledgements fall short).
 """

@@ -8,7 +8,7 @@ sooner than with compiled graphs), a 2 GiB KV space (`VLLM_CPU_KVCACHE_SPACE`), 
 OpenMP threads as cores for the engine-core process, offline model loading, and
 tcmalloc, which speeds the CPU build up but can only be preloaded when a process starts,
 so the CLI re-executes itself. None of it applies on a GPU. What each was measured to
-give is in docs/architecture.md, "Environment facts".
+give is in docs/architecture/engine.md, "Environment facts".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ vLLM runs its engine core, and the core its workers, in processes of their own
 (multiprocessing: spawned on CPU and wherever CUDA is initialised, else forked). An
 engine killed with SIGKILL runs no code, so it cannot stop them: re-parented to init,
 they kept serving and kept their memory (on a GPU, enough that an engine restarted
-there could not load; docs/architecture.md, "vLLM on CPU", says how much on CPU).
+there could not load; docs/architecture/engine.md, "vLLM on CPU", says how much on CPU).
 
 So every child multiprocessing starts asks Linux, first thing, for SIGKILL when its
 parent dies (`PR_SET_PDEATHSIG`), the one way that needs nothing of the dying process:

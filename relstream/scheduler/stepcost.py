@@ -11,7 +11,7 @@ is nearly free), this project's CPU mostly `per_decode` (every request costs).
 The fit is least squares over the last `window` steps, redone every `refit_every` steps,
 rather than recursive least squares with forgetting: that one's covariance winds up
 through long runs of similar decode steps and its coefficients swing, flipping the
-regime (docs/architecture.md, "Step costs on this CPU with SmolLM2").
+regime (docs/architecture/scheduler.md, "Step costs on this CPU with SmolLM2").
 A step that stalled (the process descheduled beside other work) is left out of the fit:
 the few prompt steps of a window set the per-token price, and one of them slowed tenfold
 would price every prompt token tenfold.

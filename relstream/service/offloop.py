@@ -4,7 +4,7 @@ Decoding a relquery message yields to the loop between slices (`decode_relquery_
 what follows it is pure and runs in a worker thread (`asyncio.to_thread`), so the loop
 keeps serving heartbeats, fetches and other relQueries while a 100,000-row relQuery is
 built, laid out (free fields, within `model.FIELD_LAYOUT_BUDGET`) or answered. The
-numbers are in docs/architecture.md ("Bounded work on the event loop").
+numbers are in docs/architecture/engine.md ("Bounded work on the event loop").
 """
 
 from __future__ import annotations

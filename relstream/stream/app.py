@@ -9,7 +9,7 @@ used, with the reason. Offsets are committed only once the relQuery is on the br
 and never past a window still open, so a restarted worker cuts the same windows under
 the same ids. A Faust agent was measured and ruled out: Faust's per-event path holds it
 under the worker's throughput goal, and Faust acknowledges some events on its own, which
-can commit past an open window (docs/architecture.md, "Why the window stage is not a
+can commit past an open window (docs/architecture/stream.md, "Why the window stage is not a
 Faust agent"). Runs in its own
 environment (`relstream[stream]`), since faust-streaming and vLLM pin conflicting clicks."""
 

@@ -1,4 +1,4 @@
-"""Can the window stage be a Faust agent? The measurement behind docs/architecture.md,
+"""Can the window stage be a Faust agent? The measurement behind docs/architecture/stream.md,
 "Why the window stage is not a Faust agent".
 
 The prototype worker runs the window stage as a Faust agent over a Faust topic: it

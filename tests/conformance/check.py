@@ -6,14 +6,15 @@ outcomes to OUT/<policy>.json. Expected:
 
 - `v1-fcfs` and `v1-priority` (the plug-in observing, vLLM deciding) fail exactly the
   tests stock vLLM fails here;
-- `relstream` fails those and exactly the tests listed in docs/architecture.md, section
-  "vLLM's scheduler tests", each with its reason.
+- `relstream` fails those and exactly the tests listed in docs/architecture/engine.md,
+  section "vLLM's scheduler tests", each with its reason.
 
 A new failure, a listed test that now passes, a listed test that no longer exists, a
 different set of tests between runs and a policy's run in which the tests built no
 plug-in scheduler of each class all fail the check: the list stays the truth.
 
-    python tests/conformance/check.py OUT docs/architecture.md [stock v1-fcfs v1-priority relstream]
+    python tests/conformance/check.py OUT docs/architecture/engine.md \
+        [stock v1-fcfs v1-priority relstream]
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def check(out: Path, doc: str, policies: tuple[str, ...]) -> list[str]:
     rows = documented(doc, max(vllm, key=release))
     relstream_extra, stale = expected_relstream(rows, collected)
     for row in stale:
-        problems.append(f"docs/architecture.md lists {row}, which vLLM's tests do not hold")
+        problems.append(f"docs/architecture/engine.md lists {row}, which vLLM's tests do not hold")
     for policy, outcomes in runs.items():
         expected = reference | (relstream_extra if policy == "relstream" else set())
         got = failed(outcomes)
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> int:
     for problem in problems:
         print(problem)
     if problems:
-        print(f"against {SECTION!r} in docs/architecture.md: {len(problems)} differences")
+        print(f"against {SECTION!r} in docs/architecture/engine.md: {len(problems)} differences")
     return 1 if problems else 0
 
 

@@ -1,6 +1,6 @@
 """The check that makes vLLM's scheduler tests a contract (`tests/conformance/check.py`,
 run by `make test-vllm-conformance`): hand-made outcomes against a hand-made table, and
-the table in docs/architecture.md read as the check reads it."""
+the table in docs/architecture/engine.md read as the check reads it."""
 
 import importlib.util
 import json
@@ -81,14 +81,14 @@ def test_a_row_naming_no_test_is_stale(tmp_path):
     write_runs(tmp_path, set(), {"test_order[x]"}, ["test_order[x]", "test_kv[a]"])
     problems = check.check(tmp_path, DOC, check.POLICIES)
     assert (
-        "docs/architecture.md lists test_scheduler.py::test_kv[b], which vLLM's tests do not hold"
-        in problems
+        "docs/architecture/engine.md lists test_scheduler.py::test_kv[b], "
+        "which vLLM's tests do not hold" in problems
     )
     assert f"relstream: newly passes {S}test_kv[a] (update the expected list)" in problems
 
 
 def test_the_architecture_doc_lists_relstreams_differences():
-    rows = check.documented((ROOT / "docs/architecture.md").read_text(), "0.33.0")
+    rows = check.documented((ROOT / "docs/architecture/engine.md").read_text(), "0.33.0")
     assert "test_scheduler.py::test_schedule_order" in rows
     assert all(cases == "all" or cases for cases in rows.values())
 

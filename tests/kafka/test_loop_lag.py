@@ -151,7 +151,7 @@ def test_an_engine_serving_huge_relqueries_keeps_its_loop_and_its_partitions(tmp
     if over:  # held on a machine to itself; beside other work the loop waits for a core
         pytest.xfail(
             f"{over:.0f} of {served:.0f} wakes over {LAG_BOUND_S} s (on a machine running "
-            f"other work: docs/architecture.md, 'What still stalls the loop'): {report}"
+            f"other work: docs/architecture/engine.md, 'What still stalls the loop'): {report}"
         )
 
 

@@ -4,7 +4,8 @@ stateful testing drives the REAL decision-making objects, the worker's cutter
 and the engine's offset book (`service.offsets.OffsetBook`: start/finish/may_finish/
 progress/unfinished/committable/forget, and `encode_ahead`/`decode_ahead` for the commit's
 metadata), through a small Kafka (tests/protocol_model.py: `Kafka`), and checks the
-invariants listed in docs/architecture.md ("The protocol, checked") after every step.
+invariants listed in docs/architecture/delivery.md ("The protocol, checked") after every
+step.
 
 The model of Kafka and its faults (refusals, timeouts, lost acks, restarts empty or
 keeping the data but forgetting open transactions' partitions, re-deliveries, kills,
@@ -42,7 +43,7 @@ The glue, the order of calls the real code makes, is re-implemented in `Model`, 
   producer and the work: `Fenced`).
 
 `make test` runs a fixed seed in bounded time; RELSTREAM_PBT_EXAMPLES=5000 runs longer,
-randomized (docs/architecture.md, "The protocol, checked", gives the command).
+randomized (docs/architecture/delivery.md, "The protocol, checked", gives the command).
 """
 
 from __future__ import annotations
@@ -457,7 +458,7 @@ def _killed_after_a_batch_resent_after_a_restart(m: Protocol) -> None:
     # The same, the worker killed before it renews: its replacement's fencing aborts only
     # what the broker knows; without the embedded broker's look for hanging transactions
     # (`kafka/delivery/hanging.py`) the resent batch pinned the partition until the broker
-    # restarted again (noida-db; docs/architecture.md, Brokers).
+    # restarted again (noida-db; docs/architecture/delivery.md, Brokers).
     m.produce(["small"] * 6, 0.001)
     m._worker_poll(6, [], dies=True, cut="mid")
     m.worker_restarted()

@@ -27,6 +27,26 @@ def parsed(source: str):
         return ast.parse(source)
 
 
+def imported(source: str) -> list[str]:
+    """The modules `source` imports by absolute name (`from X import y` names X)."""
+    import ast
+
+    names = []
+    for node in ast.walk(parsed(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def page(name: str) -> str:
+    """The text of `docs/architecture/<name>`, the page that holds a table read here."""
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[2] / "docs" / "architecture" / name).read_text()
+
+
 def test_policy_simulator_and_wire_never_import_an_engine_or_a_kafka_client():
     # One policy, two mechanisms: the scheduler core, the simulator, the domain model,
     # placement's load and choice and the wire contract stay free of vLLM, torch, and the
@@ -68,7 +88,6 @@ def test_every_kafka_client_is_made_in_one_place():
 def imported_units() -> dict[str, set[str]]:
     """Each top-level module or package of relstream -> the others it imports (a package's
     module named where the table names one, as `engine.tokenizer`)."""
-    import ast
     from pathlib import Path
 
     import relstream
@@ -78,25 +97,17 @@ def imported_units() -> dict[str, set[str]]:
     for path in root.rglob("*.py"):
         parts = path.relative_to(root).parts
         unit = parts[0].removesuffix(".py")
-        for node in ast.walk(parsed(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for name in names:
-                target = name.split(".")[1:3]
-                if name.startswith("relstream.") and target[0] != unit:
-                    found.setdefault(unit, set()).add(".".join(target))
+        for name in imported(path.read_text()):
+            target = name.split(".")[1:3]
+            if name.startswith("relstream.") and target[0] != unit:
+                found.setdefault(unit, set()).add(".".join(target))
     return found
 
 
 def test_every_package_imports_only_what_the_architecture_table_says():
     import re
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    text = page("README.md")
     table = text[text.index("| package | owns | may import |") :].split("\n\n")[0]
     allowed: dict[str, set[str]] = {}
     for row in table.splitlines()[2:]:
@@ -117,7 +128,6 @@ def test_the_product_never_imports_the_lab():
     # The lab (relstream_lab: benchmarks, drills, reference policies) imports the product,
     # never the other way: `relstream` runs, and is tested, without it. Its policies reach
     # the registry through the `relstream.policies` entry point, which names no module here.
-    import ast
     from pathlib import Path
 
     import relstream
@@ -126,28 +136,21 @@ def test_the_product_never_imports_the_lab():
     offenders = []
     for path in root.rglob("*.py"):
         text = path.read_text()
-        for node in ast.walk(parsed(text)):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            if any(name.split(".")[0] == "relstream_lab" for name in names):
-                offenders.append(str(path.relative_to(root)))
+        names = imported(text)
+        if any(name.split(".")[0] == "relstream_lab" for name in names):
+            offenders.append(str(path.relative_to(root)))
         if 'import_module("relstream_lab' in text or "import_module('relstream_lab" in text:
             offenders.append(str(path.relative_to(root)))
     assert offenders == []
 
 
 def test_each_kafka_module_sits_in_a_room_and_imports_only_the_rooms_its_row_allows():
-    import ast
     import re
     from pathlib import Path
 
     import relstream
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    text = page("delivery.md")
     table = text[text.index("| kafka room | holds | may import |") :].split("\n\n")[0]
     allowed = {}
     for row in table.splitlines()[2:]:
@@ -161,17 +164,11 @@ def test_each_kafka_module_sits_in_a_room_and_imports_only_the_rooms_its_row_all
         if len(module.parts) == 1:
             continue
         room = module.parts[0]
-        for node in ast.walk(parsed((kafka / module).read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[:2] == ["relstream", "kafka"] and len(parts) > 2 and parts[2] != room:
-                    assert parts[2] in allowed[room], f"kafka/{module} imports {name}"
+        names = imported((kafka / module).read_text())
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["relstream", "kafka"] and len(parts) > 2 and parts[2] != room:
+                assert parts[2] in allowed[room], f"kafka/{module} imports {name}"
 
 
 def test_the_schedulers_data_has_one_import_path():
@@ -220,11 +217,9 @@ ENGINE_SIDES = {"both processes", "engine core", "service process"}
 
 
 def engine_module_map() -> dict[str, str]:
-    """docs/architecture.md's engine module map: a module of `engine/` -> the process it
-    runs in."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    """docs/architecture/engine.md's engine module map: a module of `engine/` -> the
+    process it runs in."""
+    text = page("engine.md")
     table = text[text.index("| engine module | runs in | holds |") :].split("\n\n")[0]
     rows = [row.strip("|").split("|") for row in table.splitlines()[2:]]
     return {module.strip().strip("`"): runs_in.strip() for module, runs_in, _ in rows}
@@ -305,7 +300,7 @@ def test_every_test_module_is_in_a_folder_the_architecture_table_names():
     from pathlib import Path
 
     tests = Path(__file__).parents[1]
-    text = (tests.parent / "docs" / "architecture.md").read_text()
+    text = page("README.md")
     table = text[text.index("| test folder | tests |") :].split("\n\n")[0]
     named = {row.strip("|").split("|")[0].strip().strip("`/") for row in table.splitlines()[2:]}
     folders = {path.parent.name for path in tests.rglob("test_*.py")}
@@ -314,11 +309,9 @@ def test_every_test_module_is_in_a_folder_the_architecture_table_names():
 
 
 def placement_module_map() -> dict[str, bool]:
-    """docs/architecture.md's placement module map: a module of `placement/` -> whether it
-    is pure."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    """docs/architecture/placement.md's placement module map: a module of `placement/` ->
+    whether it is pure."""
+    text = page("placement.md")
     table = text[text.index("| placement module | pure | holds |") :].split("\n\n")[0]
     rows = [row.strip("|").split("|") for row in table.splitlines()[2:]]
     return {module.strip().strip("`"): pure.strip() == "yes" for module, pure, _ in rows}
@@ -328,7 +321,6 @@ def test_placements_pure_modules_import_nothing_of_relstream_but_each_other():
     # The scheduler, the simulator and vLLM's engine core import `placement.load`, the lab
     # `placement.choice`: they must not pull in the reports' Kafka side, so a pure module
     # imports only pure modules of its package (and its package imports nothing at all).
-    import ast
     from pathlib import Path
 
     import relstream
@@ -338,16 +330,10 @@ def test_placements_pure_modules_import_nothing_of_relstream_but_each_other():
     assert sorted(pure) == sorted(p.name for p in package.glob("*.py"))
     allowed = {f"relstream.placement.{m.removesuffix('.py')}" for m, p in pure.items() if p}
     for module in (m for m, p in pure.items() if p):
-        for node in ast.walk(parsed((package / module).read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for name in names:
-                if name.split(".")[0] == "relstream":
-                    assert module != "__init__.py" and name in allowed, f"{module}: {name}"
+        names = imported((package / module).read_text())
+        for name in names:
+            if name.split(".")[0] == "relstream":
+                assert module != "__init__.py" and name in allowed, f"{module}: {name}"
 
 
 def test_the_load_an_engine_reports_is_carried_by_the_fewest_types():

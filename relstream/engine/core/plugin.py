@@ -53,7 +53,8 @@ from relstream.scheduler.registry import queue_conflict
 from relstream.scheduler.steprecord import StepLogStart, StepRecord, encode_line
 from relstream.scheduler.tracker import RequestTracker
 
-# Until the online fit has seen steps: the CPU build's first step costs (docs/architecture.md)
+# Until the online fit has seen steps: the CPU build's first step costs
+# (docs/architecture/scheduler.md)
 DEFAULT_PRIOR = {"alpha_p": 1.3e-3, "beta_p": 0.020, "alpha_d": 1.8e-3, "beta_d": 0.047}
 MAX_PENDING_STEPS = 4
 log = logging.getLogger("relstream.plugin")

@@ -2,7 +2,7 @@
 
 The plug-in takes each step's admissions out of vLLM's waiting queue (`plugin`), and
 vLLM's own FCFSRequestQueue removes by rebuilding itself, a cost that grows with the
-whole queue every step (measured in docs/architecture.md, "What vLLM V1 does each
+whole queue every step (measured in docs/architecture/engine.md, "What vLLM V1 does each
 step"). This queue keeps the same order under the same operations (append,
 prepend, pop and peek at the front, remove anywhere) in an insertion-ordered dict, so a
 removal costs what it removes. A request is in it at most once, as in vLLM's queues.

