@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create relstream's topics with explicit partition counts (relstream.kafka.topics.Topics).
+# Create relstream's topics with explicit partition counts (relstream.kafka.clients.topics.Topics).
 # Usage: create-topics.sh BOOTSTRAP [TABLE...]
 set -euo pipefail
 bootstrap=$1; shift

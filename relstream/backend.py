@@ -96,7 +96,8 @@ def missing_members(backend: object) -> list[str]:
         name for name, value in vars(RelQueryBackend).items()
         if not name.startswith("_") and (callable(value) or isinstance(value, property))
     )]  # fmt: skip
-    return [f"{name}()" if callable(getattr(RelQueryBackend, name)) else name
+    methods = vars(RelQueryBackend)
+    return [f"{name}()" if callable(methods.get(name)) else name
             for name in members if not hasattr(backend, name)]  # fmt: skip
 
 

@@ -290,6 +290,7 @@ async def _start_backend(opts: dict):
         backend = factory(MappingProxyType(opts))
         backend = await backend if inspect.isawaitable(backend) else backend
         if missing := missing_members(backend):  # one line at start, not a dead reporter
+            getattr(backend, "shutdown", lambda: None)()
             raise click.ClickException(f"backend {opts['backend']!r} lacks {', '.join(missing)}")
         return backend
     if opts["backend"] == "sim":

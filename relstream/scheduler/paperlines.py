@@ -176,7 +176,9 @@ class OnlineCostModel(CostModel):
         fit.update(units, feedback.duration)
         ceiling.see(units, feedback.duration)
         _copy_non_negative(fit.line, used)
-        used.slope = min(used.slope, ceiling.most())
+        most = ceiling.most()
+        if used.slope > most:
+            used.slope, used.intercept = most, ceiling.intercept(most)
 
 
 @dataclass
@@ -186,26 +188,39 @@ class SlopeCeiling:
     Two pure prompt steps, one slowed fourfold by a process beside it, were a line of
     ten times the slope: the line through two points, extrapolated (an engine serving
     windows sees few pure prompt steps). The ceiling is the low decile of the last
-    `window` steps' ratios, not their least, so one mistimed step sets none."""
+    `window` steps' ratios, not their least, so that one mistimed step among many does
+    not set it (among fewer than 11 it lies between the two least). Where it binds, the
+    line's intercept is taken the same way (`intercept`): the line under the cheaper
+    steps, as the slope is."""
 
     window: int = 64
-    _ratios: deque = field(init=False, repr=False)
+    _steps: deque = field(init=False, repr=False)  # (units, duration)
 
     def __post_init__(self) -> None:
-        self._ratios = deque(maxlen=self.window)
+        self._steps = deque(maxlen=self.window)
 
     def see(self, units: float, duration: float) -> None:
         if units > 0:
-            self._ratios.append(duration / units)
+            self._steps.append((units, duration))
 
     def most(self) -> float:
         """The ceiling (inf before any step with units)."""
-        if not self._ratios:
-            return math.inf
-        ordered = sorted(self._ratios)
-        at = CEILING_DECILE * (len(ordered) - 1)  # linear interpolation, as numpy's
-        low = math.floor(at)
-        return ordered[low] + (at - low) * (ordered[min(low + 1, len(ordered) - 1)] - ordered[low])
+        return _low_decile([duration / units for units, duration in self._steps])
+
+    def intercept(self, slope: float) -> float:
+        """The intercept under `slope`: the low decile of the steps' time less their
+        units' part, at least 0."""
+        return max(_low_decile([d - slope * units for units, d in self._steps]), 0.0)
+
+
+def _low_decile(values: list[float]) -> float:
+    """The `CEILING_DECILE` quantile, interpolated as numpy's (inf of none)."""
+    if not values:
+        return math.inf
+    ordered = sorted(values)
+    at = CEILING_DECILE * (len(ordered) - 1)
+    low = math.floor(at)
+    return ordered[low] + (at - low) * (ordered[min(low + 1, len(ordered) - 1)] - ordered[low])
 
 
 COST_MODEL_KINDS = ("online", "fixed")

@@ -37,7 +37,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle
+from relstream.backend import EngineFailure, RelQueryBackend, RelQueryHandle, missing_members
 from relstream.kafka.clients.aio import RevocationListener, new_consumer, new_producer
 from relstream.kafka.delivery.letters import Part, dead_letter_of, letter_part, send_dead_letter
 from relstream.kafka.delivery.outputs import open_outputs
@@ -86,6 +86,8 @@ class KafkaService:
     publishes its result or dead letter with its offset."""
 
     def __init__(self, config: ServiceConfig, backend: RelQueryBackend) -> None:
+        if missing := missing_members(backend):  # else its load reporter dies, not the engine
+            raise TypeError(f"the backend lacks {', '.join(missing)} (relstream.backend)")
         self.config = config
         self.backend = backend
         self.metrics = EngineMetrics()

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 _SHAPE = re.compile(
-    r"(?P<query>.+)-(?P<partition>\d+)-(?P<offset>\d+)(?:@(?P<ms>-?\d+))?", re.DOTALL
+    r"(?P<query>.+)-(?P<partition>\d+)-(?P<offset>\d+)(?:@(?P<ms>-?\d+))?", re.DOTALL | re.ASCII
 )
 
 

@@ -94,8 +94,9 @@ def _worker(args: argparse.Namespace) -> None:
                 if (expired := cutter.expire(now, 1.0)) is not None:
                     closed.append(expired)
             sent = []
-            for closed_window in closed:
-                value = encode(relquery(registration, closed_window.rows, closed_window.window_id))
+            for window in closed:
+                window_id = window.window_id(registration.name)
+                value = encode(relquery(registration, window.rows, window_id))
                 sent.append(await relqueries.send(key=b"k", value=value))  # any key will do
             await asyncio.gather(*sent)  # every relQuery on the broker before an ack
             for partition, cutter in cutters.items():

@@ -117,6 +117,18 @@ def test_a_registered_backend_without_part_of_the_contract_is_refused_at_start(
     assert "Traceback" not in finished.stderr
 
 
+def test_what_a_backend_lacks_of_the_contract_is_named_as_the_contract_names_it():
+    from relstream.backend import missing_members
+    from relstream.sim.backend import SimRelQueryBackend
+
+    class Bare:
+        async def submit(self, relquery): ...
+
+    assert missing_members(Bare()) == ["model_name", "policy", "backlog_rows()", "load()",
+                                       "shutdown()"]  # fmt: skip
+    assert "load()" not in missing_members(SimRelQueryBackend.__new__(SimRelQueryBackend))
+
+
 def test_fair_share_is_refused_in_one_line_where_it_cannot_apply():
     # Each before anything starts: no broker is asked, no model loaded.
     cases = {

@@ -52,6 +52,9 @@ def test_a_slowed_step_does_not_price_every_prompt_token_as_it():
     model.observe(StepFeedback(StepKind.PREFILL, 400, 0, 3.2))
     assert model._prefill_fit.line.slope == pytest.approx(0.014, rel=0.01)  # the line's
     assert model.prefill.slope == pytest.approx(0.0026)  # the price used
+    # Its intercept under that slope: the times less 2.6 ms a token, -0.12 s and 2.16 s,
+    # their low decile -0.12 + 0.1 * 2.28 = 0.108 s.
+    assert model.prefill.intercept == pytest.approx(0.108)
     ceiling = SlopeCeiling()
     assert ceiling.most() == math.inf  # nothing seen, nothing capped
     ceiling.see(0, 1.0)  # a step of no units says nothing
