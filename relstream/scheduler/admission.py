@@ -87,7 +87,7 @@ class StepAdmission:
     reserve: float = 0.0  # share of running requests' future KV kept back
     oracle: Oracle | None = None  # true remaining outputs (the lab's clairvoyant)
     scheduled: dict[str, int] = field(default_factory=dict)  # running id -> tokens this step
-    holding: dict[str, int] = field(default_factory=dict)  # running id -> budget it holds
+    unscheduled: set[str] = field(default_factory=set)  # decodes whose token is taken
     growth: dict[str, int] = field(default_factory=dict)  # running id -> KV its tokens take
     preempted: list[SeqInfo] = field(default_factory=list)
     admitted: list[PrefillChunk] = field(default_factory=list)
@@ -156,7 +156,7 @@ class StepAdmission:
                 continue  # `index` already points at the request after it
             self.free_kv -= need
             self.budget -= tokens
-            self.scheduled[seq.request_id] = self.holding[seq.request_id] = tokens
+            self.scheduled[seq.request_id] = tokens
             self.growth[seq.request_id] = need
             index += 1
 
@@ -181,14 +181,14 @@ class StepAdmission:
                 for request_id, seq in info.running.items()
                 if seq.max_tokens > seq.output_tokens and request_id not in prompting
             )
-        self.budget -= len(decoding)
-        self.holding.update((seq.request_id, 1) for seq in decoding)
+        self.budget -= len(decoding)  # each decode's token taken now, scheduled below
         self.reserved = sum(self.reserving.values())
         if self.oracle is None and type(self.view).growth_kv_tokens is EngineView.growth_kv_tokens:
             done = self._decode_unpreempted(decoding)
             if done == len(decoding):
                 return
             decoding = decoding[done:]
+        self.unscheduled = {seq.request_id for seq in decoding}
         for seq in decoding:
             if self.preempted and seq in self.preempted:
                 continue
@@ -253,7 +253,6 @@ class StepAdmission:
             if tokens <= 0 or not self._schedule(seq, tokens):
                 return
             self.budget -= tokens
-            self.holding[seq.request_id] = tokens
             allowed -= tokens
 
     def _chunk(self, tokens: int) -> int:
@@ -305,14 +304,15 @@ class StepAdmission:
 
     def _evict(self, victim: SeqInfo) -> None:
         """`victim` preempted by recompute: its seat, its KV (held and grown this step),
-        its reserve and the budget it held back this step, given back."""
+        its reserve and the budget it took this step (its scheduled tokens, or a decode's
+        token taken before it was scheduled), given back."""
         request_id = victim.request_id
         self.preempted.append(victim)
         self.seats += 1
         self.free_kv += self.view.releasable_kv_tokens(victim) + self.growth.pop(request_id, 0)
         self.reserved -= self.reserving.pop(request_id, 0)
-        self.scheduled.pop(request_id, None)
-        self.budget += self.holding.pop(request_id, 0)
+        tokens = self.scheduled.pop(request_id, None)
+        self.budget += tokens if tokens is not None else int(request_id in self.unscheduled)
 
     # waiting requests, every policy's way
     def admit(self, candidates: Iterable[SeqInfo], limit: int | None = None) -> Stop:
