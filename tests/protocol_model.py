@@ -181,6 +181,7 @@ class Engine:
     skip: frozenset = frozenset()  # `ExactlyOnce._skip[partition]`
     position: int = 0
     serving: list[int] = field(default_factory=list)  # offsets being answered, any order
+    leases: dict[int, int] = field(default_factory=dict)  # each one's (`OffsetBook.start`)
     locked: int | None = None  # the offset whose transaction holds the partition's lock
     txn: Txn | None = None  # that transaction, once begun
     before: int = 0  # `_once`'s `breaks()` when it began (the broker's restarts)
@@ -436,9 +437,9 @@ class Model:
         for offset in range(engine.position, end):
             if not log[offset].visible:
                 continue
-            engine.book.start(P, offset)
+            engine.leases[offset] = engine.book.start(P, offset)
             if offset in engine.skip:  # `replayed`: answered by a committed transaction
-                engine.book.finish(P, offset)
+                engine.book.finish(P, offset, engine.leases[offset])
                 continue
             engine.ids[offset] = log[offset].value[0]
             engine.serving.append(offset)
@@ -503,7 +504,7 @@ class Model:
             engine.txn = None
             self._fenced(engine, offset)
             return
-        if not engine.book.unfinished(P, offset):  # `_at`: Fenced
+        if not engine.book.unfinished(P, offset, engine.leases[offset]):  # `_at`: Fenced
             txn.state = "aborted"
             kafka.open.pop(ENGINE_GROUP, None)
             engine.serving.remove(offset)
@@ -535,7 +536,7 @@ class Model:
                 self._engine_begin(which, 0, engine.answer == "letter")
                 self._engine_commit(which, False)
                 return
-        engine.book.finish(P, offset)
+        engine.book.finish(P, offset, engine.leases[offset])
         engine.book.committable([P])
         engine.serving.remove(offset)
         engine.locked = engine.txn = None

@@ -185,11 +185,12 @@ def _print_results(console: Console, results: list[ResultMessage]) -> None:
     help="sim answers instantly by echoing each row's prompt.",
 )
 @policy_option
-@broker_choice(DEFAULT_BROKER, "The embedded broker (tansu keeps topics in memory).")
+@broker_choice(DEFAULT_BROKER, "The broker: Apache Kafka, or tansu (memory only).")
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait for results.")
 def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:
     """Broker, worker and engine on the bundled sample table, answered live."""
-    require("broker")
+    if broker_kind == "tansu":
+        require("broker")
     try:
         code = run_demo(DemoOptions(backend, policy, broker_kind, timeout), console)
     except (RuntimeError, TimeoutError) as exc:

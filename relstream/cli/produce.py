@@ -270,7 +270,7 @@ def _produce_rows(
     while others do is refused as a likely typo, unless `create`; `strict` refuses any
     that does not exist)."""
     from relstream.client import RelstreamClient
-    from relstream.kafka.clients.aio import create_topics
+    from relstream.kafka.clients.creation import create_topics
 
     topics = Topics(prefix)
     listed = asyncio.run(create_topics(bootstrap, {}, security))  # lists, creates none

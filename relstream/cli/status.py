@@ -65,13 +65,23 @@ def show(found, bootstrap: str, names) -> None:
     topics = Table(
         "topic",
         "partitions",
+        "replicas",
         "messages",
         title=f"topics at {bootstrap}",
         caption="end − start offsets; a compacted topic may hold fewer",
     )
     for topic in found.topics:
-        topics.add_row(topic.name, str(topic.partitions), str(topic.messages))
+        replicas = "?" if topic.replication is None else str(topic.replication)
+        topics.add_row(topic.name, str(topic.partitions), replicas, str(topic.messages))
     console.print(topics)
+    for topic in found.topics:
+        if topic.under_replicated:
+            numbers = ", ".join(map(str, topic.under_replicated))
+            console.print(
+                f"{topic.name}: partitions {numbers} under-replicated (fewer replicas in "
+                "sync than assigned): a broker is down or behind",
+                markup=False,
+            )
     if found.groups:
         groups = Table(
             "group",

@@ -129,7 +129,8 @@ async def _topics_made(bootstrap: str, layout: dict[str, int], security: KafkaSe
     """The worker's topics made, a broker restarting waited for: refused connections are
     tried again for `BROKER_CHECK_S` (then one line, `BrokerSilent`), and a request a
     restart cut after that is tried again with them."""
-    from relstream.kafka.clients.aio import check_broker, create_topics
+    from relstream.kafka.clients.aio import check_broker
+    from relstream.kafka.clients.creation import create_topics
     from relstream.kafka.delivery.publish import unavailable
 
     for tries in range(TOPICS_TRIES, 0, -1):

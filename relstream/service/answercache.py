@@ -30,7 +30,8 @@ from typing import Protocol
 
 import msgspec
 
-from relstream.kafka.clients.aio import create_topics, new_consumer, start_all
+from relstream.kafka.clients.aio import new_consumer, start_all
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.clients.supervise import supervised
 from relstream.wire import AnswerMessage, MessageError, decode, encode

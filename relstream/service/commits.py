@@ -106,17 +106,17 @@ class ExactlyOnce:
     async def commit(self, consumer, partitions=None) -> None:
         """Nothing: each transaction committed its offset."""
 
-    async def publish(self, partition, message, parts: list[Part], stalled) -> None:
+    async def publish(self, partition, message, parts: list[Part], stalled, lease: int) -> None:
         """Publish `parts` and commit the message's offset as finished, in one
         transaction; the offset is marked finished in the book once committed. A part
         the broker refuses for good is replaced (`kafka.delivery.letters`). Raises `Fenced` if the
-        partition is gone."""
+        partition is gone, or was handed back since the work was read (its `lease`)."""
         offset = message.offset
         reserved = await self._room(partition, offset)
         try:
-            await self._outputs.deliver(partition, parts, lambda: self._at(partition, offset),
-                                        stalled)  # fmt: skip
-            self._book.finish(partition, offset)
+            at = lambda: self._at(partition, offset, lease)  # noqa: E731
+            await self._outputs.deliver(partition, parts, at, stalled)
+            self._book.finish(partition, offset, lease)
             self._book.committable([partition])
         finally:
             if reserved and self._reserved[partition] > 0:
@@ -125,7 +125,7 @@ class ExactlyOnce:
                 self._moved.notify_all()
 
     async def dead_letter(
-        self, message, topic: str, reason: str, stalled, row_keys=None
+        self, message, topic: str, reason: str, stalled, row_keys=None, lease: int = 0
     ) -> bool | None:
         """Dead-letter the relQuery `message` to `topic` in its offset's transaction (or,
         refused, without the original's bytes); False (counted in `LOST_LETTERS`) if the
@@ -135,8 +135,9 @@ class ExactlyOnce:
         letter, what = dead_letter_of(message, reason, row_keys)
         try:
             return await deliver_letter(
-                topic, letter, what, lambda parts: self.publish(partition, message, parts, stalled)
-            )
+                topic, letter, what,
+                lambda parts: self.publish(partition, message, parts, stalled, lease),
+            )  # fmt: skip
         except Fenced as exc:
             log.info("left %s to its partition's new owner (%s)", what, exc)
             return None
@@ -157,11 +158,12 @@ class ExactlyOnce:
         self._reserved[partition] += 1
         return True
 
-    def _at(self, partition, offset: int) -> tuple[int, str]:
+    def _at(self, partition, offset: int, lease: int) -> tuple[int, str]:
         """The offset commit of a transaction finishing `offset`: its next offset and, as
-        metadata, the offsets finished above it."""
-        if not self._book.unfinished(partition, offset):  # revoked, or handed back and
-            raise Fenced(f"{partition}@{offset} is not this work's")  # answered since
+        metadata, the offsets finished above it. Asked inside the transaction, with the
+        partition's producer: work of an ended assignment aborts it (`Fenced`)."""
+        if not self._book.unfinished(partition, offset, lease):  # revoked, handed back,
+            raise Fenced(f"{partition}@{offset} is not this work's")  # or answered since
         first, ahead = self._book.progress(partition, offset)
         return first, encode_ahead(ahead, first)
 
@@ -181,19 +183,22 @@ class AtLeastOnce:
     def replayed(self, partition, message) -> bool:
         return (partition, message.offset, message.key) in self._published
 
-    async def publish(self, partition, message, parts: list[Part], stalled) -> None:
+    async def publish(self, partition, message, parts: list[Part], stalled, lease: int) -> None:
         await self._outputs.deliver(partition, parts, None, stalled)
-        self._finished(partition, message)
+        self._finished(partition, message, lease)
 
-    async def dead_letter(self, message, topic: str, reason: str, stalled, row_keys=None) -> bool:
+    async def dead_letter(
+        self, message, topic: str, reason: str, stalled, row_keys=None, lease: int = 0
+    ) -> bool:
         partition = TopicPartition(message.topic, message.partition)
         letter, what = dead_letter_of(message, reason, row_keys)
         return await deliver_letter(
-            topic, letter, what, lambda parts: self.publish(partition, message, parts, stalled)
-        )
+            topic, letter, what,
+            lambda parts: self.publish(partition, message, parts, stalled, lease),
+        )  # fmt: skip
 
-    def _finished(self, partition, message) -> None:
-        self._book.finish(partition, message.offset)
+    def _finished(self, partition, message, lease: int) -> None:
+        self._book.finish(partition, message.offset, lease)
         self._published.add(partition, message.offset, message.key)
 
     async def commit(self, consumer, partitions=None) -> None:

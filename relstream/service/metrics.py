@@ -218,3 +218,14 @@ class EngineMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)
+
+
+async def consumer_lag(consumer) -> dict[int, int]:
+    """Per partition assigned to `consumer`: messages past its position (the lag gauge)."""
+    lag = {}
+    for partition in consumer.assignment():
+        highwater = consumer.highwater(partition)
+        if highwater is not None:
+            position = await consumer.position(partition)
+            lag[partition.partition] = max(highwater - position, 0)
+    return lag

@@ -20,20 +20,37 @@ _AHEAD_TAG = "relstream-ahead:1:"  # the metadata's format, and its version
 
 
 class OffsetBook:
-    """Per partition: which offsets started and finished, and what may be committed."""
+    """Per partition: which offsets started and finished, and what may be committed.
+
+    Work belongs to the assignment it was read under: `start` returns that assignment's
+    lease, and only work holding the partition's current lease may finish or commit. A
+    partition revoked and handed back (a session expired, the same partitions given back
+    at once) gets a new lease, so the old assignment's work, still running, can neither
+    mark the new one's offsets done nor commit with its producer."""
 
     def __init__(self) -> None:
         self._pending: dict[object, deque[int]] = {}  # started, in order, from the prefix
         self._done: dict[object, set[int]] = {}  # finished among `_pending`
         self._next: dict[object, int] = {}  # just past the last offset popped as done
+        self._lease: dict[object, int] = {}  # the current assignment's, per partition
+        self._leases = 0  # leases handed out: each new assignment's is the next
 
-    def start(self, partition, offset: int) -> None:
+    def start(self, partition, offset: int) -> int:
+        """Mark `offset` started; returns the lease its work carries (`holds`)."""
+        if partition not in self._lease:
+            self._leases += 1
+            self._lease[partition] = self._leases
         self._pending.setdefault(partition, deque()).append(offset)
         self._done.setdefault(partition, set())
+        return self._lease[partition]
 
-    def finish(self, partition, offset: int) -> None:
-        """Mark `offset` done; ignored for a partition forgotten since (revoked)."""
-        if partition in self._done:
+    def holds(self, partition, lease: int) -> bool:
+        """Whether `lease` is the partition's current assignment's (not revoked since)."""
+        return self._lease.get(partition) == lease
+
+    def finish(self, partition, offset: int, lease: int) -> None:
+        """Mark `offset` done; ignored for work of an ended assignment (`holds`)."""
+        if self.holds(partition, lease):
             self._done[partition].add(offset)
 
     def committable(self, partitions: Collection | None = None) -> dict[object, int]:
@@ -60,9 +77,13 @@ class OffsetBook:
                 return started == offset
         return True
 
-    def unfinished(self, partition, offset: int) -> bool:
-        """Whether `offset` started and is not finished (nor forgotten)."""
-        return offset in self._pending.get(partition, ()) and offset not in self._done[partition]
+    def unfinished(self, partition, offset: int, lease: int) -> bool:
+        """Whether `offset` started under `lease`, still current, and is not finished."""
+        return (
+            self.holds(partition, lease)
+            and offset in self._pending[partition]
+            and offset not in self._done[partition]
+        )
 
     def may_finish(self, partition, offset: int, reserved: int = 0) -> bool:
         """Whether finishing `offset` keeps at most `MAX_AHEAD` offsets finished above the
@@ -90,7 +111,9 @@ class OffsetBook:
         return first, frozenset(o for o in done if o > first)
 
     def forget(self, partitions) -> None:
+        """The partitions' assignment ended: their work's leases lapse."""
         for partition in partitions:
+            self._lease.pop(partition, None)
             self._pending.pop(partition, None)
             self._done.pop(partition, None)
             self._next.pop(partition, None)

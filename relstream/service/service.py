@@ -54,7 +54,7 @@ from relstream.service.config import ServiceConfig
 from relstream.service.control import Cancels, follow_control, record_time
 from relstream.service.controlletters import ControlLetters
 from relstream.service.looplag import LoopLagProbe
-from relstream.service.metrics import EngineMetrics
+from relstream.service.metrics import EngineMetrics, consumer_lag
 from relstream.service.offsets import OffsetBook
 from relstream.service.pauses import Pauses
 from relstream.service.retries import serve_with_retries
@@ -76,6 +76,7 @@ class _Work:
     relquery: RelQuery
     submitted_at: float  # seconds since the epoch, from the message
     result_format: Format  # its result's and partial results' encoding
+    lease: int  # the assignment it was read under (`OffsetBook.start`): it commits only there
 
     keys = property(lambda self: [row.key for row in self.relquery.rows])  # its letter's
 
@@ -195,12 +196,12 @@ class KafkaService:
                     # rest stays in Kafka, read again from here once the partition resumes.
                     self._consumer.seek(partition, message.offset)
                     break
-                self._book.start(partition, message.offset)
+                lease = self._book.start(partition, message.offset)
                 if self._commits.replayed(partition, message):  # handed back: answered
-                    self._book.finish(partition, message.offset)
+                    self._book.finish(partition, message.offset, lease)
                     self.metrics.replays_skipped.inc()
                     continue
-                work = await self._decode(partition, message)
+                work = await self._decode(partition, message, lease)
                 if work is not None:  # handed over now if it fits: only what cannot waits
                     self.budget.offer(len(work.relquery.rows), work)
                     self._start(self.budget.admit())
@@ -209,40 +210,31 @@ class KafkaService:
         self.metrics.observe_backlog(self.budget)
         if time.monotonic() - self._lag_measured > LAG_EVERY_S:
             self._lag_measured = time.monotonic()
-            self.metrics.observe_lag(await self._lag())
+            self.metrics.observe_lag(await consumer_lag(self._consumer))
             if (cache := getattr(self.backend, "answer_cache", None)) is not None:
                 self.metrics.observe_answer_cache(cache)
 
     def _apply_pauses(self) -> None:
         self._pauses.apply(self._consumer, self.budget.full)
 
-    async def _lag(self) -> dict[int, int]:
-        """Per assigned partition: messages past the consumer's position."""
-        lag = {}
-        for partition in self._consumer.assignment():
-            highwater = self._consumer.highwater(partition)
-            if highwater is not None:
-                position = await self._consumer.position(partition)
-                lag[partition.partition] = max(highwater - position, 0)
-        return lag
-
-    async def _decode(self, partition, message) -> _Work | None:
+    async def _decode(self, partition, message, lease: int) -> _Work | None:
         """The message as work, or None once it is dead-lettered."""
         try:
             fmt = wire_format("relquery", message.value, message.headers)
             decoded = await decode_relquery_stepwise(message.value, json=fmt == "json")
             relquery = await offloop.relquery_of(decoded)
         except MessageError as exc:
-            self._letters.add(self._spawn(self._reject(partition, message, exc.reason)), message)
+            rejected = self._reject(partition, message, exc.reason, lease)
+            self._letters.add(self._spawn(rejected), message)
             return None
         result_format = decoded.result_format or self.config.result_format
-        return _Work(partition, message, relquery, decoded.submitted_at, result_format)
+        return _Work(partition, message, relquery, decoded.submitted_at, result_format, lease)
 
-    async def _reject(self, partition, message, reason: str) -> None:
+    async def _reject(self, partition, message, reason: str, lease: int) -> None:
         """Dead-letter an undecodable relQuery; its offset is done once the letter is on
         the broker (or refused by it for good: `_dead_letter`)."""
         with self._pauses.holding(partition) as stalled:
-            await self._dead_letter(message, reason, stalled)
+            await self._dead_letter(message, reason, stalled, lease=lease)
 
     def _start(self, admitted: list[_Work]) -> None:
         for work in admitted:
@@ -269,7 +261,7 @@ class KafkaService:
         except Exception as exc:  # unforeseen: dead-lettered, never a partition held for good
             log.exception("could not finish %s", work.relquery.id)
             reason = f"the engine could not finish it: {exc!r}"
-            await self._dead_letter(work.message, reason, keys=work.keys)
+            await self._dead_letter(work.message, reason, keys=work.keys, lease=work.lease)
         finally:
             self.budget.release(len(work.relquery.rows))
 
@@ -280,7 +272,7 @@ class KafkaService:
         taken_at = time.time()
         result = await self._serve_with_retries(work)
         if isinstance(result, str):
-            await self._dead_letter(work.message, result, stalled, work.keys)
+            await self._dead_letter(work.message, result, stalled, work.keys, work.lease)
             return
         relquery = work.relquery
         # A result of any size reaches the user: in parts under the request limit.
@@ -295,7 +287,7 @@ class KafkaService:
             return [self._letter_part(work.message, reason, work.keys, lambda: lost.append(1))]
 
         parts = result_parts(self.config.topics.results, relquery.id, chunks, headers, instead)
-        await self._commits.publish(work.partition, work.message, parts, stalled)
+        await self._commits.publish(work.partition, work.message, parts, stalled, work.lease)
         if refused:  # dead-lettered instead
             (self.metrics.dead_letter_failures if lost else self.metrics.dead_letters).inc()
             return
@@ -349,16 +341,21 @@ class KafkaService:
             log.info("cancelling %s", relquery_id)
             await handle.cancel()
 
-    async def _dead_letter(self, message, reason: str, stalled=lambda: None, keys=None) -> None:
+    async def _dead_letter(
+        self, message, reason: str, stalled=lambda: None, keys=None, lease: int = 0
+    ) -> None:
         """Dead-letter `message`; returns once the broker has the letter (or refused it
         for good: logged and counted). A relQuery's letter finishes its offset (in one
-        transaction, if any), even if the broker refuses the letter."""
+        transaction, if any) under the `lease` it was read under, even if the broker
+        refuses the letter."""
         log.warning(
             "dead-letter %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason
         )
         topic = self.config.topics.deadletter
         if message.topic == self.config.topics.relqueries:
-            delivered = await self._commits.dead_letter(message, topic, reason, stalled, keys)
+            delivered = await self._commits.dead_letter(
+                message, topic, reason, stalled, keys, lease
+            )
         elif message.topic == self.config.topics.control:  # once, whoever reads it
             delivered = await self._control_letters.letter(message, topic, reason, stalled)
         else:

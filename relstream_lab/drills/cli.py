@@ -85,7 +85,7 @@ def flood(
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for results.")
 @out_option
 def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, out) -> None:
-    """Stop the broker (noida-db, on disk) mid-stream for --outage seconds and start it
+    """Stop the broker (Apache Kafka, on disk) mid-stream for --outage seconds and start it
     again while rows keep arriving; check every row is in exactly one stored result,
     nothing exits, and the engine paused and resumed (worker and sim engine)."""
     from relstream_lab.common.report import machine_description
@@ -96,7 +96,7 @@ def outage(seeds: tuple[int, ...], outage: float, rate: float, timeout: float, o
         "",
         f"Command: `{typed_command()}`",
         "",
-        f"Machine: {machine_description()}. Broker: noida-db (embedded, on disk); "
+        f"Machine: {machine_description()}. Broker: Apache Kafka (one KRaft node, on disk); "
         "engine: sim backend in real time.",
     ]
 
@@ -158,7 +158,7 @@ def crash(
 ) -> None:
     """While rows flow, SIGKILL and restart each of two engines (sim backend, one group)
     with the same command, let a third join and leave, SIGKILL and restart the worker,
-    stop and start the broker (noida-db, on disk), reset every process's connections,
+    stop and start the broker (Apache Kafka, on disk), reset every process's connections,
     stall the broker and let a fourth engine join during a stall; check a read_committed
     reader sees one result per relQuery and each row once, every result within 30 s of
     its completion, and every process serves again."""
@@ -170,7 +170,7 @@ def crash(
         memory, duration, rate, broker_down, timeout=timeout, serve_within=serve_within,
         engine_args=engine_args, network=network, stall_s=stall,
     )  # fmt: skip
-    broker = "Tansu (embedded, in memory)" if memory else "noida-db (embedded, on disk)"
+    broker = "Tansu (embedded, in memory)" if memory else "Apache Kafka (one KRaft node, on disk)"
     sections = [
         "# Crash drill",
         "",

@@ -5,9 +5,10 @@ Two engines (sim backend in real time, one group) and a worker (real processes) 
 stream of rows at a steady seeded rate, one in 25 of them without the template's column.
 At seeded times while the rows flow: each engine is SIGKILLed and started again with the
 same command, a third engine joins the group and later leaves it (SIGTERM), the worker is
-SIGKILLed and started again with the same command, and the broker (noida-db, on disk) is
-stopped with `noida-db stop kafka` and started again on its data dir (the `--memory`
-broker, Tansu, keeps nothing over a restart, so that fault is left out there). With
+SIGKILLed and started again with the same command, and the broker (Apache Kafka, on
+disk) is stopped (SIGTERM, its controlled shutdown) and started again on its port and
+data dir (the `--memory` broker, Tansu, keeps nothing over a restart, so that fault is
+left out there). With
 `network` (the default) the connections break too (`netfaults`): every process's broker
 connections reset three times, the broker stalled (SIGSTOP) for `stall_s`, and a fourth
 engine joining during such a stall, so partitions are revoked with commits in flight;
@@ -164,10 +165,10 @@ class Settings:
 
 
 def run_crash(workdir: Path, seed: int = 0, settings: Settings = Settings()) -> CrashReport:
-    """The drill on its own broker (data and logs in `workdir`): noida-db on disk, or
+    """The drill on its own broker (data and logs in `workdir`): Apache Kafka on disk, or
     Tansu with `settings.memory`."""
     memory, timeout = settings.memory, settings.timeout
-    kind = "tansu" if memory else "noida-db"
+    kind = "tansu" if memory else "kafka"
     topics = Topics(prefix=f"crash{seed}.")
     broker = EmbeddedBroker(kind, data_dir=workdir / "broker", topics=topics, tables=(TABLE,))
     config = workdir / "queries.toml"
@@ -181,8 +182,8 @@ def run_crash(workdir: Path, seed: int = 0, settings: Settings = Settings()) -> 
     quiet_outages()  # this process's producer and reader retry too
     broker.start()
     try:
-        # One at a time: two engines joining a new group at once on noida-db 0.2.3 can
-        # get an empty assignment, which aiokafka fails to decode (docs/drills/crash.md).
+        # One at a time: two engines joining a new group at once could get an empty
+        # assignment on the broker this drill first ran on (docs/drills/crash.md).
         for name in ENGINES:
             fleet.start(name, engine(name))
             wait_ready([fleet.ready(name)], [fleet.current[name]], timeout)
@@ -281,7 +282,7 @@ class _Drill:
             elif kind in ("resets", "stall", "revoke"):
                 await self._network(fault, kind)
             else:
-                fault.what = "broker stopped (`noida-db stop kafka`) and started again"
+                fault.what = "broker stopped (SIGTERM) and started again on its data"
                 await stop_kafka(self.broker)
                 stopped = time.monotonic()
                 await asyncio.sleep(self.settings.broker_down)

@@ -54,7 +54,7 @@ class Fault:
 @dataclass
 class CrashReport:
     seed: int
-    broker: str  # "noida-db" or "tansu"
+    broker: str  # "kafka" or "tansu"
     serve_within_s: float
     faults: list[Fault] = field(default_factory=list)
     rows_keys: set[str] = field(default_factory=set, repr=False)  # valid rows acknowledged
@@ -84,7 +84,7 @@ class CrashReport:
 
     @property
     def transactions(self) -> bool:
-        return self.broker == "noida-db"
+        return self.broker == "kafka"
 
     @property
     def duplicate_ids(self) -> set[str]:
@@ -117,7 +117,7 @@ class CrashReport:
         return [fault for fault in self.faults if fault.restarts and late(fault)]
 
     def checks(self) -> dict[str, bool]:
-        """Each promise and whether it holds. With transactions (noida-db) the reader sees
+        """Each promise and whether it holds. With transactions (Apache Kafka) the reader sees
         exactly one result per relQuery and each row once; without (Tansu) results may
         repeat, and the sink must store each row once."""
         rows = self.not_once()

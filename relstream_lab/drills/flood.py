@@ -28,10 +28,10 @@ import msgspec
 
 from relstream.kafka.clients.aio import (
     Subscription,
-    create_topics,
     new_producer,
     running,
 )
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import relstream_command, spawn_logged, start_worker, wait_ready

@@ -1,17 +1,16 @@
 """`relstream-lab drill outage`: the broker goes away mid-stream and comes back; nothing is lost.
 
-A worker and an engine (real processes, sim backend) serve a stream of rows on a noida-db
+A worker and an engine (real processes, sim backend) serve a stream of rows on an Apache Kafka
 broker that keeps its data on disk. Mid-stream, right after a burst (so the engine is
 serving when it happens), the broker is stopped: the results and dead-letter topics, and
 every other, cannot be written. It starts again on the same port and data directory after
 `outage_s`, while rows keep arriving (their producer holds them until the broker takes
-them). The broker is stopped with `noida-db stop kafka`, which saves its data: noida-db
-0.2.3 killed by SIGTERM loses the last messages it acknowledged (measured: 50-200 of
-~20,000 in 3 of 4 tries, none in 4 tries of `stop kafka`), which no client can make up
-for. The drill then checks what docs/operations.md promises: every row the broker acknowledged
-is in exactly one stored result (a `JsonlSink`, which keeps one result per relQuery id),
-every bad row is dead-lettered, both processes are alive, and the engine's log shows the
-pause and the resume. It also counts the log lines each process wrote during the outage.
+them). The broker is stopped by SIGTERM (Kafka's controlled shutdown, which syncs its
+logs to disk before it exits). The drill then checks what docs/operations.md promises:
+every row the broker acknowledged is in exactly one stored result (a `JsonlSink`, which
+keeps one result per relQuery id), every bad row is dead-lettered, both processes are
+alive, and the engine's log shows the pause and the resume. It also counts the log lines
+each process wrote during the outage.
 `tests/kafka/test_outage.py` runs a short one.
 """
 
@@ -108,10 +107,10 @@ def run_outage(
     bad_every: int = 25,
     timeout: float = 300.0,
 ) -> OutageReport:
-    """The drill on its own noida-db broker (data and logs in `workdir`)."""
+    """The drill on its own Apache Kafka broker (data and logs in `workdir`)."""
     topics = Topics(prefix=f"outage{seed}.")
-    # noida-db with an explicit data dir: it keeps its topics across the restart.
-    broker = EmbeddedBroker("noida-db", data_dir=workdir / "broker", topics=topics, tables=(TABLE,))
+    # An explicit data dir: it keeps its topics across the restart.
+    broker = EmbeddedBroker("kafka", data_dir=workdir / "broker", topics=topics, tables=(TABLE,))
     config = workdir / "queries.toml"
     config.write_text(query_config("outage"))
     logs = {"engine": workdir / "engine.log", "worker": workdir / "worker.log"}
@@ -223,7 +222,7 @@ def report_text(report: OutageReport) -> str:
     missing, repeated = sorted(report.missing), sorted(report.repeated)
     lost_letters = sorted(report.bad_keys - report.lettered)
     lines = [
-        f"- broker down {report.down_s:.1f} s (`noida-db stop kafka`, then `start kafka` on "
+        f"- broker down {report.down_s:.1f} s (SIGTERM, then started again on "
         "the same data dir and port); "
         f"rows produced: {report.rows_produced} valid and {report.bad_produced} without the "
         f"column, {report.rows_during_outage} of them while the broker was down",

@@ -7,16 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
-import subprocess
 import time
 from collections import Counter
-from importlib import resources
 from pathlib import Path
 
 import msgspec
 
-from relstream.kafka.clients.aio import Subscription, metadata_ok, new_producer
+from relstream.kafka.clients.aio import Subscription, new_producer
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import relstream_command
@@ -111,31 +108,15 @@ class Rows:
                 await asyncio.wait(self.pending)
 
 
-def noida_kafka(broker: EmbeddedBroker, action: str) -> None:
-    """`noida-db stop kafka` or `start kafka` on the running broker's data dir: the Kafka
-    broker stops (its data saved, its port closed) or starts again on the same port."""
-    binary = Path(str(resources.files("noida_db").joinpath("noida-db")))
-    command = [str(binary), action, "kafka", "--data-dir", str(broker.data_dir)]
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
-
-
 async def stop_kafka(broker: EmbeddedBroker) -> None:
-    await asyncio.to_thread(noida_kafka, broker, "stop")
+    """Stop the broker (SIGTERM: Kafka's controlled shutdown), its data kept."""
+    await asyncio.to_thread(broker.stop)
 
 
 async def start_kafka(broker: EmbeddedBroker, timeout: float = 60.0) -> None:
-    """`noida-db start kafka`, then wait until the broker answers metadata requests."""
-    await asyncio.to_thread(noida_kafka, broker, "start")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", broker.port), timeout=1).close()
-            await metadata_ok(broker.bootstrap)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    """Start the broker again on the same port and data; returns once it answers."""
+    await asyncio.to_thread(broker.start, timeout)
+
 
 
 async def read_all(subscription: Subscription, handle) -> None:

@@ -25,10 +25,10 @@ from relstream_lab.common.options import typed_command
 )
 @click.option(
     "--brokers",
-    default="noida-db,tansu",
+    default="kafka,tansu",
     show_default=True,
     callback=csv_of(str),
-    help="noida-db: `relstream broker`; tansu: `relstream broker --memory`.",
+    help="kafka: `relstream broker`; tansu: `relstream broker --memory`.",
 )
 @click.option(
     "--rows",

@@ -8,7 +8,7 @@ import statistics
 from relstream.cli.common import console
 from relstream_lab.idle.run import ROLES
 
-NAMES = {"noida-db": "default (`relstream broker`, noida-db)", "tansu": "`--memory` (Tansu)"}
+NAMES = {"kafka": "default (`relstream broker`, Apache Kafka)", "tansu": "`--memory` (Tansu)"}
 
 
 def show(record: dict) -> None:

@@ -43,7 +43,7 @@ ROLES = ("broker", "worker", "engine")
 
 @dataclass
 class IdleRun:
-    broker: str  # "noida-db" (the default) or "tansu" (--memory)
+    broker: str  # "kafka" (the default) or "tansu" (--memory)
     seconds: float  # the idle spell measured
     cpu: dict[str, float]  # role -> share of one core over the spell, children included
     written: dict[str, float]  # role -> MB/s written to disk over the spell, children too

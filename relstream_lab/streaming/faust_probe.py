@@ -135,7 +135,8 @@ def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
 
     import psutil
 
-    from relstream.kafka.clients.aio import Subscription, create_topics
+    from relstream.kafka.clients.aio import Subscription
+    from relstream.kafka.clients.creation import create_topics
     from relstream.kafka.clients.topics import Topics
     from relstream.launch import start_worker
     from relstream_lab.streaming import run as streambench

@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relstream.kafka.clients.aio import Subscription, create_topics, new_producer
+from relstream.kafka.clients.aio import Subscription, new_producer
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import BROKERS, DEFAULT_BROKER, EmbeddedBroker
 from relstream.wire import RelQueryMessage, ResultMessage, RowMessage, decode, encode

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from functools import partial
 
+import pytest
 from click.testing import CliRunner
 from helpers import assigned_members, entry_point_folder, wait_until
 
@@ -149,14 +150,16 @@ def test_decision_benchmark_builds_the_crowd_it_reports():
     assert result.timed_decisions == 200 and result.median_us > 0
 
 
-def test_sigterm_to_the_broker_command_takes_its_broker_down():
+@pytest.mark.parametrize("memory", [False, True], ids=["kafka", "tansu"])
+def test_sigterm_to_the_broker_command_takes_its_broker_down(memory, tmp_path):
     import signal
     import subprocess
     import sys
 
     import psutil
 
-    command = [sys.executable, "-m", "relstream", "broker", "--kind", "tansu"]
+    where = ["--memory"] if memory else ["--data-dir", str(tmp_path)]
+    command = [sys.executable, "-m", "relstream", "broker", *where]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         for line in process.stdout:
@@ -260,7 +263,7 @@ def test_a_busy_metrics_port_is_one_line_before_the_engine_loads():
 def test_a_broker_whose_port_or_data_dir_is_taken_says_so_in_one_line(default_broker, tmp_path):
     # A second `relstream broker` (forgotten in another terminal): on the same port it was
     # reported "ready" (the first broker answered its probe) and waited forever; on the
-    # same data dir, a traceback around noida-db's own "already running".
+    # same data dir, the first broker's Kafka died under the second's.
     from relstream.kafka.tools.brokers import free_port
 
     command = [sys.executable, "-m", "relstream", "broker"]

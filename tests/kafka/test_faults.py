@@ -14,7 +14,8 @@ from engines import answers_by, engine_process, scrape, served_by, wait_for
 from helpers import encode_row, relquery, sink_results, start_worker
 
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.clients.aio import Subscription, create_topics, produce, read_messages
+from relstream.kafka.clients.aio import Subscription, produce, read_messages
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker, free_port
 from relstream.service.service import KafkaService, ServiceConfig
@@ -116,7 +117,7 @@ def test_a_thousand_malformed_rows_are_dead_lettered_while_valid_rows_flow(tmp_p
     valid = [
         encode_row({**VALID_ROW, "key": f"v{i}", "values": {"review": f"r{i}"}}) for i in range(50)
     ]
-    with EmbeddedBroker("noida-db", data_dir=tmp_path / "broker") as broker:
+    with EmbeddedBroker("kafka", data_dir=tmp_path / "broker") as broker:
 
         async def scenario():
             await create_topics(broker.bootstrap, topics.layout(("reviews",)))

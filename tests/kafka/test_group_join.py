@@ -12,7 +12,8 @@ import asyncio
 import time
 import uuid
 
-from relstream.kafka.clients.aio import create_topics, new_consumer, produce
+from relstream.kafka.clients.aio import new_consumer, produce
+from relstream.kafka.clients.creation import create_topics
 
 PARTITIONS = 2
 

@@ -24,7 +24,8 @@ import pytest
 from helpers import stream_bin
 
 from relstream import launch
-from relstream.kafka.clients.aio import create_topics, new_consumer, new_producer, running
+from relstream.kafka.clients.aio import new_consumer, new_producer, running
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 
 IDLE_S = 5.0  # the idle spell measured

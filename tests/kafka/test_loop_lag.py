@@ -13,7 +13,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from engines import engine_process, wait_for
 
-from relstream.kafka.clients.aio import Subscription, create_topics
+from relstream.kafka.clients.aio import Subscription
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker, free_port
 from relstream.wire import DeadLetterMessage, ResultMessage, decode, encode

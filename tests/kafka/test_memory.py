@@ -11,7 +11,8 @@ import uuid
 
 import pytest
 
-from relstream.kafka.clients.aio import create_topics, new_producer, read_messages, running
+from relstream.kafka.clients.aio import new_producer, read_messages, running
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.model import RelQuery, Row, Template

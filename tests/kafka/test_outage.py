@@ -115,7 +115,7 @@ def test_a_message_is_held_through_a_broker_outage_and_published_once_it_is_back
     # A producer that gives up on a request after 1 s, so tries fail while the broker is
     # down: the message is sent again, the same bytes, until the broker acknowledges it.
     topics = Topics(prefix="held.")
-    broker = EmbeddedBroker("noida-db", data_dir=tmp_path / "broker", topics=topics)
+    broker = EmbeddedBroker("kafka", data_dir=tmp_path / "broker", topics=topics)
     broker.start()
     try:
 

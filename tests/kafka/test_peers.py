@@ -16,12 +16,13 @@ import pytest
 from aiokafka import ConsumerRecord
 from helpers import UnencodableBackend, committed_offsets, relquery, until
 
-from relstream.kafka.clients.aio import create_topics, new_producer, read_messages
+from relstream.kafka.clients.aio import new_producer, read_messages
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.security import PLAINTEXT
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.delivery.letters import LOST_LETTERS, send_dead_letter
 from relstream.kafka.delivery.publish import publish_acked, publish_best_effort
-from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
+from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.placement.book import Demand
 from relstream.placement.readers import AsyncLoadReader
 from relstream.placement.reports import HEADERS
@@ -425,7 +426,7 @@ def test_a_best_effort_publish_waits_at_most_its_bound_during_an_outage(tmp_path
     # its bound, and counted.
     from relstream.kafka.delivery.publish import DROPPED
 
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(DEFAULT_BROKER, data_dir=tmp_path / "broker")
     broker.start()
 
     async def scenario():

@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import relquery, wait_until
 
-from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.creation import create_topics
 from relstream.wire import encode
 from relstream.wire.convert import relquery_message
 

@@ -13,13 +13,13 @@ import uuid
 import pytest
 from helpers import stream_bin, wait_until
 
-from relstream.kafka.clients.aio import BROKER_CHECK_S, create_topics, produce
+from relstream.kafka.clients.aio import BROKER_CHECK_S, produce
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
-from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
+from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 from relstream.wire import ResultMessage, encode
 from relstream.wire.convert import dead_letter_message
 from relstream.wire.messages import ResultRow
-from relstream_lab.drills.parts import noida_kafka
 
 NO_BROKER = ("--bootstrap", "127.0.0.1:1")  # a port where nothing listens
 
@@ -368,7 +368,7 @@ def test_an_interrupted_produce_says_what_the_broker_has_and_skip_sends_the_rest
 def test_results_follow_says_when_its_broker_is_out_and_back_and_reads_on(tmp_path):
     # A following reader waits through a broker outage by itself; it says so once when
     # the broker stops answering and once when it answers again, then prints what came.
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(DEFAULT_BROKER, data_dir=tmp_path / "broker")
     broker.start()
     prefix = f"o{uuid.uuid4().hex[:6]}."
     topics = Topics(prefix=prefix)
@@ -384,9 +384,9 @@ def test_results_follow_says_when_its_broker_is_out_and_back_and_reads_on(tmp_pa
         try:
             wait_until(lambda: "answer 1" in out.read_text(), 60,
                        f"the first result printed {out.read_text()!r} {err.read_text()!r}")
-            noida_kafka(broker, "stop")
+            broker.stop()
             wait_until(lambda: "does not answer" in err.read_text(), 60, "the outage said")
-            noida_kafka(broker, "start")
+            broker.start()
             asyncio.run(produce(broker.bootstrap, topics.results, [result(2)]))
             wait_until(lambda: "answer 2" in out.read_text(), 60, "the next result printed")
             wait_until(lambda: "answers again" in err.read_text(), 30, "the return said")

@@ -18,10 +18,10 @@ from aiokafka import AIOKafkaProducer
 from relstream import launch
 from relstream.kafka.clients.aio import (
     DEAD_LETTER_ORIGINAL_BYTES,
-    create_topics,
     produce,
     read_messages,
 )
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.replay import LetterFilter, parse_time, plan_replay
 from relstream.service.service import KafkaService, ServiceConfig

@@ -19,8 +19,9 @@ from kafka import KafkaAdminClient, TopicPartition
 
 from relstream import launch
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.clients.aio import create_topics, new_producer, produce
+from relstream.kafka.clients.aio import new_producer, produce
 from relstream.kafka.clients.bounds import Span, extents, partitions
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.sync import sync_consumer
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.reset import Move, ResetTarget, parse_target

@@ -43,7 +43,7 @@ class BrokerCommand:
 
     def __init__(self, tmp_path: Path, memory: bool, prefix: str) -> None:
         self.port = free_port()
-        self.kind = "tansu" if memory else "noida-db"
+        self.kind = "tansu" if memory else "kafka"
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = tmp_path / "broker.log"
         self.args = [sys.executable, "-m", "relstream", "broker", "--port", str(self.port)]
@@ -204,16 +204,17 @@ def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
 
     from relstream.kafka.clients.aio import new_consumer, new_producer
     from relstream.kafka.membership.static import start_waiting
-    from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
+    from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 
     port = free_port()
-    broker = EmbeddedBroker(STORED_BROKER, port=port, data_dir=tmp_path / "broker")
+    topics = Topics(prefix="waits.")  # created by the broker as it starts
+    broker = EmbeddedBroker(DEFAULT_BROKER, port=port, data_dir=tmp_path / "broker", topics=topics)
     caplog.set_level(logging.WARNING, logger="test.service")
 
     async def scenario():
         producer = new_producer(f"127.0.0.1:{port}")
         consumer = new_consumer(f"127.0.0.1:{port}", group_id="waits")
-        consumer.subscribe(["waits"])
+        consumer.subscribe([topics.relqueries])
         started = asyncio.ensure_future(start_waiting(
             None, logging.getLogger("test.service"), f"127.0.0.1:{port}", producer, consumer
         ))  # fmt: skip
@@ -236,10 +237,10 @@ def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
 def test_a_worker_started_while_the_broker_restarts_waits_for_it(tmp_path):
     # A worker SIGKILLed and restarted as the broker restarted found no broker and exited
     # (the short crash drill, one run in twelve). It waits, as an engine does.
-    from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
+    from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 
     port = free_port()
-    broker = EmbeddedBroker(STORED_BROKER, port=port, data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(DEFAULT_BROKER, port=port, data_dir=tmp_path / "broker")
     config = tmp_path / "queries.toml"
     config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n')
     ready = tmp_path / "worker.ready"

@@ -9,7 +9,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from relstream.kafka.clients.aio import new_admin
 from relstream.kafka.clients.topics import Topics
-from relstream.kafka.tools.brokers import STORED_BROKER, EmbeddedBroker
+from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
 
 
 async def retention(bootstrap: str, topic: str) -> str | None:
@@ -27,7 +27,7 @@ async def retention(bootstrap: str, topic: str) -> str | None:
 
 def test_the_embedded_broker_creates_its_topics_with_a_retention(tmp_path):
     topics = Topics()
-    broker = EmbeddedBroker(STORED_BROKER, data_dir=tmp_path, tables=("reviews",), keep_days=2)
+    broker = EmbeddedBroker(DEFAULT_BROKER, data_dir=tmp_path, tables=("reviews",), keep_days=2)
     broker.start()
     try:
         kept = {

@@ -18,7 +18,8 @@ import pytest
 from engines import engine_process
 from helpers import encode_row, relquery, start_worker
 
-from relstream.kafka.clients.aio import Subscription, create_topics, produce
+from relstream.kafka.clients.aio import Subscription, produce
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.launch import stop_all, wait_ready
 from relstream.wire import ResultMessage, decode, encode

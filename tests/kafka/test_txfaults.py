@@ -15,7 +15,8 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from helpers import read_all, zombie_and_owner
 
-from relstream.kafka.clients.aio import create_topics, new_admin, new_consumer
+from relstream.kafka.clients.aio import new_admin, new_consumer
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.delivery.publish import Backoff, Send
 from relstream.kafka.delivery.transactions import PartitionProducers
@@ -351,7 +352,7 @@ def test_a_bad_control_message_is_dead_lettered_once_by_two_engines_and_a_restar
     async def engines(count: int) -> None:
         """`count` engines serve until each has read the message and its letter (or its
         finding it lettered) is done: the letter is there and none follows for 3 s."""
-        config = ServiceConfig(bootstrap, topics, group_id=group, broker="noida-db")
+        config = ServiceConfig(bootstrap, topics, group_id=group, broker="kafka")
         stop, before = asyncio.Event(), caplog.text.count(said)
         serving = [
             asyncio.create_task(KafkaService(config, SimRelQueryBackend()).run(stop))

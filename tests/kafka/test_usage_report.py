@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 
-from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.usage import usage_by_query
 from relstream.wire import MetricsMessage, Usage, encode

@@ -17,7 +17,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from helpers import encode_row, group_members, read_all, start_worker, until
 
-from relstream.kafka.clients.aio import create_topics, produce
+from relstream.kafka.clients.aio import produce
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import wait_ready

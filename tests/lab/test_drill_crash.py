@@ -44,7 +44,7 @@ def test_a_result_seen_late_breaks_the_visibility_promise():
     assert not report.checks()["every result visible within 30 s of its completion"]
 
 
-def _report(broker: str = "noida-db") -> CrashReport:
+def _report(broker: str = "kafka") -> CrashReport:
     report = CrashReport(seed=0, broker=broker, serve_within_s=30.0)
     report.rows_keys, report.bad_keys = {"row-0", "row-1", "row-2"}, {"bad-3"}
     report.seen = Counter({"row-0": 1, "row-1": 1, "row-2": 1, "bad-3": 1})

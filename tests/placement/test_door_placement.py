@@ -16,7 +16,8 @@ from aiokafka.structs import ConsumerRecord
 from engines import answers_by, engine_process, keys_written, scrape, wait_for
 from helpers import door_serving, http_server, post_and_leave
 
-from relstream.kafka.clients.aio import create_topics, new_producer, read_messages, start_all
+from relstream.kafka.clients.aio import new_producer, read_messages, start_all
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.security import PLAINTEXT
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.delivery.publish import publish_acked

@@ -14,7 +14,7 @@ from engines import answers_by, engine_process, keys_written, wait_for
 from helpers import encode_row, sink_results, start_worker
 
 from relstream.client import RelstreamClient
-from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.launch import wait_ready

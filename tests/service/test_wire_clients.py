@@ -1,8 +1,9 @@
-"""JSON rows from the Kafka clients other programs use, to the default embedded broker
-(noida-db), answered in JSON: kafka-python, confluent-kafka (librdkafka) and kcat
-(Debian's, librdkafka 2.0.2). A registration asks for JSON results; the worker reads the
-rows by their header or their first byte; the results carry `content-type:
-application/json` and each client reads them back (docs/wire-format.md)."""
+"""JSON rows from the Kafka clients other programs use, to Apache Kafka (`relstream broker`),
+answered in JSON: kafka-python, confluent-kafka (librdkafka) and kcat (Debian's, librdkafka
+2.0.2); Kafka's own console consumer reads one result per relQuery. A registration asks
+for JSON results; the worker reads the rows by their header or their first byte; the
+results carry `content-type: application/json` and each client reads them back
+(docs/wire-format.md)."""
 
 import json
 import os
@@ -21,7 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from relstream import launch
 from relstream.client import RelstreamClient
-from relstream.kafka.clients.aio import create_topics
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,6 +195,33 @@ def test_kcat_json_rows_are_answered_in_json(pipeline):
         time.sleep(0.5)
     assert keys <= set(seen)
     assert seen["kc1"]["output"].startswith("Positive or negative? Text kc1")
+
+
+def test_kafkas_console_consumer_reads_one_result_per_relquery(pipeline):
+    # Kafka's own consumer, from the jars `make setup` fetched, reading committed results
+    # only: each relQuery's result once (a relQuery's result is one message here).
+    from relstream.kafka.tools.kafkadist import classpath, java
+
+    broker, topics = pipeline
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for key in ("cc1", "cc2", "cc3"):
+        producer.send(topics.rows("reviews"), row(key, f"Text {key}"), key.encode(),
+                      headers=[JSON_HEADER])  # fmt: skip
+    producer.flush()
+    producer.close()
+    read_json_results(broker, topics, {"cc1", "cc2", "cc3"})  # answered by now
+    out = subprocess.run(
+        [java(), "-cp", classpath(), "org.apache.kafka.tools.consumer.ConsoleConsumer",
+         "--bootstrap-server", broker.bootstrap, "--topic", topics.results,
+         "--from-beginning", "--isolation-level", "read_committed", "--timeout-ms", "5000",
+         "--property", "print.key=true", "--property", "key.separator=\t"],
+        capture_output=True, timeout=120, text=True,
+    )  # fmt: skip
+    results = [line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line]
+    ids = [relquery_id for relquery_id, _ in results]
+    assert ids and len(ids) == len(set(ids)), out.stdout[-2000:] + out.stderr[-2000:]
+    keys = {r["key"] for _, value in results for r in json.loads(value)["rows"]}
+    assert {"cc1", "cc2", "cc3"} <= keys
 
 
 PAGE = REPO / "docs" / "wire-format.md"

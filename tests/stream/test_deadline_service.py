@@ -13,7 +13,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from relstream.engine.requests import seconds_left
-from relstream.kafka.clients.aio import create_topics, read_messages
+from relstream.kafka.clients.aio import read_messages
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.model import RelQuery, Row, Template
 from relstream.service.http import build_http_app

@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from relstream.connectors.sources import read_rows
-from relstream.kafka.clients.aio import create_topics, produce, read_messages
+from relstream.kafka.clients.aio import produce, read_messages
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.model import RelQuery, Row, RowFailure, RowRequest, RowStatus, Template, prepare_row
 from relstream.service.service import KafkaService, ServiceConfig

@@ -392,7 +392,7 @@ def test_streaming_path_with_the_real_engine(tmp_path):
     }
     # "essay" and "France" both hash to partition 2 of the rows topic: one window.
     questions["essay"] = "Write a long essay about the history of Europe."
-    with EmbeddedBroker("noida-db", data_dir=tmp_path / "broker") as broker:
+    with EmbeddedBroker("kafka", data_dir=tmp_path / "broker") as broker:
 
         async def scenario():
             await create_topics(broker.bootstrap, topics.layout(("countries",)))

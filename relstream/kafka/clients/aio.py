@@ -23,7 +23,6 @@ from aiokafka.errors import (
     KafkaError,
 )
 
-from relstream.kafka.clients.aborts import drop_ended_aborts
 from relstream.kafka.clients.groupjoin import rejoin_on_empty_assignment
 from relstream.kafka.clients.idlefetch import HeldFetchConsumer
 from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
@@ -51,7 +50,6 @@ def new_consumer(
     messages (what an aborted transaction wrote is never seen). A member the broker
     assigns nothing by mistake joins again (`groupjoin`)."""
     rejoin_on_empty_assignment()
-    drop_ended_aborts()  # noida-db lists aborted transactions that ended before a fetch
     options = {
         "enable_auto_commit": False,
         "isolation_level": "read_committed",
@@ -175,11 +173,13 @@ async def assign_all(consumer: AIOKafkaConsumer, *topics: str) -> list:
     """Assign a started consumer (no group) every partition of `topics`; returns them."""
     from aiokafka import TopicPartition
 
-    await consumer.topics()  # fetches the metadata partitions_for_topic reads
+    # Every topic's metadata, asked now: the consumer's own holds only the topics it is
+    # already assigned (Kafka answers only those asked; aiokafka has no public call).
+    cluster = await consumer._client.fetch_all_metadata()
     parts = [
         TopicPartition(topic, number)
         for topic in topics
-        for number in sorted(consumer.partitions_for_topic(topic) or ())
+        for number in sorted(cluster.partitions_for_topic(topic) or ())
     ]
     consumer.assign(parts)
     return parts
@@ -326,32 +326,6 @@ async def metadata_ok(bootstrap: str) -> None:
     admin = new_admin(bootstrap, request_timeout_ms=2000)
     await admin.start()
     await admin.close()
-
-
-async def create_topics(
-    bootstrap: str,
-    layout: dict[str, int],
-    security: KafkaSecurity = PLAINTEXT,
-    configs: dict[str, str] | None = None,
-) -> set[str]:
-    """Create missing topics with explicit partition counts and topic `configs` (existing
-    ones are kept as they are). Returns the topics that existed before."""
-    from aiokafka.admin import NewTopic
-
-    admin = new_admin(bootstrap, security, request_timeout_ms=10_000)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(name, num_partitions=count, replication_factor=1, topic_configs=configs)
-            for name, count in layout.items()
-            if name not in existing
-        ]
-        if missing:
-            await admin.create_topics(missing)
-    finally:
-        await admin.close()
-    return existing
 
 
 async def commit_assigned(consumer, offsets: dict) -> dict:

@@ -55,9 +55,6 @@ def sync_consumer(
 ):
     """A kafka-python consumer that reads only committed messages (`clients.new_consumer`),
     and says when its broker stops answering and answers again (`BrokerWatch`)."""
-    from relstream.kafka.clients.aborts import drop_ended_aborts
-
-    drop_ended_aborts()  # noida-db lists aborted transactions that ended before a fetch
     options = {"isolation_level": "read_committed", **options}
     consumer = _connected("KafkaConsumer", bootstrap, security, *topics, **options)
     watch, poll = BrokerWatch(consumer, bootstrap), consumer.poll

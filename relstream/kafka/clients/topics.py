@@ -14,6 +14,10 @@ class Topics:
 
     prefix: str = "relstream."
     partitions: int = 4
+    # How topics are created: -1 and 0 take the cluster's own `default.replication.factor`
+    # and `min.insync.replicas` (never a hard-coded 1 on a cluster that replicates).
+    replication: int = -1
+    min_insync: int = 0
 
     def rows(self, table: str) -> str:
         return f"{self.prefix}rows.{table}"

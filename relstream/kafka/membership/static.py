@@ -1,10 +1,10 @@
 """Static group membership: a process restarted with the same command rejoins its groups
 as the member it replaces, and one that stops on purpose leaves them.
 
-A broker that never evicts a SIGKILLed member (noida-db, `relstream broker`'s default)
-would never assign a restarted consumer anything: the group waits for the dead member to
-rejoin. With a group instance id (Kafka's static membership, KIP-345) the restarted
-consumer *is* that member and takes its partitions back at once. Each process therefore
+A restarted consumer would otherwise wait for the group to expire the member it replaces
+(a session timeout), then for a rebalance of every member. With a group instance id
+(Kafka's static membership, KIP-345) the restarted consumer *is* that member and takes
+its partitions back at once, and the others keep theirs. Each process therefore
 needs an id that is the same across a restart and distinct from every other process in
 the group:
 
@@ -101,7 +101,7 @@ def member_slot(
 async def stop_leaving(consumer) -> None:
     """Stop `consumer`, leaving its group even as a static member, so that its partitions
     go to the other members at once. aiokafka leaves (LeaveGroup by member id, which
-    noida-db, Tansu and Kafka accept for a static member too) only for a dynamic member,
+    Tansu and Kafka accept for a static member too) only for a dynamic member,
     so it is told this one is dynamic now: nothing after the stop needs the instance id."""
     coordinator = getattr(consumer, "_coordinator", None)
     if coordinator is not None and getattr(coordinator, "_group_instance_id", None):
@@ -170,7 +170,7 @@ def _say_waiting(logger: logging.Logger, consumer, bootstrap: str, waited_s: flo
     logger.warning(
         "waiting %.0f s so far to join group %s (topic %s, broker %s, instance id %s): a "
         "member that died without leaving holds its partitions until it is restarted with "
-        "its instance id or the broker expires it (noida-db never does); Ctrl-C stops this",
+        "its instance id or its session times out; Ctrl-C stops this",
         waited_s,
         getattr(consumer, "_group_id", "?"),
         ", ".join(sorted(consumer.subscription())),

@@ -46,6 +46,8 @@ class TopicSize:
     name: str
     partitions: int
     messages: int  # end minus start offsets, over its partitions (records, unless gaps)
+    replication: int | None = None  # replicas per partition (the fewest); None: not told
+    under_replicated: tuple[int, ...] = ()  # partitions with fewer in sync than replicas
 
 
 @dataclass(frozen=True)
@@ -157,11 +159,13 @@ def pipeline_status(
         names = sorted(n for n in admin.list_topics() if n.startswith(topics.prefix))
         parts = partitions(consumer, names)
         found = extents(consumer, parts, highwaters=_highwaters(bootstrap, security, parts))
+        replicas = replication(admin, names)
         sizes = [
             TopicSize(
                 name,
                 sum(p.topic == name for p in found),
                 sum(extent.offsets for p, extent in found.items() if p.topic == name),
+                *replicas.get(name, (None, ())),
             )
             for name in names
         ]
@@ -190,6 +194,29 @@ def pipeline_status(
         consumer.close()
         admin.close()
     return PipelineStatus(sizes, groups, engines, causes, unread, cut, held)
+
+
+def replication(admin, names: list[str]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Per topic: its replicas per partition (the fewest) and the partitions whose in-sync
+    replicas are fewer than their replicas; empty where the broker would not describe them."""
+    try:
+        described = admin.describe_topics(names) if names else []
+    except Exception:  # a broker without DescribeTopics: not told
+        return {}
+    found = {}
+    for topic in described:
+        parts = topic.get("partitions") or []
+        if topic.get("error_code") or not parts:
+            continue
+        under = tuple(
+            sorted(
+                p["partition_index"]
+                for p in parts
+                if len(p["isr_nodes"]) < len(p["replica_nodes"])
+            )
+        )
+        found[topic["name"]] = (min(len(p["replica_nodes"]) for p in parts), under)
+    return found
 
 
 def _stuck(consumer, found: dict) -> dict:

@@ -9,7 +9,7 @@ kept within the log as Kafka's tool keeps it. A group with members is not moved:
 worker running it would commit over the move, so it must be stopped first. Tansu keeps
 listing a stopped consumer as a member ("Stable", measured 12 s after it left) and refuses
 a commit from outside the group (UnknownMemberId), so there a group that ever had a
-member cannot be moved; noida-db and Apache Kafka drop a member that leaves.
+member cannot be moved; Apache Kafka drops a member that leaves.
 
 Moving back, each partition snaps to the start of the window that holds its target
 (`windowstarts.snap`): the worker cuts the same windows again from there, so the rows it
