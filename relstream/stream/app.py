@@ -29,7 +29,6 @@ from relstream.kafka.membership.static import member_slot
 from relstream.placement.book import placement_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.ready import mark_ready
-from relstream.stream.heldfetch import HeldFetchTransport
 from relstream.stream.registrations import QueryRegistration, worker_group
 from relstream.stream.stage import StageSettings, WindowStage
 
@@ -79,11 +78,9 @@ def build_app(
         **settings,
     )
     # Faust's own consumer reads nothing here (only agents of your own, `add_agents`, give
-    # it topics), so it is not started: it would only wait for its group, for good on a
-    # broker that never evicts a killed worker's member, and hold back the stages. With
-    # agents it runs, its empty fetches waited out as relstream's own are (`heldfetch`).
+    # it topics), so it is not started: it would only wait for its group and hold back the
+    # stages.
     app.boot_strategy = faust.app.BootStrategy(app, enable_kafka_consumer=False)
-    app.transport = HeldFetchTransport(app.conf.broker_consumer, app)
     # Each window's relQuery goes to the least loaded engine while engines report their
     # load, else by its key's hash (docs/operations.md, Scale-out); RELSTREAM_PLACEMENT=hash:
     # always.

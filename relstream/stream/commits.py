@@ -64,6 +64,17 @@ class WindowCommits:
         self._topic = deadletter_topic
         self._held: dict[TopicPartition, list[tuple[int, Part]]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._lease: dict[TopicPartition, int] = {}  # the current assignment's, per partition
+        self._leases = 0
+
+    def lease(self, partition: TopicPartition) -> int:
+        """The lease of the partition's current assignment: what a step read under it
+        commits only while it holds (`commit`); a partition revoked and handed back gets
+        a new one (`forget`), so the old assignment's windows never commit in the new."""
+        if partition not in self._lease:
+            self._leases += 1
+            self._lease[partition] = self._leases
+        return self._lease[partition]
 
     def hold(self, partition: TopicPartition, record, reason: str) -> None:
         """The dead letter of a rejected `record`, sent with the commit that passes it."""
@@ -75,24 +86,35 @@ class WindowCommits:
         return sum(map(len, self._held.values()))
 
     def forget(self, partition: TopicPartition) -> None:
-        """A partition gone: its held letters are its new owner's to write."""
+        """A partition gone: its held letters are its new owner's to write, and the work
+        read under its assignment lapses (`lease`)."""
         self._held.pop(partition, None)
         self._committed.pop(partition, None)
+        self._lease.pop(partition, None)
 
     async def commit(
-        self, partition: TopicPartition, windows: list[Part], offset: int | None, stalled
+        self,
+        partition: TopicPartition,
+        windows: list[Part],
+        offset: int | None,
+        stalled,
+        lease: int | None,
     ) -> bool:
         """Deliver `windows` (relQuery parts) and the held letters below `offset` with the
-        commit of `offset`; nothing if there is nothing new. False if the partition was
-        taken away meanwhile: forgotten, its new owner replays it."""
+        commit of `offset`, all read under `lease`; nothing if there is nothing new. False
+        if the partition was taken away meanwhile (or handed back since `lease`):
+        forgotten, its new owner replays it."""
         if offset is None:
             return True
+        if lease is None or self._lease.get(partition) != lease:
+            return False
         held = self._held.get(partition, [])
         passed = [part for at, part in held if at < offset]
         if not windows and not passed and self._committed.get(partition) == offset:
             return True
         try:
-            await self.outputs.deliver(partition, windows + passed, lambda: (offset, ""), stalled)
+            at = lambda: self._at(partition, offset, lease)  # noqa: E731
+            await self.outputs.deliver(partition, windows + passed, at, stalled)
         except Fenced as exc:
             log.info("left %s to its new owner (%s)", partition, exc)
             self.forget(partition)
@@ -102,15 +124,23 @@ class WindowCommits:
         return True
 
 
+    def _at(self, partition: TopicPartition, offset: int, lease: int) -> tuple[int, str]:
+        """The offset commit, asked inside the transaction with the partition's producer:
+        work of an ended assignment aborts it (`Fenced`)."""
+        if self._lease.get(partition) != lease:
+            raise Fenced(f"{partition}: handed back since this step read it")
+        return offset, ""
+
+
 async def commit_all(
-    commits: WindowCommits, cutters: dict, windows: dict, stalled
+    commits: WindowCommits, cutters: dict, windows: dict, stalled, leases: dict
 ) -> list[TopicPartition]:
-    """One delivery per partition with something to commit, run side by side; the
-    partitions found taken away."""
+    """One delivery per partition with something to commit, each under the lease it was
+    read under (`leases`), run side by side; the partitions found taken away."""
     partitions = list(cutters)
     done = await asyncio.gather(
         *(
-            commits.commit(p, windows.get(p, []), cutters[p].committable(), stalled)
+            commits.commit(p, windows.get(p, []), cutters[p].committable(), stalled, leases.get(p))
             for p in partitions
         )
     )

@@ -156,6 +156,8 @@ class WindowStage:
         closed: list[Window] = []
         rejected: list[str] = []
         commits = self._commits
+        # The step's work belongs to the assignments it is read under (`commits.lease`).
+        leases = {p: commits.lease(p) for p in {*batches, *self._cutters}}
         for partition, records in batches.items():
             if commits.outputs.settling(partition):  # sought once fenced
                 continue
@@ -178,7 +180,7 @@ class WindowStage:
             if expired is not None:
                 closed.append(expired)
         self._log_rejected(rejected)
-        await self._deliver(closed)
+        await self._deliver(closed, leases)
 
     async def _read_to_end(self, partition: TopicPartition) -> bool:
         """Whether `partition` was read up to the end its last fetch saw: only then may
@@ -205,7 +207,7 @@ class WindowStage:
                 rejected[0],
             )
 
-    async def _deliver(self, closed: list[Window]) -> None:
+    async def _deliver(self, closed: list[Window], leases: dict) -> None:
         """Per partition, its closed windows' relQueries, the held dead letters the commit
         passes, and the commit: one transaction, or (at least once) each sent until the
         broker has it and then the consumer's commit (`commits`)."""
@@ -221,7 +223,7 @@ class WindowStage:
             part = await self._window_part(window)
             windows.setdefault(TopicPartition(rows_topic, window.partition), []).append(part)
         with self._holding(len(closed) + self._commits.held()) as stalled:
-            fenced = await commit_all(self._commits, self._cutters, windows, stalled)
+            fenced = await commit_all(self._commits, self._cutters, windows, stalled, leases)
         for partition in fenced:
             self._cutters.pop(partition, None)
         if not exactly_once:

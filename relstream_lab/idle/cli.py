@@ -38,6 +38,14 @@ from relstream_lab.common.options import typed_command
     help="Rows sent through the pipeline (and answered) before the idle spell.",
 )
 @click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Send --rows in this many rounds, each timed from its first row produced to its "
+    "last answered, with the MB the broker wrote in it; a JSONL sink follows the results.",
+)
+@click.option(
     "--report-only",
     is_flag=True,
     help="Rewrite README.md from --out's results.json (and notes.md) without running.",
@@ -48,7 +56,7 @@ from relstream_lab.common.options import typed_command
     default=Path("docs/benchmarks/idle"),
     show_default=True,
 )
-def idle(runs, seconds, settle, brokers, rows, report_only, out):
+def idle(runs, seconds, settle, brokers, rows, rounds, report_only, out):
     """The README walkthrough's broker, worker and engine (sim) idle: CPU per process."""
     from relstream_lab.common.report import machine_description
     from relstream_lab.idle.report import markdown, show
@@ -57,7 +65,7 @@ def idle(runs, seconds, settle, brokers, rows, report_only, out):
     if report_only:
         document = json.loads((out / "results.json").read_text())
     else:
-        records = idle_runs(list(brokers), runs, seconds, settle, show, rows)
+        records = idle_runs(list(brokers), runs, seconds, settle, show, rows, rounds)
         document = {"command": typed_command(), "machine": machine_description(), "runs": records}
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(document, indent=1))

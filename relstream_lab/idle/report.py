@@ -12,6 +12,14 @@ NAMES = {"kafka": "default (`relstream broker`, Apache Kafka)", "tansu": "`--mem
 
 
 def show(record: dict) -> None:
+    for number, (took, wrote) in enumerate(
+        zip(record.get("round_s", []), record.get("round_written_mb", []), strict=True)
+    ):
+        console.print(f"{record['broker']} round {number + 1}: {took:.1f} s, broker wrote "
+                      f"{wrote:.0f} MB")  # fmt: skip
+    if record.get("round_s"):
+        console.print(f"sink stored {record['sink_rows']:,} rows, "
+                      f"{record['sink_distinct']:,} distinct")  # fmt: skip
     cpu = ", ".join(f"{role} {record['cpu'][role]:.1%}" for role in ROLES)
     written = record.get("written", {}).get("broker", 0.0)
     console.print(
@@ -73,5 +81,23 @@ def markdown(document: dict) -> list[str]:
             + f" | {run['first_row_s']:.2f} | {run['load_before']:.1f}-{run['load_after']:.1f}"
             + f" | {run.get('rows', 0):,} | {run.get('written', {}).get('broker', 0.0):.2f}"
             + f" | {run.get('store_mb', 0.0):.0f} |"
+        )
+    rounds = [run for run in runs if run.get("round_s")]
+    if rounds:
+        lines += [
+            "",
+            "Rows in rounds before the spell (`--rounds`): each round from its first row "
+            "produced to its last answered, the MB the broker wrote meanwhile, and the rows "
+            "the following JSONL sink stored (distinct keys):",
+            "",
+            "| on | run | rounds (s) | last / first | broker wrote (MB) | sink rows (distinct) |",
+            "|---|---|---|---|---|---|",
+        ]
+    for run in rounds:
+        took, wrote = run["round_s"], run["round_written_mb"]
+        lines.append(
+            f"| {run['broker']} | {run['run']} | {', '.join(f'{t:.1f}' for t in took)} | "
+            f"{took[-1] / took[0]:.2f} | {', '.join(f'{w:.0f}' for w in wrote)} | "
+            f"{run['sink_rows']:,} ({run['sink_distinct']:,}) |"
         )
     return [*lines, ""]

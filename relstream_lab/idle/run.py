@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from relstream.kafka.clients.aio import assign_all, new_consumer, produce, running
@@ -52,6 +53,12 @@ class IdleRun:
     first_row_s: float  # a row produced after the spell -> its result read back
     load_before: float  # the machine's 1-minute load average as the spell began
     load_after: float
+    # With rows: each round's rows produced -> every one answered, in seconds, and the MB
+    # the broker wrote meanwhile; the rows the following JSONL sink stored (and distinct).
+    round_s: list[float] = field(default_factory=list)
+    round_written_mb: list[float] = field(default_factory=list)
+    sink_rows: int = 0
+    sink_distinct: int = 0
 
 
 def _each_process(pid: int, read) -> dict[int, float]:
@@ -88,25 +95,30 @@ def _size_mb(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
 
 
-async def _preload(bootstrap: str, rows: int, timeout: float) -> None:
-    """`rows` rows produced to the walkthrough's table, and waited for until a result
-    holds each (as a user's reader reads them)."""
+async def _preload(bootstrap: str, rows: range, timeout: float) -> None:
+    """`rows` (their numbers) produced to the walkthrough's table, and waited for until a
+    result holds each (as a user's reader reads them, from the results' end)."""
     topics = Topics()
     reader = new_consumer(bootstrap)
     async with running(reader):
-        await assign_all(reader, topics.results)
-        for start in range(0, rows, 5_000):
+        partitions = await assign_all(reader, topics.results)
+        await reader.seek_to_end(*partitions)
+        for partition in partitions:
+            await reader.position(partition)
+        for start in range(rows.start, rows.stop, 5_000):
             batch = [
                 (f"pre-{n}".encode(), encode(RowMessage(
                     table="reviews", key=f"pre-{n}", values={"review": f"Preloaded review {n}."}
                 )))
-                for n in range(start, min(start + 5_000, rows))
+                for n in range(start, min(start + 5_000, rows.stop))
             ]  # fmt: skip
             await produce(bootstrap, topics.rows("reviews"), batch)
         answered, deadline = 0, time.monotonic() + timeout
-        while answered < rows:
+        while answered < len(rows):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{answered} of {rows} preloaded rows answered in {timeout:g} s")
+                raise RuntimeError(
+                    f"{answered} of {len(rows)} preloaded rows answered in {timeout:g} s"
+                )
             for records in (await reader.getmany(timeout_ms=500)).values():
                 answered += sum(len(decode(ResultMessage, r.value).rows) for r in records)
 
@@ -182,9 +194,25 @@ async def _first_row(bootstrap: str, timeout: float) -> float:
     raise RuntimeError(f"no result within {timeout:g} s")
 
 
-def idle_run(broker: str, seconds: float, settle: float, workdir: Path, rows: int = 0) -> IdleRun:
-    """One run: the three processes started, ready, `rows` through them, left to settle,
-    then measured."""
+def _sink_rows(path: Path, want: int, timeout: float) -> tuple[int, int]:
+    """The rows the JSONL sink stored (each result's rows) and how many distinct keys,
+    read until `want` are there or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        keys = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                keys += [row["key"] for row in json.loads(line).get("rows", [])]
+        if len(keys) >= want or time.monotonic() > deadline:
+            return len(keys), len(set(keys))
+        time.sleep(1.0)
+
+
+def idle_run(
+    broker: str, seconds: float, settle: float, workdir: Path, rows: int = 0, rounds: int = 1
+) -> IdleRun:
+    """One run: the three processes (and, with rows, a following JSONL sink) started,
+    ready, `rows` through them in `rounds`, left to settle, then measured."""
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"
     logs = {role: workdir / f"{role}.log" for role in ROLES}
@@ -209,8 +237,19 @@ def idle_run(broker: str, seconds: float, settle: float, workdir: Path, rows: in
         )
         ready = [workdir / "worker.ready", workdir / "engine.ready"]
         wait_ready(ready, list(processes.values()), 180)
+        round_s, round_mb = [], []
         if rows:
-            asyncio.run(_preload(bootstrap, rows, max(300.0, rows / 100)))
+            sink = [sys.executable, "-m", "relstream", "sink", str(workdir / "results.jsonl")]
+            processes["sink"] = spawn_logged(
+                [*sink, "--bootstrap", bootstrap, "--follow"], workdir / "sink.log"
+            )
+            each = rows // rounds
+            for number in range(rounds):
+                began, wrote = time.monotonic(), bytes_written(processes["broker"].pid)
+                share = range(number * each, rows if number == rounds - 1 else (number + 1) * each)
+                asyncio.run(_preload(bootstrap, share, max(300.0, len(share) / 100)))
+                round_s.append(time.monotonic() - began)
+                round_mb.append(spent(wrote, bytes_written(processes["broker"].pid)) / 1e6)
         time.sleep(settle)
         load_before = os.getloadavg()[0]
         before = {role: cpu_seconds(p.pid) for role, p in processes.items()}
@@ -227,22 +266,25 @@ def idle_run(broker: str, seconds: float, settle: float, workdir: Path, rows: in
         cpu = {role: spent(before[role], after[role]) / elapsed for role in ROLES}
         written = {role: spent(wrote[role], wrote_after[role]) / elapsed / 1e6 for role in ROLES}
         store_mb = _size_mb(workdir / "data")
+        stored = _sink_rows(workdir / "results.jsonl", rows, 120) if rows else (0, 0)
         first_row = asyncio.run(_first_row(bootstrap, 60))
         return IdleRun(broker, elapsed, cpu, written, rows, store_mb, first_row, load_before,
-                       load_after)  # fmt: skip
+                       load_after, round_s, round_mb, *stored)  # fmt: skip
     finally:
-        _stop_all([processes[role] for role in ("engine", "worker", "broker") if role in processes])
+        order = ("sink", "engine", "worker", "broker")
+        _stop_all([processes[role] for role in order if role in processes])
 
 
 def idle_runs(
-    brokers: list[str], runs: int, seconds: float, settle: float, on_run, rows: int = 0
+    brokers: list[str], runs: int, seconds: float, settle: float, on_run, rows: int = 0,
+    rounds: int = 1,
 ) -> list[dict]:
     """`runs` runs on each broker, alternating, each in a fresh working dir."""
     records = []
     for number in range(runs):
         for broker in brokers:
             with tempfile.TemporaryDirectory(prefix="relstream-idle-") as workdir:
-                record = asdict(idle_run(broker, seconds, settle, Path(workdir), rows))
+                record = asdict(idle_run(broker, seconds, settle, Path(workdir), rows, rounds))
             record["run"] = number
             on_run(record)
             records.append(record)

@@ -18,12 +18,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from relstream import launch
 from relstream.client import RelstreamClient
 from relstream.connectors.sinks import JsonlSink
-from relstream.kafka.clients.aio import metadata_ok, read_messages
+from relstream.kafka.clients.aio import assign_all, metadata_ok, read_messages
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import free_port
 from relstream.service.service import KafkaService, ServiceConfig
@@ -145,8 +145,7 @@ async def records_in(broker, topic: str) -> int:
     )
     await consumer.start()
     try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        consumer.assign(partitions)
+        partitions = await assign_all(consumer, topic)
         await consumer.seek_to_beginning(*partitions)
         count = 0
         while batches := await consumer.getmany(timeout_ms=2000):

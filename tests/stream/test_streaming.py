@@ -20,13 +20,13 @@ from relstream.kafka.clients.aio import (
     MAX_REQUEST_BYTES,
     Subscription,
     assign_all,
-    create_topics,
     new_admin,
     new_consumer,
     new_producer,
     produce,
     read_messages,
 )
+from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import EmbeddedBroker
 from relstream.service.service import KafkaService, ServiceConfig

@@ -23,8 +23,6 @@ from aiokafka.errors import (
     KafkaError,
 )
 
-from relstream.kafka.clients.groupjoin import rejoin_on_empty_assignment
-from relstream.kafka.clients.idlefetch import HeldFetchConsumer
 from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger("relstream.kafka")
@@ -47,9 +45,7 @@ def new_consumer(
     """Every consumer relstream makes: the broker's settings and the security ones. It
     commits only when told (after the work is done), a new group starts from the
     earliest offset, a fetch holds at most `FETCH_BYTES`, and it reads only committed
-    messages (what an aborted transaction wrote is never seen). A member the broker
-    assigns nothing by mistake joins again (`groupjoin`)."""
-    rejoin_on_empty_assignment()
+    messages (what an aborted transaction wrote is never seen)."""
     options = {
         "enable_auto_commit": False,
         "isolation_level": "read_committed",
@@ -58,7 +54,7 @@ def new_consumer(
         "fetch_max_bytes": FETCH_BYTES,
         **options,
     }
-    return HeldFetchConsumer(
+    return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
         **client_settings(broker_kind),

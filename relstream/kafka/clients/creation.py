@@ -39,10 +39,15 @@ async def create_topics(
             own = dict(configs or {})
             if min_insync > 0:
                 own["min.insync.replicas"] = str(min_insync)
-            response = await admin.create_topics(
-                [NewTopic(name, count, factor, topic_configs=own) for name, count in wanted.items()]
-            )
-            _check_created(response)
+            deadline, left = time.monotonic() + CREATED_VISIBLE_S, dict(wanted)
+            while left:  # a broker still starting refuses for a while, retriably
+                response = await admin.create_topics(
+                    [NewTopic(name, count, factor, topic_configs=own) for name, count in left.items()]
+                )
+                retry = _check_created(response, time.monotonic() < deadline)
+                left = {name: left[name] for name in retry}
+                if left:
+                    await asyncio.sleep(0.5)
             await _until_led(admin, list(wanted))
     finally:
         await admin.close()
@@ -78,14 +83,23 @@ class TopicsRefused(RuntimeError):
 _ALREADY_EXISTS = 36
 
 
-def _check_created(response) -> None:
-    refused = []
+def _check_created(response, may_retry: bool) -> list[str]:
+    """The topics to ask for again (refused for a reason Kafka calls retriable, while
+    `may_retry`); raises `TopicsRefused` naming any other refusal."""
+    from aiokafka.errors import for_code
+
+    refused, retry = [], []
     for topic, code, *rest in response.topic_errors:
-        if code not in (0, _ALREADY_EXISTS):
-            message = rest[0] if rest and isinstance(rest[0], str) else ""
-            refused.append(f"{topic} (error {code}{': ' + message if message else ''})")
+        if code in (0, _ALREADY_EXISTS):
+            continue
+        if may_retry and getattr(for_code(code), "retriable", False):
+            retry.append(topic)
+            continue
+        message = rest[0] if rest and isinstance(rest[0], str) else ""
+        refused.append(f"{topic} (error {code}{': ' + message if message else ''})")
     if refused:
         raise TopicsRefused("the broker refused to create " + ", ".join(refused))
+    return retry
 
 
 async def cluster_replication(admin) -> int:

@@ -66,6 +66,31 @@ def _run(coroutine):
         return pool.submit(asyncio.run, coroutine).result()
 
 
+async def coordinators_ready(bootstrap: str, timeout: float) -> None:
+    """Until a group and a transaction coordinator are found. Kafka makes its offsets
+    topic and transaction state log on the first FindCoordinator for each, and answers
+    COORDINATOR_NOT_AVAILABLE until they are led: asked here, so the broker is ready for
+    groups and transactions when it says it is (a client's first join would otherwise
+    meet that error, and some log it or give up)."""
+    from aiokafka.client import AIOKafkaClient, CoordinationType
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    deadline = time.monotonic() + timeout
+    try:
+        for kind in (CoordinationType.GROUP, CoordinationType.TRANSACTION):
+            while True:
+                try:
+                    await client.coordinator_lookup(kind, "relstream-broker-ready")
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+
+
 def _ensure_free(port: int) -> None:
     """Raise where something listens on `port` (SO_REUSEADDR: a port that only has
     connections closing, as after a broker's restart, counts as free)."""
@@ -140,6 +165,8 @@ class EmbeddedBroker:
         try:
             self._launch()
             self._wait_until_ready(timeout)
+            if self.kind == "kafka":
+                _run(coordinators_ready(self.bootstrap, timeout))
             _run(self._create_topics(timeout))
         except BaseException:
             self.stop()

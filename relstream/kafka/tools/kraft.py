@@ -142,8 +142,9 @@ class KraftCluster:
             java(),
             f"-Xms{min(128, self.heap_mb)}m",
             f"-Xmx{self.heap_mb}m",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
+            # Serial GC on a heap this small: an idle node took 5.1 % of a core with it,
+            # 5.8 % with G1 (docs/operations.md, "Brokers").
+            "-XX:+UseSerialGC",
             "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={resource('log4j2.properties')}",
