@@ -41,9 +41,8 @@ async def create_topics(
                 own["min.insync.replicas"] = str(min_insync)
             deadline, left = time.monotonic() + CREATED_VISIBLE_S, dict(wanted)
             while left:  # a broker still starting refuses for a while, retriably
-                response = await admin.create_topics(
-                    [NewTopic(name, count, factor, topic_configs=own) for name, count in left.items()]
-                )
+                asked = [NewTopic(name, n, factor, topic_configs=own) for name, n in left.items()]
+                response = await admin.create_topics(asked)
                 retry = _check_created(response, time.monotonic() < deadline)
                 left = {name: left[name] for name in retry}
                 if left:
