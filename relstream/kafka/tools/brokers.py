@@ -23,7 +23,7 @@ from pathlib import Path
 import platformdirs
 
 from relstream.extras import MissingExtra
-from relstream.kafka.clients.aio import metadata_ok
+from relstream.kafka.clients.aio import metadata_ok, new_client
 from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import KEEP_DAYS, Topics
 from relstream.kafka.tools.kafkadist import KafkaUnavailable
@@ -72,9 +72,9 @@ async def coordinators_ready(bootstrap: str, timeout: float) -> None:
     COORDINATOR_NOT_AVAILABLE until they are led: asked here, so the broker is ready for
     groups and transactions when it says it is (a client's first join would otherwise
     meet that error, and some log it or give up)."""
-    from aiokafka.client import AIOKafkaClient, CoordinationType
+    from aiokafka.client import CoordinationType
 
-    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    client = new_client(bootstrap)
     await client.bootstrap()
     deadline = time.monotonic() + timeout
     try:

@@ -11,10 +11,13 @@ three nodes, the replication that a cluster of three allows.
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
 import fcntl
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -162,12 +165,16 @@ class KraftCluster:
             raise NodeFailed(f"formatting {node.folder} failed: {said[-1] if said else '?'}")
 
     def start_node(self, node: Node) -> None:
-        """Start one node's process (its log: `node-N.log` beside its folder)."""
+        """Start one node's process (its log: `node-N.log` beside its folder). Started
+        from a program's main thread, the node is sent SIGTERM if that program dies
+        without stopping it (SIGKILL, a crash): no Kafka outlives `relstream broker`."""
         command = [*self._jvm(), "kafka.Kafka", str(self._settings(node))]
+        main = threading.current_thread() is threading.main_thread()
         with node.log_path.open("ab") as log:
             node.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_terminate_with_parent if main else None,
+            )  # fmt: skip
 
     def start(self) -> None:
         self.prepare()
@@ -200,6 +207,13 @@ class KraftCluster:
         deadline = time.monotonic() + timeout
         for node in running:
             self.stop_node(node, max(0.1, deadline - time.monotonic()))
+
+
+def _terminate_with_parent() -> None:
+    """In the child before it runs Java: SIGTERM when the parent dies (Linux's
+    PR_SET_PDEATHSIG; the parent's thread, so main threads only: `start_node`)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _check_unused(folder: Path) -> None:
