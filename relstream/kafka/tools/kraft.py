@@ -11,7 +11,6 @@ three nodes, the replication that a cluster of three allows.
 from __future__ import annotations
 
 import base64
-import contextlib
 import ctypes
 import fcntl
 import signal
@@ -209,11 +208,17 @@ class KraftCluster:
             self.stop_node(node, max(0.1, deadline - time.monotonic()))
 
 
+try:  # looked up here: nothing is loaded in a child between fork and exec
+    _PRCTL = ctypes.CDLL(None).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
 def _terminate_with_parent() -> None:
     """In the child before it runs Java: SIGTERM when the parent dies (Linux's
     PR_SET_PDEATHSIG; the parent's thread, so main threads only: `start_node`)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 def _check_unused(folder: Path) -> None:
