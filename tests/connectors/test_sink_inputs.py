@@ -28,7 +28,8 @@ VALUES = {f"k{i}": {"review": f"text {i}", "stars": i % 5} for i in range(ROWS)}
 def sink_cli(broker, topics, target, *options: str) -> None:
     command = [sys.executable, "-m", "relstream", "sink", str(target), "--bootstrap"]
     command += [broker.bootstrap, "--prefix", topics.prefix, "--group", f"s-{target.suffix}"]
-    subprocess.run([*command, *options], capture_output=True, timeout=60, check=True)
+    # 120 s: a sink may itself wait up to 60 s for its group (`RelstreamClient.results`)
+    subprocess.run([*command, *options], capture_output=True, timeout=120, check=True)
 
 
 def jsonl_rows(path) -> list[dict]:

@@ -1,7 +1,7 @@
 """Three Apache Kafka nodes (`relstream broker --nodes 3`): the pipeline keeps its promises
 while the leader of a results partition, and later the active controller, is SIGKILLed and
 started again. Every row is answered, and a `read_committed` reader sees one result per
-relQuery (docs/drills/kafka-three-nodes.md runs it longer, on several seeds)."""
+relQuery (docs/drills/kafka-three-nodes.md: its runs and what falls short)."""
 
 import json
 import os
