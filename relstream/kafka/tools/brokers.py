@@ -79,16 +79,24 @@ async def coordinators_ready(bootstrap: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     try:
         for kind in (CoordinationType.GROUP, CoordinationType.TRANSACTION):
-            while True:
-                try:
-                    await client.coordinator_lookup(kind, "relstream-broker-ready")
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.2)
+            await _until_done(
+                lambda kind=kind: client.coordinator_lookup(kind, "relstream-broker-ready"),
+                deadline, 0.2,
+            )  # fmt: skip
     finally:
         await client.close()
+
+
+async def _until_done(attempt, deadline: float, pause: float):
+    """`await attempt()` until it returns, `pause` s between tries; the last error is
+    raised once `deadline` (monotonic) has passed."""
+    while True:
+        try:
+            return await attempt()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(pause)
 
 
 def _ensure_free(port: int) -> None:
@@ -206,20 +214,13 @@ class EmbeddedBroker:
             kept.setdefault(self.topics.retention_ms(topic, self.keep_days), {})[topic] = partitions
         deadline = time.monotonic() + timeout
         for retention, topics in kept.items():
-            while True:
-                try:
-                    await create_topics(
-                        self.bootstrap,
-                        topics,
-                        configs={"retention.ms": str(retention)},
-                        replication=self.topics.replication,
-                        min_insync=self.topics.min_insync,
-                    )
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.5)
+            await _until_done(
+                lambda topics=topics, retention=retention: create_topics(
+                    self.bootstrap, topics, configs={"retention.ms": str(retention)},
+                    replication=self.topics.replication, min_insync=self.topics.min_insync,
+                ),
+                deadline, 0.5,
+            )  # fmt: skip
 
     def _wait_until_ready(self, timeout: float) -> None:
         """Ready when every node answers Metadata on its own address."""
