@@ -397,3 +397,25 @@ def test_results_follow_says_when_its_broker_is_out_and_back_and_reads_on(tmp_pa
         broker.stop()
     said = err.read_text()
     assert said.count("does not answer") == 1 and "Traceback" not in said, said
+
+
+def test_a_group_reader_joins_once_knowing_its_topics_partitions(broker, caplog):
+    # kafka-python joined first without the topic's metadata (no partitions to assign),
+    # then again once it came; a poll that ran out while that second join was in flight
+    # left the member joined to nothing for good (kafka-python 3.0.12: the join is only
+    # driven while a rejoin is "needed", and its own assignment made it not needed): a
+    # sink on a loaded machine failed "given no partition within 60 s" (CI). A reader
+    # now learns the topic's partitions before it joins, and joins once.
+    import logging
+
+    from relstream.client import RelstreamClient
+
+    topics = Topics(prefix=f"j{uuid.uuid4().hex[:6]}.")
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    asyncio.run(produce(broker.bootstrap, topics.results, [result(i) for i in range(4)]))
+    caplog.set_level(logging.INFO, logger="kafka.coordinator")
+    with RelstreamClient(broker.bootstrap, topics.prefix, broker_kind=broker.kind) as client:
+        read = list(client.results(f"g-{uuid.uuid4().hex[:6]}", join_timeout=20))
+    assert sorted(r.id for r in read) == [f"q{i}" for i in range(4)]
+    joins = [r for r in caplog.records if r.getMessage().startswith("Successfully joined")]
+    assert len(joins) == 1, [r.getMessage() for r in caplog.records]
