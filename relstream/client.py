@@ -209,6 +209,7 @@ class RelstreamClient:
         join_timeout: float = JOIN_TIMEOUT_S,
         stop: Callable[[], bool] = lambda: False,
         before_commit: Callable[[], None] = lambda: None,
+        on_caught_up: Callable[[], None] = lambda: None,
     ) -> Iterator[ResultMessage]:
         """Results from the group's committed offsets, committing each batch once the
         caller asked for the next, so only what it handled; with no group, every result
@@ -219,7 +220,8 @@ class RelstreamClient:
         raises ResultsUnavailable if the group gives it none within `join_timeout`. An
         unreadable result is skipped, reported to `on_unreadable(offset, reason)`. Ends,
         following or not, at the first poll (every POLL_MS) after `stop()` is true.
-        `before_commit()` runs before each commit (a sink makes what it stored durable)."""
+        `before_commit()` runs before each commit (a sink makes what it stored durable);
+        with no group, `on_caught_up()` once the ends found at the start are read."""
         joiner = ResultJoiner()  # a big result comes in parts: the user sees it whole
 
         def may_commit() -> bool:
@@ -238,6 +240,7 @@ class RelstreamClient:
             join_timeout,
             may_commit,
             stop,
+            on_caught_up,
         )
         for message in messages:
             whole = joiner.add(message)

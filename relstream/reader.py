@@ -50,11 +50,15 @@ class TopicReader:
         join_timeout: float = JOIN_TIMEOUT_S,
         may_commit: Callable[[], bool] = lambda: True,
         stop: Callable[[], bool] = lambda: False,
+        on_caught_up: Callable[[], None] = lambda: None,
     ) -> Iterator[M]:
         """Messages of `topic` as in `results`; a batch is committed once handled, and only
-        when `may_commit()` (a result's parts still missing hold the commit back)."""
+        when `may_commit()` (a result's parts still missing hold the commit back). With no
+        group, `on_caught_up()` runs once the ends found at the start are read."""
         if group is None:
-            yield from self._look(topic, message_type, follow, idle_seconds, on_unreadable, stop)
+            yield from self._look(
+                topic, message_type, follow, idle_seconds, on_unreadable, stop, on_caught_up
+            )
             return
         # A static member (as engines and workers are): the same reader run again after
         # a kill takes its partitions back at once, not after its session times out.
@@ -112,6 +116,7 @@ class TopicReader:
         idle_seconds: float,
         on_unreadable: Callable[[int, str], None] | None,
         stop: Callable[[], bool] = lambda: False,
+        on_caught_up: Callable[[], None] = lambda: None,
     ) -> Iterator[M]:
         """Messages of `topic` from its log start, with no consumer group: to the ends found
         at the start (true ends, `bounds.extents`), then on while following or until
@@ -128,6 +133,7 @@ class TopicReader:
                     return
                 last = time.monotonic()
                 yield from self._decoded({None: [record]}, message_type, on_unreadable)
+            on_caught_up()
             if not found or (not follow and idle_seconds <= 0):
                 return
             consumer.assign(list(found))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import click
 
 from relstream.cli.common import (
@@ -16,6 +18,7 @@ from relstream.cli.common import (
 from relstream.cli.show import print_result, print_skipped
 from relstream.kafka.clients.security import KafkaSecurity
 from relstream.kafka.clients.topics import Topics
+from relstream.wire.windowid import WindowId
 
 
 @click.command()
@@ -43,30 +46,76 @@ def results(
     from relstream.client import RelstreamClient
 
     show_logs("relstream.client")  # an outage said, not waited through in silence
+    chosen = Chosen(queries, ids)
     try:
         with (
             stop_signals() as stop,
             RelstreamClient(bootstrap, prefix, security, broker_kind) as client,
         ):
+            topic = client.topics.results
+
+            def caught_up() -> None:  # following: a name that matched nothing is said now
+                for line in chosen.missing(topic):
+                    console.print(f"{line}; waiting for new results", markup=False)
+
             results = client.results(
-                follow=follow, idle_seconds=0, on_unreadable=print_skipped, stop=stop
+                follow=follow,
+                idle_seconds=0,
+                on_unreadable=print_skipped,
+                stop=stop,
+                on_caught_up=caught_up if follow else lambda: None,
             )
             for result in results:
-                if _chosen(result.id, queries, ids):
+                if chosen(result.id):
                     print_result(result, None if every_row else SHOWN_ROWS)
+            interrupted = stop()
     except KeyboardInterrupt:  # a second Ctrl-C (`stop_signals`): no "Aborted!"
-        pass
+        return
+    missing = chosen.missing(topic)
+    if missing and not follow and not interrupted:  # read to the end: none there
+        raise click.ClickException("\n".join(missing))
 
 
 SHOWN_ROWS = 3  # rows `results` prints of each relQuery unless --all
 
 
-def _chosen(relquery_id: str, queries: tuple[str, ...], ids: tuple[str, ...]) -> bool:
-    """Whether `results --query/--id` asked for this relQuery (all when neither is given):
-    a window's id starts with its query's name and a dash."""
-    if not queries and not ids:
-        return True
-    return relquery_id in ids or any(relquery_id.startswith(f"{q}-") for q in queries)
+class Chosen:
+    """Which relQueries `results --query/--id` asked for (all when neither is given): a
+    window's query read from its id (`WindowId.query_of`), never by prefix, so `review`
+    is not `review-sentiment`. It keeps the query names met, to say of one that matched
+    nothing which exist, and the nearest (a typo)."""
+
+    def __init__(self, queries: tuple[str, ...], ids: tuple[str, ...]) -> None:
+        self.queries, self.ids = set(queries), set(ids)
+        self.met: set[str] = set()  # query names of the results read (few: one a query)
+        self.found: set[str] = set()  # the asked ids met
+
+    def __call__(self, relquery_id: str) -> bool:
+        query = WindowId.query_of(relquery_id)
+        if query is not None:
+            self.met.add(query)
+        if relquery_id in self.ids:
+            self.found.add(relquery_id)
+        if not self.queries and not self.ids:
+            return True
+        return relquery_id in self.ids or query in self.queries
+
+    def missing(self, topic: str) -> list[str]:
+        """One line for each asked query or id no result had."""
+        known = sorted(self.met)
+        listed = ", ".join(known[:MET_SHOWN]) + (", ..." if len(known) > MET_SHOWN else "")
+        there = f"; queries with results there: {listed}" if known else "; it holds none"
+        lines = []
+        for query in sorted(self.queries - self.met):
+            near = difflib.get_close_matches(query, known, n=1, cutoff=0.6)
+            hint = f" (did you mean --query {near[0]}?)" if near else ""
+            lines.append(f"no result of query {query!r} on {topic}{hint}{there}")
+        for relquery_id in sorted(self.ids - self.found):
+            lines.append(f"no result with id {relquery_id!r} on {topic}")
+        return lines
+
+
+MET_SHOWN = 10  # query names listed where an asked one matched nothing
 
 
 @click.command()

@@ -290,6 +290,38 @@ def test_results_count_rows_by_status_show_the_unanswered_first_and_filter(broke
     assert "q7 1 rows: ok 1" in every and "r3: answer 3" in every and "more rows" not in every
 
 
+def test_results_of_an_unknown_query_say_which_exist_and_a_query_is_never_a_prefix(broker):
+    # `results --query sentimnet` (a typo) printed nothing and exited 0; `--query review`
+    # also showed the windows of `review-sentiment` (ids were matched by prefix).
+    prefix = f"u{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+
+    def window(query: str) -> tuple[bytes, bytes]:
+        message = ResultMessage(
+            id=f"{query}-0-0@1764000000000",
+            rows=[ResultRow(key="r0", status="ok", output=f"{query} answer")],
+            latency=None, policy="relstream", model="test", completed_at=time.time(),
+        )  # fmt: skip
+        return message.id.encode(), encode(message)
+
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    messages = [window("review-sentiment"), window("review")]
+    asyncio.run(produce(broker.bootstrap, topics.results, messages))
+    reader = ("results", "--bootstrap", broker.bootstrap, "--prefix", prefix)
+    typo = relstream(*reader, "--query", "review-sentimnet")
+    assert typo.returncode == 1, typo.stdout + typo.stderr
+    said = " ".join(typo.stderr.split())
+    assert (
+        f"no result of query 'review-sentimnet' on {topics.results} (did you mean --query "
+        "review-sentiment?); queries with results there: review, review-sentiment" in said
+    ), said
+    only = relstream(*reader, "--query", "review")
+    assert only.returncode == 0 and "review answer" in only.stdout, only.stdout + only.stderr
+    assert "review-sentiment" not in only.stdout, only.stdout
+    unknown_id = relstream(*reader, "--id", "q404")
+    assert unknown_id.returncode == 1 and "no result with id 'q404'" in unknown_id.stderr
+
+
 def test_the_workers_logs_are_plain_text_when_not_on_a_terminal(default_broker, tmp_path):
     # Redirected to a file (as under systemd or `> worker.log`), no terminal codes.
     config = tmp_path / "queries.toml"
