@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 )  # fmt: skip
 @click.option(
     "--max-model-len", default=2048, show_default=True, type=click.IntRange(16),
-    help="With --estimate: the engine's --max-model-len (longer prompts are not asked).",
+    help="The engine's --max-model-len: with --config, rows whose prompt is longer are "
+    "named before anything is sent (with --strict, refused); the model is never asked them.",
 )  # fmt: skip
 @click.option("--table", required=True, help="Table name: rows go to <prefix>rows.<table>.")
 @click.option("--key-column", default=None, help="Column holding each row's key.")
@@ -160,6 +161,7 @@ def produce(
     if estimate:
         _estimate(readers or [], rows[skip:], source, max_model_len)
         return
+    _check_lengths(readers or [], rows[skip:], source, max_model_len, strict)
     read = None if readers is None else bool(readers)
     _produce_rows(bootstrap, prefix, table, rows, security, read, strict, create, skip)
 
@@ -206,21 +208,37 @@ def _check_columns(
         console.print(f"[yellow]warning: {said}[/]", highlight=False)
 
 
-def _estimate(
-    readers: list[QueryRegistration], rows: list[RowMessage], source: str, max_model_len: int
+def _check_lengths(
+    readers: list[QueryRegistration],
+    rows: list[RowMessage],
+    source: str,
+    max_model_len: int,
+    strict: bool,
 ) -> None:
-    """Each reading query's prompt tokens for `rows`, as one relQuery (nothing sent)."""
-    from rich.table import Table
+    """Rows whose prompt (with its output budget) is over the context are answered with an
+    error row, never asked: a warning naming a few and their lengths, before anything is
+    sent (`strict`: a refusal). The estimate's count (`sim.estimate`)."""
+    for registration, found in _estimates(readers, rows, max_model_len):
+        if not found.too_long:
+            continue
+        named = ", ".join(f"{key!r} ({n:,} tokens)" for key, n in found.too_long_examples)
+        more = ", ..." if found.too_long > len(found.too_long_examples) else ""
+        said = (
+            f"query {registration.name!r}: {found.too_long} of {len(rows)} rows of {source} "
+            f"have a prompt over the context (--max-model-len {max_model_len} less "
+            f"{registration.max_output_tokens} output tokens): {named}{more}; the engine "
+            "answers them with an error row"
+        )
+        if strict:
+            raise click.ClickException(f"{said} (--strict: nothing was sent)")
+        console.print(f"[yellow]warning: {said}[/]", highlight=False)
 
+
+def _estimates(readers: list[QueryRegistration], rows: list[RowMessage], max_model_len: int):
+    """(registration, `Estimate`) for each reading query, as one relQuery of `rows`."""
     from relstream.model import RelQuery, Row
     from relstream.sim.estimate import estimate
 
-    table = Table(
-        "query", "rows", "asked", "prompt tokens", "in shared blocks", "output tokens at most",
-        "not asked", title=f"{source}: {len(rows)} rows, nothing sent",
-        caption="SmolLM2's tokenizer and a 16-token block; rows not asked: null or empty "
-        "input, a missing column, or a prompt over the context",
-    )  # fmt: skip
     for registration in readers:
         relquery = RelQuery(
             registration.name, registration.template, [Row(r.key, r.values) for r in rows],
@@ -228,7 +246,22 @@ def _estimate(
             output=registration.output, fields=registration.fields,
         )  # fmt: skip
         with console.status(f"tokenizing {len(rows):,} prompts of {registration.name}"):
-            found = estimate(relquery, max_model_len)
+            yield registration, estimate(relquery, max_model_len)
+
+
+def _estimate(
+    readers: list[QueryRegistration], rows: list[RowMessage], source: str, max_model_len: int
+) -> None:
+    """Each reading query's prompt tokens for `rows`, as one relQuery (nothing sent)."""
+    from rich.table import Table
+
+    table = Table(
+        "query", "rows", "asked", "prompt tokens", "in shared blocks", "output tokens at most",
+        "not asked", title=f"{source}: {len(rows)} rows, nothing sent",
+        caption="SmolLM2's tokenizer and a 16-token block; rows not asked: null or empty "
+        "input, a missing column, or a prompt over the context",
+    )  # fmt: skip
+    for registration, found in _estimates(readers, rows, max_model_len):
         table.add_row(
             registration.name, f"{found.rows:,}", f"{found.runnable:,}",
             f"{found.prompt_tokens:,}", f"{found.prefix_cached_share:.0%}",

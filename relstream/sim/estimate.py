@@ -12,13 +12,14 @@ Tokenized `TOKENIZE_BATCH` rows at a time; memory: one hash per distinct block s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relstream.engine.tokenizer import chatml_prompt, encode_batch
 from relstream.model import RelQuery, RowRequest, prepare_row
 from relstream.sim.kvcache import block_hashes
 
 TOKENIZE_BATCH = 256
+EXAMPLES = 3  # rows too long kept by key, to name them
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Estimate:
     output_budget: int = 0  # max_output_tokens per runnable row: at most this many
     too_long: int = 0  # rows whose prompt and output budget exceed the context
     unrunnable: int = 0  # rows refused before the model (null, empty, a missing column)
+    too_long_examples: list[tuple[str, int]] = field(default_factory=list)  # key, tokens
 
     @property
     def prefix_cached_share(self) -> float:
@@ -45,11 +47,14 @@ def estimate(relquery: RelQuery, context_tokens: int, block_size: int = 16) -> E
     seen: set[int] = set()
     most = context_tokens - relquery.max_output_tokens
     batch: list[str] = []
+    keys: list[str] = []  # the batch's rows'
 
     def count(prompts: list[str]) -> None:
-        for tokens in encode_batch(prompts):
+        for key, tokens in zip(keys, encode_batch(prompts), strict=True):
             if len(tokens) > most:
                 found.too_long += 1
+                if len(found.too_long_examples) < EXAMPLES:
+                    found.too_long_examples.append((key, len(tokens)))
                 continue
             found.runnable += 1
             found.prompt_tokens += len(tokens)
@@ -65,9 +70,10 @@ def estimate(relquery: RelQuery, context_tokens: int, block_size: int = 16) -> E
             found.unrunnable += 1
             continue
         batch.append(chatml_prompt(prepared.prompt, relquery.system_prompt))
+        keys.append(prepared.row_key)
         if len(batch) == TOKENIZE_BATCH:
             count(batch)
-            batch = []
+            batch, keys = [], []
     if batch:
         count(batch)
     return found

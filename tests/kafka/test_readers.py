@@ -150,6 +150,35 @@ def test_producing_to_a_table_no_query_reads_warns_and_strict_sends_nothing(
     assert f"{prefix}rows.reveiws2" not in asyncio.run(create_topics(default_broker.bootstrap, {}))
 
 
+def test_a_row_too_long_for_the_model_is_named_when_produced(default_broker, tmp_path):
+    # `produce --estimate` said "not asked 1"; plain `produce` said nothing, and the row
+    # came back as an error row.
+    prefix = f"l{uuid.uuid4().hex[:6]}."
+    config = tmp_path / "queries.toml"
+    config.write_text(
+        '[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{review}"\n'
+        "max_output_tokens = 8\n"
+    )
+    table = tmp_path / "rows.csv"
+    table.write_text(f"id,review\nr1,fine\nr2,{'word ' * 600}\n")  # r2: ~600 tokens
+    args = ("produce", str(table), "--bootstrap", default_broker.bootstrap, "--prefix", prefix)
+    args += ("--key-column", "id", "--config", str(config), "--table", "reviews")
+    args += ("--max-model-len", "512")
+    strict = relstream(*args, "--strict")
+    said = " ".join(strict.stderr.split())
+    assert strict.returncode == 1 and "(--strict: nothing was sent)" in said, said
+    sent = relstream(*args)
+    said = " ".join(sent.stdout.split())
+    assert sent.returncode == 0 and "produced 2 rows" in said, said + sent.stderr
+    assert re.search(
+        r"warning: query 'q': 1 of 2 rows of \S+ have a prompt over the context "
+        r"\(--max-model-len 512 less 8 output tokens\): 'r2' \(\d{3} tokens\); the engine "
+        r"answers them with an error row", said
+    ), said  # fmt: skip
+    fits = relstream(*args[:-2])  # 2048 tokens: both fit
+    assert "warning" not in fits.stdout and "produced 2 rows" in fits.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
