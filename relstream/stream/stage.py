@@ -50,11 +50,13 @@ from relstream.kafka.membership.static import rejoin, start_waiting, stop_leavin
 from relstream.placement.book import Demand, demand_of
 from relstream.placement.readers import AsyncLoadReader
 from relstream.stream.commits import WindowCommits, commit_all, row_letters
+from relstream.stream.newest import say_missing_columns
 from relstream.stream.registrations import QueryRegistration
 from relstream.stream.windowing import (
     PartitionWindows,
     RowRejection,
     Window,
+    needed_columns,
     relquery_for_window,
     window_priority,
 )
@@ -123,6 +125,10 @@ class WindowStage:
         await self._choose_delivery()
         await start_waiting(None, log, settings.bootstrap, self._producer, self._consumer)
         rows_topic = settings.topics.rows(self.registration.table)
+        await say_missing_columns(
+            self.registration.name, needed_columns(self.registration), settings.bootstrap,
+            rows_topic, settings.security, settings.broker_kind,
+        )  # fmt: skip
         log.info(
             "query %s: windows of %s, each relQuery under %d bytes",
             self.registration.name,

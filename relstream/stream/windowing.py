@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from relstream.stream.columns import hint, lacking
 from relstream.stream.registrations import QueryRegistration
 from relstream.wire import MessageError, RelQueryMessage, RelQueryRow, RowMessage, encode
 from relstream.wire.convert import output_message, sampling_fields
@@ -95,14 +96,19 @@ def check_row(
         return RowRejection(
             f"row of table {row.table!r} on the topic of table {registration.table!r}"
         )
-    needed = (*registration.template.columns, *registration.fields)
-    missing = [c for c in dict.fromkeys(needed) if c not in row.values]
+    missing = lacking(needed_columns(registration), row.values)
     if missing:
         names = ", ".join("{" + c + "}" for c in missing)
         return RowRejection(
             f"row {row.key!r} lacks column(s) {names} that query {registration.name!r} uses"
+            + hint(missing, row.values)
         )
     return row
+
+
+def needed_columns(registration: QueryRegistration) -> tuple[str, ...]:
+    """The columns each row must have: its template's, or its free fields."""
+    return (*registration.template.columns, *registration.fields)
 
 
 def window_priority(registration: QueryRegistration, first_ms: int, now: float) -> int:

@@ -17,7 +17,7 @@ from relstream.kafka.clients.aio import BROKER_CHECK_S, produce
 from relstream.kafka.clients.creation import create_topics
 from relstream.kafka.clients.topics import Topics
 from relstream.kafka.tools.brokers import DEFAULT_BROKER, EmbeddedBroker
-from relstream.wire import ResultMessage, encode
+from relstream.wire import ResultMessage, RowMessage, encode
 from relstream.wire.convert import dead_letter_message
 from relstream.wire.messages import ResultRow
 
@@ -372,6 +372,35 @@ def test_the_workers_logs_are_plain_text_when_not_on_a_terminal(default_broker, 
         logs, _ = worker.communicate(timeout=60)
     assert "INFO query q: windows of" in logs
     assert "\x1b" not in logs and "\b" not in logs, repr(logs)
+
+
+def test_a_template_column_no_row_has_is_said_at_the_workers_start(default_broker, tmp_path):
+    # `{reveiw}`: the worker started without a word and dead-lettered every row.
+    prefix = f"m{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(default_broker.bootstrap, topics.layout(("reviews",))))
+    row = RowMessage(table="reviews", key="k1", values={"review": "fine", "stars": 4})
+    asyncio.run(produce(default_broker.bootstrap, topics.rows("reviews"), [(b"k1", encode(row))]))
+    config = tmp_path / "queries.toml"
+    config.write_text('[[query]]\nname = "q"\ntable = "reviews"\ntemplate = "{reveiw}"\n')
+    ready = tmp_path / "ready"
+    worker = subprocess.Popen(
+        [str(stream_bin() / "relstream"), "worker", "--config", str(config), "--bootstrap",
+         default_broker.bootstrap, "--prefix", prefix, "--ready-file", str(ready),
+         "--app-id", f"a{uuid.uuid4().hex[:6]}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: ready.exists() or worker.poll() is not None, 90, "the worker ready")
+    finally:
+        worker.terminate()
+        logs, _ = worker.communicate(timeout=60)
+    said = " ".join(logs.split())
+    assert (
+        f"query 'q' uses {{reveiw}}, which the newest row of {topics.rows('reviews')} ('k1') "
+        "lacks (it has review, stars; did you mean {review} for {reveiw}?): every row "
+        "without it is dead-lettered" in said
+    ), said
 
 
 def test_an_interrupted_produce_says_what_the_broker_has_and_skip_sends_the_rest(

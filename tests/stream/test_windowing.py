@@ -226,6 +226,11 @@ def test_an_instruction_with_free_fields_reaches_every_window(tmp_path):
     assert (message.template, message.fields) == ("Rate this.", ["title", "text"])
     lacking = encode(RowMessage(table="t", key="k", values={"title": "x"}))
     assert "lacks column(s) {text}" in check_row(registration, lacking).reason
+    typo = encode(RowMessage(table="t", key="k", values={"title": "x", "txet": "y"}))
+    assert check_row(registration, typo).reason == (
+        "row 'k' lacks column(s) {text} that query 'q' uses (it has title, txet; did you "
+        "mean {txet} for {text}?)"
+    )
     for extra in ('template = "{x}"', ""):  # both, or an instruction without fields
         path.write_text(f'[[query]]\nname = "q"\ntable = "t"\ninstruction = "I"\n{extra}\n')
         with pytest.raises(RegistrationError, match="a template, or an instruction with"):
