@@ -175,10 +175,10 @@ def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
 
 def group_members(bootstrap: str, group: str) -> list[str]:
     """The members of `group` as the broker describes them (Tansu's answer included:
-    `kafka.tools.inspect.group_members`); [] where it describes none."""
+    `kafka.tools.groups.group_members`); [] where it describes none."""
     from kafka import KafkaAdminClient
 
-    from relstream.kafka.tools.inspect import group_members as described
+    from relstream.kafka.tools.groups import group_members as described
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:

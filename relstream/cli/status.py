@@ -54,6 +54,7 @@ def status(bootstrap: str, prefix: str, security: KafkaSecurity, watch: float | 
 
 
 def show(found, bootstrap: str, names) -> None:
+    from relstream.kafka.tools.groups import COUNTED
     from relstream.kafka.tools.inspect import STALE_REPORT_S, TAIL_MESSAGES
     from relstream.placement.choice import IDLE_EXPIRY_S
 
@@ -68,11 +69,13 @@ def show(found, bootstrap: str, names) -> None:
         "replicas",
         "messages",
         title=f"topics at {bootstrap}",
-        caption="end − start offsets; a compacted topic may hold fewer",
+        caption="records a reader finds (transaction markers not counted); ≤: offsets, "
+        f"where a partition holds over {COUNTED:,} or was not read in time",
     )
     for topic in found.topics:
         replicas = "?" if topic.replication is None else str(topic.replication)
-        topics.add_row(topic.name, str(topic.partitions), replicas, str(topic.messages))
+        messages = f"{'' if topic.counted else '≤'}{topic.messages}"
+        topics.add_row(topic.name, str(topic.partitions), replicas, messages)
     console.print(topics)
     for topic in found.topics:
         if topic.under_replicated:

@@ -11,6 +11,7 @@ its start, never "until idle": on a live pipeline an engine writes every second.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -136,3 +137,14 @@ class Span:
                     self.unread.discard(partition)
                     consumer.pause(partition)
                     moved = time.monotonic()
+
+
+def count_records(consumer, spans: dict, deadline: float | None) -> dict:
+    """The records a reader finds in each span (partition -> (first, end) offsets): for
+    a `read_committed` consumer, transaction markers and aborted records are not counted.
+    Only the spans read to their end by `deadline` are in the answer."""
+    if not spans:
+        return {}
+    span = Span(consumer, spans, deadline)
+    found = Counter((record.topic, record.partition) for record in span)
+    return {p: found[(p.topic, p.partition)] for p in spans if p not in span.unread}

@@ -20,10 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from relstream.kafka.clients.bounds import Extent, Span, extents, partitions
+from relstream.kafka.clients.bounds import Extent, Span, count_records, extents, partitions
 from relstream.kafka.clients.security import PLAINTEXT, KafkaSecurity
 from relstream.kafka.clients.sync import sync_admin, sync_consumer
 from relstream.kafka.clients.topics import Topics
+from relstream.kafka.tools.groups import (
+    COUNTED,
+    GroupLag,
+    group_lag,
+    group_names,
+    member_counts,
+)
 from relstream.wire import DeadLetterMessage, LoadReportMessage, MessageError, MetricsMessage
 from relstream.wire.formats import decode_record, is_load_report
 
@@ -38,24 +45,16 @@ STALE_REPORT_S = 30.0
 HELD_LOOK_S = 1.5  # a partition held this long at one offset is named held
 PROBE_S = 1.0  # an engine's metrics endpoint not answering in this long: not known
 PROBES = 16  # engines probed at once
-COUNTED = 10_000  # a group's gap read and its records counted, at most (offsets beyond)
 
 
 @dataclass(frozen=True)
 class TopicSize:
     name: str
     partitions: int
-    messages: int  # end minus start offsets, over its partitions (records, unless gaps)
+    messages: int  # records a reader finds, over its partitions (`counted`), else offsets
     replication: int | None = None  # replicas per partition (the fewest); None: not told
     under_replicated: tuple[int, ...] = ()  # partitions with fewer in sync than replicas
-
-
-@dataclass(frozen=True)
-class GroupLag:
-    group: str
-    stage: str  # what the group is, from the topics it reads: worker, engines, readers
-    lag: dict[str, int]  # topic -> records after the committed offsets a reader can read
-    members: int | None  # None where the broker would not say
+    counted: bool = True  # False: some partition's offsets stand for its records (at most)
 
 
 @dataclass(frozen=True)
@@ -138,17 +137,6 @@ def example_key(letter: DeadLetterMessage) -> str:
     return f"{letter.topic}[{letter.partition}]@{letter.offset}"
 
 
-def stage_of(topics: Topics, read: set[str]) -> str:
-    """What a consumer group is, from the topics it has committed offsets on."""
-    if any(name.startswith(topics.rows("")) for name in read):
-        return "worker"
-    if topics.relqueries in read:
-        return "engines"
-    if read & {topics.results, topics.partial_results}:
-        return "results reader"
-    return "reader"
-
-
 def pipeline_status(
     bootstrap: str, topics: Topics, security: KafkaSecurity = PLAINTEXT, within: float = STATUS_S
 ) -> PipelineStatus:
@@ -159,19 +147,13 @@ def pipeline_status(
         names = sorted(n for n in admin.list_topics() if n.startswith(topics.prefix))
         parts = partitions(consumer, names)
         found = extents(consumer, parts, highwaters=_highwaters(bootstrap, security, parts))
-        replicas = replication(admin, names)
-        sizes = [
-            TopicSize(
-                name,
-                sum(p.topic == name for p in found),
-                sum(extent.offsets for p, extent in found.items() if p.topic == name),
-                *replicas.get(name, (None, ())),
-            )
-            for name in names
+        sizes = _sizes(consumer, names, found, replication(admin, names), deadline)
+        lags = [
+            group_lag(admin, consumer, group, topics, found, deadline)
+            for group in group_names(admin)
         ]
-        lags = [_lag(admin, consumer, group, topics, found, deadline) for group in _groups(admin)]
         lags = [lag for lag in lags if lag.lag]
-        members = _members(admin, [lag.group for lag in lags])
+        members = member_counts(admin, [lag.group for lag in lags])
         groups = [GroupLag(g.group, g.stage, g.lag, members.get(g.group)) for g in lags]
         metrics = _tail(consumer, found, topics.metrics, deadline)
         records = list(metrics)  # at most TAIL_MESSAGES: metrics and load reports
@@ -196,6 +178,30 @@ def pipeline_status(
     return PipelineStatus(sizes, groups, engines, causes, unread, cut, held)
 
 
+def _sizes(
+    consumer, names: list[str], found: dict[object, Extent], replicas: dict, deadline: float
+) -> list[TopicSize]:
+    """Each topic's records a reader finds now (up to an open transaction), counted where
+    a partition holds at most COUNTED offsets and is read in time (transaction markers
+    take offsets: one relQuery answered exactly once is 2), else its offsets (`counted`
+    False: at most that many)."""
+    visible = {p: (e.start, e.stable) for p, e in found.items() if e.stable > e.start}
+    spans = {p: span for p, span in visible.items() if span[1] - span[0] <= COUNTED}
+    records = count_records(consumer, spans, deadline)
+    # A partition not counted: its offsets up to an open transaction, at most its records.
+    sizes = {p: records.get(p, end - start) for p, (start, end) in visible.items()}
+    return [
+        TopicSize(
+            name,
+            sum(p.topic == name for p in found),
+            sum(n for p, n in sizes.items() if p.topic == name),
+            *replicas.get(name, (None, ())),
+            counted=all(p in records for p in visible if p.topic == name),
+        )
+        for name in names
+    ]
+
+
 def replication(admin, names: list[str]) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Per topic: its replicas per partition (the fewest) and the partitions whose in-sync
     replicas are fewer than their replicas; empty where the broker would not describe them."""
@@ -210,9 +216,7 @@ def replication(admin, names: list[str]) -> dict[str, tuple[int, tuple[int, ...]
             continue
         under = tuple(
             sorted(
-                p["partition_index"]
-                for p in parts
-                if len(p["isr_nodes"]) < len(p["replica_nodes"])
+                p["partition_index"] for p in parts if len(p["isr_nodes"]) < len(p["replica_nodes"])
             )
         )
         found[topic["name"]] = (min(len(p["replica_nodes"]) for p in parts), under)
@@ -239,88 +243,6 @@ def _highwaters(bootstrap: str, security: KafkaSecurity, parts: list) -> dict:
         return consumer.end_offsets(parts) if parts else {}
     finally:
         consumer.close()
-
-
-def _groups(admin) -> list[str]:
-    return sorted(entry["group_id"] for entry in admin.list_groups())
-
-
-def _lag(admin, consumer, group: str, topics: Topics, found: dict, deadline: float) -> GroupLag:
-    """The group's lag on the pipeline's topics (those it has no offsets on left out): the
-    records a `read_committed` reader finds after its committed offsets, up to where an
-    open transaction holds a partition. A gap of at most COUNTED offsets is read and its
-    records counted (transaction markers take offsets too: an idle exactly-once pipeline
-    lags 0); a longer one, or one not read in time, counts its offsets."""
-    committed = admin.list_group_offsets(group).get(group, {})
-    lag: Counter[str] = Counter()
-    counted: dict[object, tuple[int, int]] = {}
-    for partition, offset in committed.items():
-        if partition in found and offset.offset >= 0:
-            extent = found[partition]
-            # A commit before the log start (retention took the rest) lags from the start.
-            first = max(offset.offset, extent.start)
-            lag[partition.topic] += max(0, extent.stable - first)
-            if 0 < extent.stable - first <= COUNTED:
-                counted[partition] = (first, extent.stable)
-    if counted:
-        span = Span(consumer, counted, deadline)
-        records = Counter((record.topic, record.partition) for record in span)
-        for partition, (first, end) in counted.items():
-            if partition not in span.unread:  # read: its records, not its offsets
-                lag[partition.topic] += records[tuple(partition)] - (end - first)
-    return GroupLag(group, stage_of(topics, set(lag)), dict(lag), None)
-
-
-def _members(admin, groups: list[str]) -> dict[str, int]:
-    """Members of each group the broker describes; {} where it does not."""
-    return {group: len(found) for group, found in group_members(admin, groups).items()}
-
-
-def group_members(admin, groups: list[str]) -> dict[str, list[str]]:
-    """The members of each group the broker describes, as `client_id@host`; {} where it
-    does not. Tansu marks its answer with authorized operations kafka-python's parser
-    refuses (even when not asked for them), so there the request is sent again and its
-    answer read as it came."""
-    if not groups:
-        return {}
-    try:
-        described = admin.describe_groups(groups)
-        return {
-            group: [_member(m["client_id"], m["client_host"]) for m in about["members"]]
-            for group, about in described.items()
-        }
-    except ValueError:  # "15 is not a valid ACLOperation": Tansu's answer
-        pass
-    except Exception:  # a broker that does not describe groups: members not told
-        return {}
-    try:
-        return _members_as_answered(admin, groups)
-    except Exception:  # kafka-python's internals moved: members not told
-        return {}
-
-
-def _member(client_id: str, host: str) -> str:
-    return f"{client_id}@{host.lstrip('/')}"
-
-
-def _members_as_answered(admin, groups: list[str]) -> dict[str, list[str]]:
-    from kafka.protocol.admin import DescribeGroupsRequest
-
-    async def describe() -> dict[str, list[str]]:
-        members = {}
-        coordinators = await admin._find_coordinator_ids(groups)
-        for coordinator in set(coordinators.values()):
-            asked = [group for group in groups if coordinators[group] == coordinator]
-            request = DescribeGroupsRequest(groups=asked, include_authorized_operations=False)
-            response = await admin._manager.send(request, node_id=coordinator)
-            for group in response.groups:
-                if not group.error_code:
-                    members[group.group_id] = [
-                        _member(m.client_id, m.client_host) for m in group.members
-                    ]
-        return members
-
-    return admin._manager.run(describe)
 
 
 def _tail(consumer, found: dict[object, Extent], topic: str, deadline: float) -> Span:

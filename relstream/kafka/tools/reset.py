@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relstream.kafka.clients.bounds import extents, partitions
-from relstream.kafka.tools.inspect import group_members
+from relstream.kafka.tools.groups import group_members
 from relstream.kafka.tools.replay import parse_time
 from relstream.kafka.tools.windowstarts import Snap, record_stamp, snap
 
