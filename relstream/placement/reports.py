@@ -23,11 +23,10 @@ import hmac
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 
-from relstream.backend import RelQueryBackend
 from relstream.kafka.clients.supervise import supervised
 from relstream.kafka.delivery.publish import publish_best_effort
 from relstream.placement.choice import EngineLoad
@@ -40,6 +39,9 @@ LOAD_HEARTBEAT_S = 300.0  # an unchanged report is repeated this often (`IDLE_EX
 HEADERS = [(KIND_HEADER, LoadReportMessage.kind.encode())]
 SECRET_ENV = "RELSTREAM_ANSWER_SECRET"  # the engines' secret (service/answercache.py)
 MAC_CONTEXT = b"relstream.load_report.v1\0"
+# The engine's load now (its backend's `load`), None while it cannot tell: placement is
+# given the function, not the backend, so it never imports the layer below it.
+LoadNow = Callable[[], Load | None]
 
 
 def engines_secret() -> bytes | None:
@@ -94,13 +96,14 @@ def engine_load(report: LoadReportMessage) -> EngineLoad:
 
 
 def load_report(
-    backend: RelQueryBackend, consumer, topic: str, engine: str, listens: str | None = None
+    load_now: LoadNow, consumer, topic: str, engine: str, listens: str | None = None
 ):
-    """The engine's report now, or None where its backend cannot tell its load yet, or
+    """The engine's report now, or None where its backend cannot tell its load yet
+    (`load_now()`, the backend's `load`, returns None), or
     tells one that is not finite. `listens`: a port the engine listens on while it runs
     (`listening`). The report carries each field of `Load` under its name (the wire's
     form of the one type, `placement/load.py`)."""
-    load = backend.load()
+    load = load_now()
     if load is None:
         return None
     owned = sorted(p.partition for p in consumer.assignment() if p.topic == topic)
@@ -114,12 +117,12 @@ def load_report(
     return report if report.finite else None
 
 
-async def report_load(backend: RelQueryBackend, consumer, producer, config, engine: str) -> None:
+async def report_load(load_now: LoadNow, consumer, producer, config, engine: str) -> None:
     """Publish the engine's report every `config.load_report_s` seconds until cancelled
     (`config`: the service's, naming its topics); nothing where that is 0. Restarted
     (logged, with backoff) if it dies."""
     if config.load_report_s > 0:
-        run = lambda: _report_load(backend, consumer, producer, config, engine)  # noqa: E731
+        run = lambda: _report_load(load_now, consumer, producer, config, engine)  # noqa: E731
         await supervised("the load reporter", run)
 
 
@@ -133,13 +136,13 @@ def due(report: LoadReportMessage, last: LoadReportMessage | None, heartbeat_s: 
     return msgspec.structs.replace(report, at=last.at) != last
 
 
-async def _report_load(backend: RelQueryBackend, consumer, producer, config, engine: str):
+async def _report_load(load_now: LoadNow, consumer, producer, config, engine: str):
     topics = config.topics
     secret = config.answer_secret or engines_secret()
     last = None
     async with listening(config.metrics_host, config.metrics_port) as listens:
         while True:
-            report = load_report(backend, consumer, topics.relqueries, engine, listens)
+            report = load_report(load_now, consumer, topics.relqueries, engine, listens)
             if report is not None and due(report, last, config.load_heartbeat_s):
                 value = encode(signed(report, secret))
                 await publish_best_effort(producer, topics.metrics, value, engine.encode(),

@@ -147,7 +147,8 @@ class KafkaService:
             config.bootstrap, config.topics.control, self.cancel, self._dead_letter,
             config.broker, config.security,
         )  # fmt: skip
-        report = report_load(self.backend, self._consumer, self._producer, config, self.engine_name)
+        load_now, engine = self.backend.load, self.engine_name
+        report = report_load(load_now, self._consumer, self._producer, config, engine)
         tasks = [control, self.loop_lag.run(), report]  # report: its load, for placement
         followers = [asyncio.create_task(task) for task in tasks]  # each restarts if it dies
         if answers is not None:

@@ -224,10 +224,10 @@ def test_every_field_of_a_load_crosses_the_wire_under_its_name():
     load = Load(7.5, 0.001, 0.02, (0, 2, 1), ("t1", "t0"), ((1, 2.5), (0, 5.0)))
     backend = SimpleNamespace(load=lambda: load)
     consumer = SimpleNamespace(assignment=lambda: {TopicPartition("rq", 3), TopicPartition("x", 1)})
-    report = load_report(backend, consumer, "rq", "e1")
+    report = load_report(backend.load, consumer, "rq", "e1")
     assert (report.engine, report.topic, report.partitions) == ("e1", "rq", [3])
     assert engine_load(decode(LoadReportMessage, encode(report))).load == load
-    assert load_report(SimpleNamespace(load=lambda: None), consumer, "rq", "e1") is None
+    assert load_report(lambda: None, consumer, "rq", "e1") is None
 
 
 def test_a_reports_class_work_crosses_the_wire():
