@@ -64,10 +64,37 @@ class DemoOptions:
     policy: str = DEFAULT_POLICY
     broker: str = DEFAULT_BROKER
     timeout: float = 600.0
+    keep_logs: bool = False  # the worker's and engine's logs kept (they are on a failure)
+
+
+# What the results table's latency columns mean (docs/architecture: the paper's §2.1).
+COLUMNS = (
+    "seconds: queued, sent until the engine took it from Kafka; waiting, until its first "
+    "row's prefill; core, until its last prefill ended; tail, until its last answer "
+    "ended; total, their sum"
+)
+
+
+def _show_queries(console: Console) -> None:
+    """Each query's question, once, as the worker asks it of every row."""
+    from relstream.stream.registrations import load_registrations
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as file:
+        file.write(QUERIES)
+        file.flush()
+        registrations = load_registrations(Path(file.name))
+    for registration in registrations:
+        text = registration.template.text.replace("\n", " ")
+        answers = ""
+        if registration.output is not None and registration.output.choices:
+            answers = f" (answers: {' or '.join(registration.output.choices)})"
+        said = f"query {registration.name} asks of each row: {text}{answers}"
+        console.print(said, highlight=False, markup=False, soft_wrap=True)
 
 
 def run_demo(options: DemoOptions, console: Console) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="relstream-demo-"))
+    done = False
     broker = EmbeddedBroker(options.broker, data_dir=workdir / "broker", tables=("reviews",))
     processes: list[subprocess.Popen] = []
     try:
@@ -102,23 +129,27 @@ def run_demo(options: DemoOptions, console: Console) -> int:
                 workdir / "engine.log",
             )
         )
-        console.print(
-            f"worker and engine ({options.backend}, {options.policy}) starting; logs in {workdir}"
-        )
+        console.print(f"worker and engine ({options.backend}, {options.policy}) starting")
         with console.status("waiting for the worker and the engine (the model loads first)"):
             started = time.monotonic()
             ready_files = [workdir / "worker.ready", workdir / "engine.ready"]
             wait_ready(ready_files, processes, options.timeout)
         console.print(f"worker and engine ready after {time.monotonic() - started:.1f} s")
         rows = list(read_rows(SAMPLE, "reviews", "review_id"))
+        _show_queries(console)
         results = asyncio.run(_produce_and_follow(broker, rows, options, console, processes))
         _print_results(console, results)
-        return 0 if results else 1
+        done = bool(results)
+        return 0 if done else 1
     finally:
         stop_all(processes)
         broker.stop()
         shutil.rmtree(workdir / "broker", ignore_errors=True)
-        console.print("stopped worker, engine and broker")
+        if done and not options.keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+            console.print("stopped worker, engine and broker")
+        else:
+            console.print(f"stopped worker, engine and broker; their logs are in {workdir}")
 
 
 async def _produce_and_follow(
@@ -155,7 +186,7 @@ async def _produce_and_follow(
 
 
 def _print_results(console: Console, results: list[ResultMessage]) -> None:
-    table = Table(title="relQueries answered")
+    table = Table(title="relQueries answered", caption=COLUMNS)
     components = ("queued", "waiting", "core", "tail", "total")
     for column in ("relQuery", "rows", *components, "first output"):
         table.add_column(
@@ -187,12 +218,17 @@ def _print_results(console: Console, results: list[ResultMessage]) -> None:
 @policy_option
 @broker_choice(DEFAULT_BROKER, "The broker: Apache Kafka, or tansu (memory only).")
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait for results.")
-def demo(backend: str, policy: str, broker_kind: str, timeout: float) -> None:
+@click.option(
+    "--keep-logs", is_flag=True,
+    help="Keep the worker's and engine's logs (a temporary folder, named at the end); "
+    "they are kept anyway when the demo fails.",
+)  # fmt: skip
+def demo(backend: str, policy: str, broker_kind: str, timeout: float, keep_logs: bool) -> None:
     """Broker, worker and engine on the bundled sample table, answered live."""
     if broker_kind == "tansu":
         require("broker")
     try:
-        code = run_demo(DemoOptions(backend, policy, broker_kind, timeout), console)
+        code = run_demo(DemoOptions(backend, policy, broker_kind, timeout, keep_logs), console)
     except (RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc) or "timed out waiting for results") from None
     raise SystemExit(code)

@@ -351,19 +351,27 @@ def test_your_own_agent_filters_and_enriches_rows_before_they_are_windowed(broke
 
 
 @pytest.mark.slow
-def test_demo_command_runs_the_whole_path():
+def test_demo_command_runs_the_whole_path(tmp_path):
+    # It also shows each query's question once and what the latency columns mean, and
+    # leaves no folder behind (it left its logs in the temp dir) unless asked to.
     import sys
 
+    env = {**os.environ, "RELSTREAM_STREAM_BIN": str(stream_bin()), "TMPDIR": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-m", "relstream", "demo", "--backend", "sim", "--timeout", "120"],
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "RELSTREAM_STREAM_BIN": str(stream_bin())},
+        env=env,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "relQueries answered" in result.stdout
-    assert "stopped worker, engine and broker" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert "relQueries answered" in said
+    assert "stopped worker, engine and broker" in said and "logs are in" not in said
+    assert said.count("query defects asks of each row: Does this review report") == 1, said
+    assert "(answers: Yes or No)" in said and "query summary asks of each row:" in said
+    assert "waiting, until its first row's prefill" in said, said
+    assert not list(tmp_path.glob("relstream-demo-*")), list(tmp_path.iterdir())
 
 
 ESSAY_TOKENS = 48  # the essay runs to this limit; a capital stops after a few tokens
