@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 
 import click
@@ -161,10 +162,19 @@ def sink(
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
     except ConnectionError as exc:  # PostgreSQL not reached: one line naming it
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # a folder it may not write in, a full disk: nothing read
+        raise click.ClickException(f"cannot store results in {target} ({exc}); 0 stored, "
+                                   "none read") from None  # fmt: skip
     from relstream.client import ResultsUnavailable
 
     show_logs("relstream.client")  # an outage said, not waited through in silence
-    written = 0
+    written = kept = 0  # results written, and of those made durable (committed after)
+
+    def sync() -> None:
+        nonlocal kept
+        store.sync()
+        kept = written
+
     try:
         with (
             stop_signals() as stop,
@@ -173,16 +183,21 @@ def sink(
             # The client commits a batch only once every result in it is stored and
             # made durable (`store.sync`): a crash or a full disk loses nothing.
             results = client.results(
-                group, follow, on_unreadable=print_skipped, stop=stop, before_commit=store.sync
+                group, follow, on_unreadable=print_skipped, stop=stop, before_commit=sync
             )
-            try:
-                for result in results:
-                    written += bool(store.write(result))
-            except OSError as exc:  # a full disk: what was not stored stays unread
-                raise click.ClickException(
-                    f"could not store results in {target} ({exc}); what was not stored "
-                    f"whole is cut from it, and group {group!r} has not moved past it"
-                ) from None
+            # Closed here, not at exit: its consumer leaves the group before the process
+            # ends (left to the interpreter's exit, its close hung a failed sink).
+            with contextlib.closing(results):
+                try:
+                    for result in results:
+                        written += bool(store.write(result))
+                except OSError as exc:  # a full disk: what was not stored stays unread
+                    raise click.ClickException(
+                        f"could not store results in {target} ({exc}): {kept} new results "
+                        "stored; none after them (those written since were cut from the "
+                        f"file), and group {group!r} has not moved past them: run again "
+                        "once there is room"
+                    ) from None
     except ResultsUnavailable as exc:
         raise click.ClickException(f"{exc}; stored {written} results in {target}") from None
     except KeyboardInterrupt:  # a second Ctrl-C: what was stored, then quiet

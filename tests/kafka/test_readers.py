@@ -86,6 +86,41 @@ def test_the_readme_second_sink_stores_every_result_too(default_broker, tmp_path
 
 
 @pytest.mark.slow
+def test_a_sink_that_cannot_write_stops_with_one_line_saying_what_it_stored(broker, tmp_path):
+    # A full disk (a 40 KiB file-size limit): the sink neither exited nor said anything
+    # for 120 s (its reader's close was left to the interpreter's exit).
+    import resource
+
+    prefix = f"d{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    asyncio.run(create_topics(broker.bootstrap, topics.layout()))
+    rows = [ResultRow(key=f"r{i}", status="ok", output="x" * 500) for i in range(100)]
+    big = ResultMessage(
+        id="q-big", rows=rows, latency=None, policy="relstream", model="test",
+        completed_at=time.time(),
+    )  # fmt: skip
+    messages = [result(0), (b"q-big", encode(big))]
+    asyncio.run(produce(broker.bootstrap, topics.results, messages))
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 1024, 40 * 1024))
+
+    command = [sys.executable, "-m", "relstream", "sink", str(tmp_path / "out.jsonl")]
+    command += ["--bootstrap", broker.bootstrap, "--prefix", prefix]
+    started = time.monotonic()
+    full = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, preexec_fn=small_files
+    )
+    said = " ".join(full.stderr.split())
+    assert full.returncode == 1 and time.monotonic() - started < 60, said
+    assert re.search(r"could not store results in \S+ \(\[Errno 27\] File too large\): "
+                     r"\d new results stored; none after them", said), said  # fmt: skip
+    assert "Traceback" not in full.stderr
+    denied = relstream("sink", "/proc/out.jsonl", "--bootstrap", broker.bootstrap)
+    assert denied.returncode == 1 and "cannot store results in /proc/out.jsonl" in denied.stderr
+
+
+@pytest.mark.slow
 def test_a_reader_stopped_before_storing_leaves_its_group_where_it_was(broker):
     # A sink that dies (or whose store fails) after taking results from a batch but
     # before storing them must not have moved its group past them.
