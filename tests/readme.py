@@ -67,6 +67,20 @@ class Session:
     workdir: Path
     ports: dict[str, int]  # the README's port -> the one used here
     services: list[tuple[subprocess.Popen, Path]] = field(default_factory=list)
+    # What a terminal keeps between commands: a block's `export`, `mkdir` and `cd` lines,
+    # run again before each later command (each runs in a shell of its own, from workdir).
+    prelude: list[str] = field(default_factory=list)
+
+    def keeps(self, command: str) -> bool:
+        """Whether `command` sets the terminal up (kept in the prelude, not run alone)."""
+        if command.split()[0] in ("export", "mkdir", "cd"):
+            self.prelude.append(command)
+            return True
+        return False
+
+    def shell(self, command: str) -> list[str]:
+        """The argv that runs `command` as a terminal set up by the prelude would."""
+        return ["bash", "-c", "\n".join([*self.prelude, command])]
 
     def here(self, text: str) -> str:
         for default, port in self.ports.items():
@@ -87,7 +101,7 @@ class Session:
         log = self.workdir / f"service-{len(self.services)}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
-                ["bash", "-c", command],
+                self.shell(command),
                 cwd=self.workdir,
                 stdout=out,
                 stderr=subprocess.STDOUT,

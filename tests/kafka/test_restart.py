@@ -249,7 +249,10 @@ def test_a_worker_started_while_the_broker_restarts_waits_for_it(tmp_path):
         time.sleep(3.0)
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()
         broker.start()
-        launch.wait_ready([ready], [worker], 120)
+        try:
+            launch.wait_ready([ready], [worker], 120)
+        except RuntimeError as exc:  # it exited: what it said
+            raise AssertionError(f"{exc}:\n{(tmp_path / 'worker.log').read_text()}") from None
     finally:
         worker.terminate()
         worker.wait(60)

@@ -95,7 +95,10 @@ def new_client(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: A
 
 
 START_RETRY_S = 1.0  # between a service's starts no broker answered
-BROKER_CHECK_S = 10.0  # how long an engine waits for its broker before loading a model
+# How long an engine or a worker waits for its broker at its start (an engine before it
+# loads its model): an Apache Kafka broker restarting takes 5-20 s on a loaded 2-core
+# machine (the JVM, then its logs), so a worker restarted beside it waits it out.
+BROKER_CHECK_S = 30.0
 
 
 class BrokerSilent(ConnectionError):
