@@ -41,6 +41,7 @@ from relstream.wire import (
 )
 from relstream.wire.convert import relquery_message
 from relstream.wire.formats import Format, decode_record
+from relstream.wire.letters import ReplayedMessage
 from relstream.wire.messages import MAX_ROW_BYTES
 from relstream.wire.parts import ResultJoiner
 
@@ -258,6 +259,11 @@ class RelstreamClient:
         yield from self._reader.read(
             topic, DeadLetterMessage, None, follow, idle_seconds, stop=stop
         )
+
+    def replay_marks(self, stop: Callable[[], bool] = lambda: False) -> Iterator[ReplayedMessage]:
+        """The marks `relstream replay` left on the dead-letter topic, to its end now."""
+        topic = self.topics.deadletter
+        yield from self._reader.read(topic, ReplayedMessage, None, False, 0, stop=stop)
 
     def _result_ends(self) -> dict:
         from kafka import TopicPartition

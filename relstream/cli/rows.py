@@ -213,31 +213,59 @@ def sink(
 @bootstrap_option
 @prefix_option
 @click.option("--follow", is_flag=True, help="Keep waiting for new dead letters.")
+@click.option(
+    "--waiting", is_flag=True,
+    help="Only the letters `relstream replay` has not sent back (those it did are marked).",
+)  # fmt: skip
 @broker_kind_option
 @security_options
 def deadletters(
-    bootstrap: str, prefix: str, follow: bool, broker_kind: str | None, security: KafkaSecurity
+    bootstrap: str,
+    prefix: str,
+    follow: bool,
+    waiting: bool,
+    broker_kind: str | None,
+    security: KafkaSecurity,
 ) -> None:
     """Print every dead letter (bad input the worker or an engine refused) with its reason,
-    from the beginning (joining no consumer group), then a count per cause."""
+    from the beginning (joining no consumer group), each one `relstream replay` sent back
+    marked with when, then a count per cause."""
+    from datetime import datetime
+
     from relstream.client import RelstreamClient
     from relstream.kafka.tools.inspect import DeadLetterCauses
+    from relstream.kafka.tools.replay import replayed_at
+    from relstream.wire.letters import letter_ref
 
     causes = DeadLetterCauses()
+    replayed = 0  # letters shown (or, with --waiting, passed over) as sent back
     try:
         with (
             stop_signals() as stop,
             RelstreamClient(bootstrap, prefix, security, broker_kind) as client,
         ):
+            sent_back = replayed_at(client.replay_marks(stop=stop))  # read first: marks follow
             for letter in client.dead_letters(follow=follow, idle_seconds=0, stop=stop):
+                when = sent_back.get(letter_ref(letter))
+                replayed += when is not None
+                if waiting and when is not None:
+                    continue
                 causes.add(letter)
                 cut = " (cut)" if letter.truncated else ""
                 where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+                back = ""
+                if when is not None:
+                    back = f" [replayed {datetime.fromtimestamp(when):%Y-%m-%d %H:%M:%S}]"
                 console.print(
-                    f"{where} {letter.original_size} bytes{cut}: {letter.reason}", markup=False
+                    f"{where} {letter.original_size} bytes{cut}{back}: {letter.reason}",
+                    markup=False,
                 )
     except KeyboardInterrupt:  # a second Ctrl-C: the count, then quiet
         pass
-    console.print(f"{causes.total()} dead letters")
+    if waiting:
+        console.print(f"{causes.total()} dead letters waiting ({replayed} replayed not shown)")
+    else:
+        back = f" ({replayed} of them replayed)" if replayed else ""
+        console.print(f"{causes.total()} dead letters{back}")
     for line in causes.lines():
         console.print(f"  {line}", markup=False)

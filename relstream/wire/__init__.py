@@ -12,11 +12,11 @@ from relstream.wire.codec import (
     encode,
     validate,
 )
+from relstream.wire.kinds import KINDS
+from relstream.wire.letters import DeadLetterMessage, ReplayedMessage
 from relstream.wire.messages import (
-    KINDS,
     AnswerMessage,
     ControlMessage,
-    DeadLetterMessage,
     Latency,
     LoadReportMessage,
     Message,
@@ -45,6 +45,7 @@ __all__ = [
     "PartialResultMessage",
     "RelQueryMessage",
     "RelQueryRow",
+    "ReplayedMessage",
     "ResultMessage",
     "ResultRow",
     "RowMessage",

@@ -18,8 +18,8 @@ from relstream.model import (
 )
 from relstream.outputspec import OutputKind, OutputSpec, OutputSpecError, Sampling
 from relstream.wire.codec import MessageError
+from relstream.wire.letters import DeadLetterMessage
 from relstream.wire.messages import (
-    DeadLetterMessage,
     Latency,
     MetricsMessage,
     PartialResultMessage,

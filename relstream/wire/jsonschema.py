@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from relstream.wire.messages import KINDS
+from relstream.wire.kinds import KINDS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_BASE_URI = "https://relstream.dev/schemas/"

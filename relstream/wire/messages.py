@@ -314,32 +314,6 @@ class LoadReportMessage(Message, tag=WIRE_VERSION, kw_only=True):
         return all(map(math.isfinite, [*numbers, *(work for _, work in self.class_work)]))
 
 
-class DeadLetterMessage(Message, tag=WIRE_VERSION, kw_only=True):
-    """A message relstream could not use, with why (key: the original key, cut to a
-    bound). The original bytes are kept up to a bound below the producer's request limit,
-    so a letter always fits; `original_size` and `original_sha256` describe them whole."""
-
-    kind: ClassVar[str] = "dead_letter"
-    original: Annotated[
-        bytes, Meta(description="the bytes received, the first `original_size` or fewer")
-    ]
-    original_size: Annotated[int, Meta(ge=0, description="bytes the message had")] = 0
-    original_sha256: Annotated[str, Meta(description="hex SHA-256 of all its bytes")] = ""
-    truncated: Annotated[bool, Meta(description="`original` holds only its first bytes")] = False
-    key: bytes | None = None
-    topic: str
-    partition: int | None = None
-    offset: int | None = None
-    reason: NonEmpty
-    at: Finite
-    row_keys: Annotated[
-        list[str],
-        Meta(description="keys of the rows the original held (a relQuery's), as many as fit "
-                         "in 256 KiB; `row_count` says how many it held"),
-    ] = msgspec.field(default_factory=list)  # fmt: skip
-    row_count: Annotated[int, Meta(ge=0, description="rows the original held; 0: not known")] = 0
-
-
 class ControlMessage(Message, tag=WIRE_VERSION, kw_only=True):
     """A request to the engines, on the control topic: `cancel` names a relQuery whose
     unfinished rows are to be stopped (its result then has them "cancelled")."""
@@ -374,17 +348,3 @@ class AnswerMessage(Message, tag=ANSWER_VERSION, kw_only=True):
     text: str
     output_tokens: Annotated[int, Meta(ge=0, le=MAX_OUTPUT_TOKENS)]
     mac: Annotated[bytes, Meta(min_length=32, max_length=32)]
-
-
-MESSAGE_TYPES: tuple[type[Message], ...] = (
-    RowMessage,
-    RelQueryMessage,
-    ResultMessage,
-    PartialResultMessage,
-    MetricsMessage,
-    DeadLetterMessage,
-    ControlMessage,
-    AnswerMessage,
-    LoadReportMessage,
-)
-KINDS: dict[str, type[Message]] = {t.kind: t for t in MESSAGE_TYPES}

@@ -158,6 +158,16 @@ def test_a_fixed_template_takes_its_dead_letters_back(broker, tmp_path):
         row["output"] for line in sink.read_text().splitlines() for row in json.loads(line)["rows"]
     ]
     assert all(output.startswith("Positive or negative? text") for output in outputs)
+    # After `replay` ("sent 6 dead letters back") `deadletters` listed them with nothing
+    # saying they went back: now each is marked, and --waiting shows only the rest.
+    reader = [*RELSTREAM, "deadletters", "--bootstrap", broker.bootstrap, "--prefix",
+              topics.prefix]  # fmt: skip
+    listed = subprocess.run(reader, capture_output=True, text=True, timeout=60).stdout
+    said = " ".join(listed.split())
+    assert said.count("[replayed 20") == ROWS and f"{ROWS} dead letters ({ROWS} of them" in said
+    waiting = subprocess.run([*reader, "--waiting"], capture_output=True, text=True, timeout=60)
+    said = " ".join(waiting.stdout.split())
+    assert f"0 dead letters waiting ({ROWS} replayed not shown)" in said, said
 
 
 def test_a_letter_too_large_to_keep_whole_goes_back_read_again_where_it_came(default_broker):

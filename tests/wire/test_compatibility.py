@@ -33,7 +33,7 @@ from relstream.wire import (
     decode,
     encode,
 )
-from relstream.wire.messages import MESSAGE_TYPES
+from relstream.wire.kinds import MESSAGE_TYPES
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "schemas"
 RELEASES = ("80b905e", "5e404c3")

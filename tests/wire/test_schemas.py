@@ -103,6 +103,12 @@ GOOD = {
         "reason": "not valid msgpack",
         "at": NOW,
     },
+    "replayed": {
+        "version": 1,
+        "letters": [{"topic": "relstream.rows.reviews", "partition": 0, "offset": 7}],
+        "to": "relstream replay",
+        "at": NOW,
+    },
 }
 
 

@@ -305,14 +305,16 @@ async def produce(
     messages: Iterable[tuple[bytes | None, bytes]],
     on_sent: Callable[[], None] | None = None,
     security: KafkaSecurity = PLAINTEXT,
+    headers: list[tuple[str, bytes]] | None = None,
     **producer_options: Any,
 ) -> int:
-    """Send (key, value) pairs to `topic` and wait until the broker has them all."""
+    """Send (key, value) pairs to `topic`, each with `headers`, and wait until the broker
+    has them all."""
     sent = 0
     producer = new_producer(bootstrap, security, **producer_options)
     async with running(producer):
         for key, value in messages:
-            await producer.send(topic, value, key=key)
+            await producer.send(topic, value, key=key, headers=headers)
             sent += 1
             if on_sent:
                 on_sent()

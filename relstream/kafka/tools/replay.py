@@ -8,7 +8,9 @@ window with a new id, so it is answered once. A letter whose bytes were cut to f
 (`truncated`) goes back as its original read again from its topic, partition and offset
 while the topic keeps it (`refetch`); one whose original is gone is counted apart.
 Replaying the same letters twice sends them twice: choose them by reason, origin topic
-and time (`LetterFilter`).
+and time (`LetterFilter`). A replay then marks the letters it sent back on the dead-letter
+topic (`ReplayedMessage`, `marks`), so `relstream deadletters` says which went back and
+when (`replayed_at`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from relstream.wire import DeadLetterMessage
+from relstream.wire.letters import MAX_MARKED, LetterRef, ReplayedMessage, letter_ref
+from relstream.wire.messages import KIND_HEADER
+
+MARK_HEADERS = [(KIND_HEADER, ReplayedMessage.kind.encode())]  # a mark among the letters
 
 
 def parse_time(text: str) -> float:
@@ -74,6 +80,7 @@ class ReplayPlan:
     cut: list[DeadLetterMessage] = field(default_factory=list)  # chosen, bytes cut: refetch
     skipped: int = 0  # not chosen by the filter
     by_topic: Counter[str] = field(default_factory=Counter)
+    refs: list[LetterRef] = field(default_factory=list)  # of the letters sent whole
 
     @property
     def count(self) -> int:
@@ -97,4 +104,22 @@ def plan_replay(letters: Iterable[DeadLetterMessage], chosen: LetterFilter) -> R
         else:
             plan.messages.setdefault(letter.topic, []).append((letter.key, letter.original))
             plan.by_topic[letter.topic] += 1
+            plan.refs.append(letter_ref(letter))
     return plan
+
+
+def marks(refs: list[LetterRef], at: float) -> list[ReplayedMessage]:
+    """The marks naming `refs` as replayed at `at`, `MAX_MARKED` letters a mark."""
+    return [
+        ReplayedMessage(letters=refs[i : i + MAX_MARKED], to="relstream replay", at=at)
+        for i in range(0, len(refs), MAX_MARKED)
+    ]
+
+
+def replayed_at(found: Iterable[ReplayedMessage]) -> dict[LetterRef, float]:
+    """When each letter the marks name was last replayed."""
+    when: dict[LetterRef, float] = {}
+    for mark in found:
+        for ref in mark.letters:
+            when[ref] = max(when.get(ref, mark.at), mark.at)
+    return when
