@@ -9,11 +9,12 @@ below the partition's committable offset, so Faust commits only there. `measure`
 from the worker's environment as it starts `relstream worker` (this file run as a script,
 `worker` and the arguments of `relstream worker` that the streaming benchmark passes).
 
-`measure` runs the streaming benchmark's window-stage measurement (as
-`relstream_lab.streaming.run.window_throughput`: worker warmed, rows produced live, rows/s to the
-last relQuery) on one embedded Tansu broker, alternating the real worker and the
-prototype, and also takes the CPU seconds the worker process spent on those rows (rows
-per CPU-second: what one core would sustain, whatever else the machine runs). It prints
+`measure` runs the streaming benchmark's window-stage measurement itself
+(`relstream_lab.streaming.run.window_throughput`: worker warmed, rows rounded to whole
+windows and produced live, rows/s to the last relQuery, the CPU seconds the worker process
+spent on them: rows per CPU-second, what one core would sustain whatever else the machine
+runs) on one embedded Tansu broker, alternating the real worker and the prototype. The
+prototype, like the real stage, also closes windows by a timer when no row comes. It prints
 the figures as JSON. Run from the engine's environment:
 
     relstream-lab bench faust-agent \\
@@ -71,6 +72,22 @@ def _worker(args: argparse.Namespace) -> None:
     cutters: dict[int, PartitionWindows] = {}
     held: dict[int, deque] = defaultdict(deque)  # events not yet acknowledged, in order
 
+    async def publish(closed: list) -> None:
+        sent = []
+        for window in closed:
+            window_id = window.window_id(registration.name)
+            value = encode(relquery(registration, window.rows, window_id))
+            sent.append(await relqueries.send(key=b"k", value=value))  # any key will do
+        await asyncio.gather(*sent)  # every relQuery on the broker before an ack
+
+    def expired() -> list:
+        now = time.time()
+        return [w for c in cutters.values() if (w := c.expire(now, 1.0)) is not None]
+
+    @app.timer(interval=0.1)
+    async def expire_by_clock():  # as the real stage: a window closes with no row coming
+        await publish(expired())
+
     @app.agent(rows_topic, name=f"window-{registration.name}")
     async def window(stream):
         async for events in stream.noack_take(10_000, within=0.1):
@@ -89,16 +106,7 @@ def _worker(args: argparse.Namespace) -> None:
                     row = None if isinstance(checked, RowRejection) else checked
                 held[message.partition].append(event)
                 closed += cutter.add(message.offset, message.timestamp, row)
-            now = time.time()
-            for cutter in cutters.values():
-                if (expired := cutter.expire(now, 1.0)) is not None:
-                    closed.append(expired)
-            sent = []
-            for window in closed:
-                window_id = window.window_id(registration.name)
-                value = encode(relquery(registration, window.rows, window_id))
-                sent.append(await relqueries.send(key=b"k", value=value))  # any key will do
-            await asyncio.gather(*sent)  # every relQuery on the broker before an ack
+            await publish(closed + expired())
             for partition, cutter in cutters.items():
                 waiting, limit = held[partition], cutter.committable()
                 while waiting and waiting[0].message.offset < limit:
@@ -129,62 +137,17 @@ def measure(stream_python: str, rows: int, repeats: int) -> None:
 
 def _window_stage(broker, rows: int, command: list[str], workdir: Path) -> dict:
     """The streaming benchmark's window-stage run (`streambench.window_throughput`: warmed,
-    then `rows` produced live, round-robin, timed to the last relQuery), plus the CPU
-    seconds the worker process (all its threads) spent on the timed rows."""
-    import uuid
-
-    import psutil
-
-    from relstream.kafka.clients.aio import Subscription
-    from relstream.kafka.clients.creation import create_topics
-    from relstream.kafka.clients.topics import Topics
-    from relstream.launch import start_worker
+    then `rows` rounded to whole windows, produced live, round-robin, timed to the last
+    relQuery), with the rows per CPU-second of the worker process."""
     from relstream_lab.streaming import run as streambench
 
-    topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
-    warm = streambench.THROUGHPUT_WINDOW_ROWS * topics.partitions
-    config = workdir / "throughput.toml"
-    config.write_text(
-        '[[query]]\nname = "t"\ntable = "items"\ntemplate = "Rate {text}"\n'
-        f"window_seconds = 1.0\nmax_rows = {streambench.THROUGHPUT_WINDOW_ROWS}\n"
-        "max_output_tokens = 4\n"
-    )
-    asyncio.run(create_topics(broker.bootstrap, topics.layout(("items",))))
-    log = workdir / "worker.log"
-    worker = start_worker(command, broker, config, log, topics, f"tp-{uuid.uuid4().hex[:6]}")
-    process = psutil.Process(worker.pid)
-
-    async def timed() -> dict:
-        subscription = Subscription(
-            broker.bootstrap, topics.relqueries, broker_kind=broker.kind, timeout=600
-        )
-        async with subscription as relqueries:
-            await asyncio.gather(
-                streambench._produce_items(broker, topics, range(warm)),
-                streambench._last_relquery_stamp(relqueries, warm),
-            )
-            cpu = sum(process.cpu_times()[:2])
-            started = time.time()
-            _, last = await asyncio.gather(
-                streambench._produce_items(broker, topics, range(warm, warm + rows)),
-                streambench._last_relquery_stamp(relqueries, rows),
-            )
-            cpu = sum(process.cpu_times()[:2]) - cpu
-        return {
-            "rows_per_second": round(rows / (last - started)),
-            "rows_per_cpu_second": round(rows / cpu),
-            "load_average": os.getloadavg()[0],
-        }
-
-    try:
-        return asyncio.run(timed())
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except Exception:
-            worker.kill()
-            worker.wait()
+    found = streambench.window_throughput(broker, rows, command, workdir)
+    return {
+        "rows": found["rows"],
+        "rows_per_second": round(found["rows_per_second"]),
+        "rows_per_cpu_second": round(found["rows"] / found["cpu_seconds"]),
+        "load_average": os.getloadavg()[0],
+    }
 
 
 def main() -> None:

@@ -196,7 +196,10 @@ def window_throughput(broker, rows: int, stream_command: list[str], workdir: Pat
     partitions so that every window closes by its row count, never by time. Rows/s runs
     from the first row produced to the broker timestamp of the relQuery that completes
     the count, so it counts the worker's fetching, decoding, windowing and producing,
-    and is bounded by this process's producer where that is slower."""
+    and is bounded by this process's producer where that is slower. `cpu_seconds`: what
+    the worker process (all its threads) spent over the timed rows."""
+    import psutil
+
     from relstream.launch import start_worker
 
     topics = Topics(prefix=f"w{uuid.uuid4().hex[:6]}.")
@@ -216,8 +219,11 @@ def window_throughput(broker, rows: int, stream_command: list[str], workdir: Pat
         topics,
         f"tp-{uuid.uuid4().hex[:6]}",
     )
+    process = psutil.Process(worker.pid)
     try:
-        return asyncio.run(_time_stage(broker, topics, window_rows, rows))
+        return asyncio.run(
+            _time_stage(broker, topics, window_rows, rows, lambda: sum(process.cpu_times()[:2]))
+        )
     finally:
         worker.terminate()
         try:
@@ -226,7 +232,9 @@ def window_throughput(broker, rows: int, stream_command: list[str], workdir: Pat
             worker.kill()
 
 
-async def _time_stage(broker, topics: Topics, warm_rows: int, rows: int) -> dict:
+async def _time_stage(
+    broker, topics: Topics, warm_rows: int, rows: int, cpu: Callable[[], float]
+) -> dict:
     subscription = Subscription(
         broker.bootstrap, topics.relqueries, broker_kind=broker.kind, timeout=600
     )
@@ -235,16 +243,19 @@ async def _time_stage(broker, topics: Topics, warm_rows: int, rows: int) -> dict
             _produce_items(broker, topics, range(warm_rows)),
             _last_relquery_stamp(relqueries, warm_rows),
         )
+        spent = cpu()
         started = time.time()
         produced, last = await asyncio.gather(
             _produce_items(broker, topics, range(warm_rows, warm_rows + rows)),
             _last_relquery_stamp(relqueries, rows),
         )
+        spent = cpu() - spent
     return {
         "rows": rows,
         "seconds": last - started,
         "rows_per_second": rows / (last - started),
         "producer_rows_per_second": rows / (produced - started),
+        "cpu_seconds": spent,
     }
 
 
