@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-from msgspec import Meta
+from msgspec import NODEFAULT, Meta
 
 from relstream.model import Template, TemplateError
 from relstream.outputspec import OutputSpec, OutputSpecError, Sampling
@@ -45,18 +45,10 @@ from relstream.wire.codec import MessageError, convert
 from relstream.wire.messages import (
     MAX_RELQUERY_ROWS,
     Choices,
-    DeadlineSeconds,
-    FreeFields,
     OutputTokens,
-    Priority,
+    QuerySettings,
     Regex,
-    ResultFormat,
-    Seed,
-    StopStrings,
-    SystemPrompt,
-    Temperature,
     TemplateText,
-    TopP,
 )
 
 TopicSafeName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
@@ -66,50 +58,52 @@ class RegistrationError(ValueError):
     pass
 
 
-class _Written(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One [[query]] table as written, held to the bounds of the relquery message its
-    windows become (`relstream.wire.messages`)."""
+class _Written(QuerySettings, forbid_unknown_fields=True, kw_only=True):
+    """One [[query]] table as written: the relQuery settings its windows carry, declared
+    once with their bounds and defaults (`wire.messages.QuerySettings`), and the
+    registration's own."""
 
     name: TopicSafeName
     table: TopicSafeName
     template: TemplateText | None = None
     instruction: TemplateText | None = None  # with `fields`, instead of a template
-    fields: FreeFields | None = None
     window_seconds: Annotated[float, Meta(gt=0)] = 2.0
     max_rows: Annotated[int, Meta(ge=1, le=MAX_RELQUERY_ROWS)] = 100
-    max_output_tokens: OutputTokens = 16
-    system_prompt: SystemPrompt | None = None
+    max_output_tokens: OutputTokens = 16  # required on the wire, defaulted here
     choices: Choices | None = None
     json_schema: dict[str, Any] | None = None
     regex: Regex | None = None
-    temperature: Temperature = 0.0
-    top_p: TopP = 1.0
-    seed: Seed | None = None
-    stop: StopStrings = msgspec.field(default_factory=list)
-    deadline_s: DeadlineSeconds | None = None
-    result_format: ResultFormat | None = None
-    priority: Priority = 0
     backfill_after_s: Annotated[float, Meta(gt=0)] | None = None
+
+
+# Each setting's default as `_Written` declares it (or `QuerySettings` for it): a
+# registration made in code (the tests, the lab) gets the same as one read from TOML.
+_DEFAULT = {
+    f.name: f.default for f in msgspec.structs.fields(_Written) if f.default is not NODEFAULT
+}
 
 
 @dataclass(frozen=True)
 class QueryRegistration:
+    """A [[query]] registration as the worker uses it: `_Written` with its template parsed,
+    its output spec built and its sampling gathered."""
+
     name: str
     table: str
     template: Template
-    window_seconds: float = 2.0
-    max_rows: int = 100
-    max_output_tokens: int = 16
-    system_prompt: str | None = None
+    window_seconds: float = _DEFAULT["window_seconds"]
+    max_rows: int = _DEFAULT["max_rows"]
+    max_output_tokens: int = _DEFAULT["max_output_tokens"]
+    system_prompt: str | None = _DEFAULT["system_prompt"]
     output: OutputSpec | None = None  # from choices, json_schema or regex
-    sampling: Sampling = field(default_factory=Sampling)
+    sampling: Sampling = field(default_factory=Sampling)  # `QuerySettings` derives from it
     fields: tuple[str, ...] = ()  # free fields: `template` is then the instruction
-    deadline_s: float | None = None  # each window's relQuery wanted within this
-    result_format: str | None = None  # "json": its results in JSON (None: the engine's)
-    priority: int = 0  # its windows' class: higher first (docs/priority.md)
+    deadline_s: float | None = _DEFAULT["deadline_s"]  # each window's relQuery wanted by
+    result_format: str | None = _DEFAULT["result_format"]  # "json"; None: the engine's
+    priority: int = _DEFAULT["priority"]  # its windows' class: higher first (docs/priority.md)
     # a window whose first row is older than this when cut goes one class below: a
     # reset's or a replay's rows, a backlog (None: never)
-    backfill_after_s: float | None = None
+    backfill_after_s: float | None = _DEFAULT["backfill_after_s"]
 
 
 def worker_group(app_id: str, query: str) -> str:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
+from relstream.outputspec import Sampling
 from relstream.wire.usage import WIRE_STRUCT, RowUsage, Usage
 
 WIRE_VERSION = 1
@@ -155,7 +156,29 @@ class OutputSpec(msgspec.Struct, **WIRE_STRUCT):
     regex: Regex | None = None
 
 
-class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
+_GREEDY = Sampling()  # the domain's sampling defaults: greedy, no seed, no stop
+
+
+class QuerySettings(msgspec.Struct, **WIRE_STRUCT):
+    """The settings a relQuery carries for all its rows, with their bounds and defaults:
+    their one declaration. The relquery message is one (`RelQueryMessage`), and so is a
+    [[query]] registration as written (`stream.registrations`), which the worker's windows
+    pass on."""
+
+    system_prompt: SystemPrompt | None = None
+    temperature: Temperature = _GREEDY.temperature  # sampling's defaults: `Sampling`'s
+    top_p: TopP = _GREEDY.top_p
+    seed: Seed | None = _GREEDY.seed
+    stop: StopStrings = msgspec.field(default_factory=list)
+    fields: FreeFields | None = None  # free fields: the template is then the instruction
+    deadline_s: DeadlineSeconds | None = None
+    result_format: ResultFormat | None = None
+    priority: Priority = 0
+
+
+# Its settings for all rows (system prompt, sampling, fields, deadline, result format,
+# priority) are `QuerySettings`'s, declared there once.
+class RelQueryMessage(QuerySettings, Message, tag=WIRE_VERSION, kw_only=True):
     """A prompt template over rows: one LLM request per row (key: the relQuery id).
     Sampling is greedy unless `temperature` says otherwise."""
 
@@ -163,17 +186,11 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
     id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     template: TemplateText
     rows: Annotated[list[RelQueryRow], Meta(min_length=1, max_length=MAX_RELQUERY_ROWS)]
-    system_prompt: SystemPrompt | None = None
     max_output_tokens: OutputTokens
     submitted_at: Annotated[
         Finite, Meta(description="seconds since the epoch; latency is measured from it")
     ]
     output: OutputSpec | None = None
-    temperature: Temperature = 0.0
-    top_p: TopP = 1.0
-    seed: Seed | None = None
-    stop: StopStrings = msgspec.field(default_factory=list)
-    fields: FreeFields | None = None
     cache_salt: (
         Annotated[
             str,
@@ -186,9 +203,6 @@ class RelQueryMessage(Message, tag=WIRE_VERSION, kw_only=True):
         ]
         | None
     ) = None
-    deadline_s: DeadlineSeconds | None = None
-    result_format: ResultFormat | None = None
-    priority: Priority = 0
 
 
 class RelQueryHeader(RelQueryMessage, tag=WIRE_VERSION, kw_only=True):
