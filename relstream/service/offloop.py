@@ -3,7 +3,7 @@
 Decoding a relquery message yields to the loop between slices (`decode_relquery_stepwise`);
 what follows it is pure and runs in a worker thread (`asyncio.to_thread`), so the loop
 keeps serving heartbeats, fetches and other relQueries while a 100,000-row relQuery is
-built, laid out (free fields, within `model.FIELD_LAYOUT_BUDGET`) or answered. The
+built, laid out (free fields, within `fieldlayout.FIELD_LAYOUT_BUDGET`) or answered. The
 numbers are in docs/architecture/engine.md ("Bounded work on the event loop").
 """
 

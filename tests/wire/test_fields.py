@@ -5,7 +5,8 @@ exact text; answers map to their rows (the sim backend echoes each prompt)."""
 import asyncio
 
 from relstream.backend import run
-from relstream.model import RelQuery, Row, Template, prepare_row, shared_first
+from relstream.fieldlayout import shared_first
+from relstream.model import RelQuery, Row, Template, prepare_row
 from relstream.sim.backend import SimRelQueryBackend
 from relstream.wire import decode, encode
 from relstream.wire.convert import relquery_from_message, relquery_message
