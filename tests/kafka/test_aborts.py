@@ -11,6 +11,7 @@ transactions open at the fetch offset, and the clients are used as they are."""
 import asyncio
 import uuid
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from relstream.kafka.clients.aio import new_consumer
@@ -58,6 +59,7 @@ def sync_read_from(bootstrap: str, topic: str, offset: int) -> list[bytes]:
         consumer.close()
 
 
+@pytest.mark.slow
 def test_a_reader_that_starts_past_an_aborted_transaction_reads_what_came_after(default_broker):
     bootstrap, topic = default_broker.bootstrap, f"ab{uuid.uuid4().hex[:6]}"
     partition = TopicPartition(topic, 0)

@@ -178,6 +178,7 @@ def test_a_new_owner_fences_the_old_one_and_its_commit_carries_the_metadata(defa
     assert mark.offset == 2 and decode_ahead(mark.metadata, 2) == {4}
 
 
+@pytest.mark.slow
 def test_a_transaction_the_broker_restarted_under_is_redone_not_lost(tmp_path):
     # noida-db forgets, when it restarts, which partitions an open transaction wrote to:
     # committed after the restart, the transaction's offset commit counts and its message
@@ -254,6 +255,7 @@ def test_a_commit_sent_after_a_restart_goes_as_an_abort_never_half_committed(own
     assert asyncio.run(scenario()) == (True, {}, [])
 
 
+@pytest.mark.slow
 def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twice(own_broker):
     # noida-db forgets, when it restarts, the epoch that fences a transactional id whose
     # transaction is open: the zombie's old producer committed after the restart, and its
@@ -298,6 +300,7 @@ def test_a_zombie_fenced_before_a_restart_does_not_commit_the_owners_answer_twic
     assert asyncio.run(scenario()) == [b"answer"]
 
 
+@pytest.mark.slow
 def test_a_batch_sent_again_after_a_restart_does_not_hold_readers_back(tmp_path):
     # noida-db aborts open transactions when it restarts. A batch of the transaction sent
     # after the restart (aiokafka resends what the broken connection cut) is written in a

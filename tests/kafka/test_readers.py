@@ -185,6 +185,7 @@ def test_producing_to_a_table_no_query_reads_warns_and_strict_sends_nothing(
     assert f"{prefix}rows.reveiws2" not in asyncio.run(create_topics(default_broker.bootstrap, {}))
 
 
+@pytest.mark.slow
 def test_a_row_too_long_for_the_model_is_named_when_produced(default_broker, tmp_path):
     # `produce --estimate` said "not asked 1"; plain `produce` said nothing, and the row
     # came back as an error row.
@@ -243,6 +244,7 @@ def assert_one_line_naming_the_address(stderr: str) -> None:
     assert stderr.startswith("Error: "), stderr
 
 
+@pytest.mark.slow
 def test_the_worker_with_no_broker_is_one_line_once_its_wait_is_over(tmp_path):
     config = tmp_path / "queries.toml"
     config.write_text('[[query]]\nname = "q"\ntable = "t"\ntemplate = "{x}"\n')
@@ -355,6 +357,7 @@ def test_results_count_rows_by_status_show_the_unanswered_first_and_filter(broke
     assert "q7 1 rows: ok 1" in every and "r3: answer 3" in every and "more rows" not in every
 
 
+@pytest.mark.slow
 def test_results_of_an_unknown_query_say_which_exist_and_a_query_is_never_a_prefix(broker):
     # `results --query sentimnet` (a typo) printed nothing and exited 0; `--query review`
     # also showed the windows of `review-sentiment` (ids were matched by prefix).
@@ -410,6 +413,7 @@ def test_the_workers_logs_are_plain_text_when_not_on_a_terminal(default_broker, 
     assert "\x1b" not in logs and "\b" not in logs, repr(logs)
 
 
+@pytest.mark.slow
 def test_a_template_column_no_row_has_is_said_at_the_workers_start(default_broker, tmp_path):
     # `{reveiw}`: the worker started without a word and dead-lettered every row.
     prefix = f"m{uuid.uuid4().hex[:6]}."
@@ -439,6 +443,7 @@ def test_a_template_column_no_row_has_is_said_at_the_workers_start(default_broke
     ), said
 
 
+@pytest.mark.slow
 def test_an_interrupted_produce_says_what_the_broker_has_and_skip_sends_the_rest(
     default_broker, tmp_path
 ):
@@ -525,6 +530,7 @@ def test_results_follow_says_when_its_broker_is_out_and_back_and_reads_on(tmp_pa
     assert said.count("does not answer") == 1 and "Traceback" not in said, said
 
 
+@pytest.mark.slow
 def test_a_group_reader_joins_once_knowing_its_topics_partitions(broker, caplog):
     # kafka-python joined first without the topic's metadata (no partitions to assign),
     # then again once it came; a poll that ran out while that second join was in flight

@@ -195,6 +195,7 @@ def test_a_broker_restart_loses_no_row_and_repeats_no_id(tmp_path, memory):
         assert sorted(i.split("@")[0] for i in ids) == ["q-0-0", "q-0-0", "q-0-1", "q-0-1"]
 
 
+@pytest.mark.slow
 def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
     # An engine SIGKILLed and restarted just before a broker restart passed its broker
     # check, then found no broker when its clients started, and exited (the short crash
@@ -233,6 +234,7 @@ def test_a_service_starting_in_an_outage_waits_for_the_broker(tmp_path, caplog):
     assert any("no broker answers at 127.0.0.1" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_worker_started_while_the_broker_restarts_waits_for_it(tmp_path):
     # A worker SIGKILLed and restarted as the broker restarted found no broker and exited
     # (the short crash drill, one run in twelve). It waits, as an engine does.

@@ -181,6 +181,7 @@ def test_a_commit_cut_by_a_revocation_ends_within_a_bound(default_broker):
     assert took < STOP_S + 10 and seen == []
 
 
+@pytest.mark.slow
 def test_a_retry_of_a_revoked_ownership_does_not_commit_with_the_next_one(default_broker):
     # The first try fails (the broker unreachable, as its producer sees it) and waits 8 s
     # to retry. Meanwhile the partition is revoked (`close` gives up waiting after
@@ -327,6 +328,7 @@ def test_a_dead_writers_open_transaction_holds_back_only_its_own_partitions(defa
     assert values == sorted(f"r{n}".encode() for n in range(24)) and partitions == {1, 2, 3}
 
 
+@pytest.mark.slow
 def test_a_bad_control_message_is_dead_lettered_once_by_two_engines_and_a_restart(
     default_broker, caplog
 ):
