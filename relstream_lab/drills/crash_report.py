@@ -65,6 +65,7 @@ class CrashReport:
     result_parts: Counter[tuple[str, int]] = field(default_factory=Counter)  # (id, part) -> n
     relquery_ids: dict[str, int] = field(default_factory=dict)  # on the topic -> partition
     lettered_ids: set[str] = field(default_factory=set)  # relQueries dead-lettered
+    letter_reasons: dict[str, str] = field(default_factory=dict)  # and why, by id
     first_result: dict[str, float] = field(default_factory=dict)  # engine -> first `at`
     relquery_times: list[float] = field(default_factory=list)  # relQuery records' times
     alive: dict[str, bool] = field(default_factory=dict)  # process -> alive at the end
@@ -253,6 +254,7 @@ def _letter(report: CrashReport, relqueries: str, record) -> None:
     key = (letter.key or b"").decode(errors="replace")
     if letter.topic == relqueries:  # a relQuery: its rows are dead-lettered with it
         report.lettered_ids.add(key)
+        report.letter_reasons[key] = letter.reason
         try:
             report.seen.update(row.key for row in decode(RelQueryMessage, letter.original).rows)
         except Exception:  # cut short or not a relQuery: counted by its key
@@ -333,7 +335,8 @@ def report_text(report: CrashReport) -> str:
         f"({'every row accounted for' if report.complete else 'timed out with rows missing'}):"
         f" {report.result_messages} result messages for {answered} relQuery ids; "
         f"{len(report.relquery_ids)} relQuery ids published, "
-        f"{len(report.lettered_ids)} dead-lettered",
+        f"{len(report.lettered_ids)} dead-lettered"
+        + "".join(f" ({i}: {why})" for i, why in sorted(report.letter_reasons.items())[:3]),
         f"- relQuery ids with more than one result: {_keys(report.duplicate_ids, 5)}",
         f"- relQueries neither answered nor dead-lettered: {_keys(report.unanswered, 5)}; "
         f"by relQuery partition: {dict(sorted(stalled.items()))}",
