@@ -67,13 +67,13 @@ def replay(
     gone: list[str] = []
     if plan.cut:  # their originals, read again where they came from
         found = asyncio.run(refetch(bootstrap, plan.cut, security, broker_kind))
-        plan.add(found.messages)
+        plan.add(found.messages, found.read)
         gone = found.gone
     verb = "would send" if dry_run else "sent"
     if not dry_run:
         for topic, messages in plan.messages.items():
             asyncio.run(produce(bootstrap, topic, messages, security=security))
-        _mark(bootstrap, prefix, security, plan, gone)
+        _mark(bootstrap, prefix, security, plan.refs)
     console.print(f"{verb} {plan.count} dead letters back", markup=False)
     for topic, count in sorted(plan.by_topic.items()):
         console.print(f"  {topic}: {count}", markup=False)
@@ -92,22 +92,17 @@ def replay(
     console.print(f"{plan.skipped} letters not chosen", markup=False)
 
 
-def _mark(bootstrap: str, prefix: str, security: KafkaSecurity, plan, gone: list[str]) -> None:
-    """The letters sent back, marked as replayed on the dead-letter topic (after they
-    were sent: a mark never names a letter that did not go back)."""
+def _mark(bootstrap: str, prefix: str, security: KafkaSecurity, refs: list) -> None:
+    """The letters sent back (`refs`), marked as replayed on the dead-letter topic, after
+    they were sent: a mark never names a letter that did not go back."""
     import time
 
     from relstream.kafka.clients.aio import produce
     from relstream.kafka.clients.topics import Topics
     from relstream.kafka.tools.replay import MARK_HEADERS, marks
     from relstream.wire import encode
-    from relstream.wire.letters import letter_ref
 
-    refs = list(plan.refs)
-    for letter in plan.cut:  # read again and sent, unless its original was gone
-        where = f"{letter.topic}[{letter.partition}]@{letter.offset}"
-        if not any(said.startswith(where) for said in gone):
-            refs.append(letter_ref(letter))
     found = [(b"replayed", encode(mark)) for mark in marks(refs, time.time())]
-    topic = Topics(prefix).deadletter
-    asyncio.run(produce(bootstrap, topic, found, security=security, headers=MARK_HEADERS))
+    if found:
+        topic = Topics(prefix).deadletter
+        asyncio.run(produce(bootstrap, topic, found, security=security, headers=MARK_HEADERS))

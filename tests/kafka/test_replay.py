@@ -203,6 +203,13 @@ def test_a_letter_too_large_to_keep_whole_goes_back_read_again_where_it_came(def
     assert sorted((m.key, len(m.value)) for m in sent) == [
         (b"q-1", 700_000), (b"q-1", 700_000), (b"q-2", 1)
     ]  # fmt: skip
+    # The letter read again is marked as sent back; the one whose original is gone is not.
+    waiting = subprocess.run(
+        [*RELSTREAM, "deadletters", "--waiting", "--bootstrap", default_broker.bootstrap,
+         "--prefix", topics.prefix], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    said = " ".join(waiting.stdout.split())
+    assert "1 dead letters waiting (1 replayed not shown)" in said, said
 
 
 def test_a_letter_names_its_rows_keys_within_a_bound():

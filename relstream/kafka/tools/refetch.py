@@ -23,10 +23,11 @@ FETCH_S = 10.0  # how long one original is waited for
 
 @dataclass
 class Refetched:
-    """The originals read again, by topic as (key, bytes), and the letters whose original
-    is gone (`gone`: how each is named)."""
+    """The originals read again, by topic as (key, bytes), the letters they were read for
+    (`read`), and the letters whose original is gone (`gone`: how each is named)."""
 
     messages: dict[str, list[tuple[bytes | None, bytes]]] = field(default_factory=dict)
+    read: list[DeadLetterMessage] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
 
 
@@ -68,6 +69,7 @@ async def refetch(
             if records and records[0].offset == letter.offset and same(letter, records[0].value):
                 record = records[0]
                 found.messages.setdefault(letter.topic, []).append((record.key, record.value))
+                found.read.append(letter)
             else:
                 found.gone.append(f"{where} (not kept there any more)")
     return found

@@ -80,17 +80,23 @@ class ReplayPlan:
     cut: list[DeadLetterMessage] = field(default_factory=list)  # chosen, bytes cut: refetch
     skipped: int = 0  # not chosen by the filter
     by_topic: Counter[str] = field(default_factory=Counter)
-    refs: list[LetterRef] = field(default_factory=list)  # of the letters sent whole
+    refs: list[LetterRef] = field(default_factory=list)  # of the letters to send back
 
     @property
     def count(self) -> int:
         return sum(self.by_topic.values())
 
-    def add(self, messages: dict[str, list[tuple[bytes | None, bytes]]]) -> None:
-        """Originals read again for the letters `cut` (`refetch`), to send back too."""
+    def add(
+        self,
+        messages: dict[str, list[tuple[bytes | None, bytes]]],
+        letters: Iterable[DeadLetterMessage],
+    ) -> None:
+        """Originals read again for the letters `cut` (`refetch`), to send back too, and
+        the `letters` they were read for."""
         for topic, found in messages.items():
             self.messages.setdefault(topic, []).extend(found)
             self.by_topic[topic] += len(found)
+        self.refs.extend(letter_ref(letter) for letter in letters)
 
 
 def plan_replay(letters: Iterable[DeadLetterMessage], chosen: LetterFilter) -> ReplayPlan:
