@@ -63,6 +63,7 @@ class TopicReader:
         # A static member (as engines and workers are): the same reader run again after
         # a kill takes its partitions back at once, not after its session times out.
         slot = member_slot(self.bootstrap, group, self.broker_kind)
+        consumer = None
         try:
             consumer = sync_consumer(
                 self.bootstrap,
@@ -80,6 +81,8 @@ class TopicReader:
             consumer.subscribe([topic])
             consumer.partitions_for_topic(topic)
         except BaseException:
+            if consumer is not None:  # made, then its metadata not had: closed, not left
+                consumer.close(timeout_ms=CLOSE_MS)
             slot.release()
             raise
         try:
