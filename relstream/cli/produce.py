@@ -192,8 +192,10 @@ def _check_columns(
     """Rows that lack a column a reading query's template names are dead-lettered by the
     worker (a typo such as `{reveiw}`, or the wrong file): a warning naming the columns
     and how many rows lack them, before anything is sent (`strict`: a refusal)."""
+    from relstream.stream.windowing import needed_columns
+
     for registration in readers:
-        needed = dict.fromkeys((*registration.template.columns, *registration.fields))
+        needed = dict.fromkeys(needed_columns(registration))  # what the worker checks
         lacking = {c: sum(c not in row.values for row in rows) for c in needed}
         lacking = {c: n for c, n in lacking.items() if n}
         if not lacking:
